@@ -1,0 +1,113 @@
+"""`mechlab bench hooks`: what looking inside costs.
+
+For each model family, side by side in one run: the plain forward, a
+``run_with_cache`` of every hook point, and an nnsight trace that saves the
+same activations. Reported as medians and as ratios to the plain forward.
+For the LSTM the unrolled (hookable) path is also timed against the fused
+``torch.nn.LSTM`` path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from nnsight import NNsight
+
+from mechlab.bench.timing import time_interleaved
+from mechlab.models import build_model
+from mechlab.models.base import MechModel
+
+# The models benchmarked: the tiny recall-study transformer and recurrent models of similar size.
+BENCH_MODELS: dict[str, dict] = {
+    "transformer": {"preset": "tiny"},
+    "lstm": {"arch": "lstm", "d_model": 128, "n_layers": 2},
+    "dense_ssm": {"arch": "dense_ssm", "d_model": 64, "d_state": 64, "n_layers": 2},
+    "mamba": {"arch": "mamba", "d_model": 64, "n_layers": 2},
+}
+
+
+@dataclass
+class HookBenchRow:
+    """One family's medians (seconds) and ratios to the plain forward."""
+
+    family: str
+    n_params: int
+    n_hooks: int
+    plain: float
+    cache: float
+    nnsight: float
+    unrolled: float | None = None  # LSTM only: the unrolled forward, hookable step by step
+
+    @property
+    def cache_ratio(self) -> float:
+        return self.cache / self.plain
+
+    @property
+    def nnsight_ratio(self) -> float:
+        return self.nnsight / self.plain
+
+
+def _nnsight_save_all(traced: NNsight, x: torch.Tensor, names: list[str]) -> dict:
+    """One nnsight trace that records the outputs of the hook points ``names``."""
+    with traced.trace(x) as tracer:
+        cache = tracer.cache(modules=[f"model.{name}" for name in names])
+    return cache
+
+
+def bench_family(
+    family: str, batch: int = 64, n_pos: int = 251, repeats: int = 7, device: str = "cpu"
+) -> HookBenchRow:
+    """Benchmark one family.
+
+    Args:
+        family: A key of ``BENCH_MODELS``.
+        batch: Batch size.
+        n_pos: Sequence length.
+        repeats: Timed runs of each contender (the median is reported).
+        device: Torch device.
+
+    Returns:
+        The medians and ratios.
+    """
+    model: MechModel = build_model(BENCH_MODELS[family], n_ctx=max(n_pos, 1)).to(device).eval()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, n_pos, model.cfg.d_in, generator=gen).to(device)
+    names = list(model.hook_dict)
+    traced = NNsight(model)
+
+    def plain() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def cache() -> None:
+        with torch.no_grad():
+            model.run_with_cache(x)
+
+    def nnsight_all() -> None:
+        with torch.no_grad():
+            _nnsight_save_all(traced, x, names)
+
+    fns = {"plain": plain, "cache": cache, "nnsight": nnsight_all}
+    if family == "lstm":
+        # The unrolled path is what hooks need; the fused path is what training uses.
+        def unrolled() -> None:
+            model.fused = False
+            try:
+                with torch.no_grad():
+                    model(x)
+            finally:
+                model.fused = True
+
+        fns = {"plain": plain, "unrolled": unrolled, "cache": cache, "nnsight": nnsight_all}
+    times = time_interleaved(fns, repeats=repeats)
+    n_params = sum(p.numel() for p in model.parameters())
+    return HookBenchRow(
+        family=family,
+        n_params=n_params,
+        n_hooks=len(names),
+        plain=times["plain"].median,
+        cache=times["cache"].median,
+        nnsight=times["nnsight"].median,
+        unrolled=times["unrolled"].median if "unrolled" in times else None,
+    )

@@ -1,0 +1,195 @@
+"""Dense state-space model: a purely multiplicative recurrence with an input-made transition.
+
+Block ``i``::
+
+    x          = LayerNorm(resid_pre)                        # [batch, pos, d_model]
+    A(x_t)     = sum_k W_A[:, :, k] x_t[k]                   # [d_state, d_state]
+    h_t        = A(x_t) h_{t-1},   h_{-1} = h_init (learned) # [d_state]
+    mixer_out  = W_out h_t                                   # [batch, pos, d_model]
+    resid_post = resid_pre + mixer_out
+
+``A`` is linear in ``x_t``, as in the study, with no separate bias matrix: the
+LayerNorm's learned bias ``beta`` already gives ``A`` an input-independent part,
+``A(gamma * x_hat + beta) = A(gamma * x_hat) + A(beta)``. The state never receives an
+additive input, so ``h_t = A(x_t) ... A(x_0) h_init``.
+
+Initialisation keeps the state's norm from growing or vanishing exponentially over long
+sequences. At initialisation the mixer input is LayerNorm output, so ``|x_t|^2 = d_model``;
+with ``W_A`` entries ``N(0, gain / (d_state * d_model))`` each ``A(x_t)`` has independent
+``N(0, gain / d_state)`` entries, and for such matrices
+``E log(|A u|^2 / |u|^2) = log(gain) + digamma(d_state / 2) - log(d_state / 2)``. The gain
+that makes this zero makes ``log |h_t|`` a random walk without drift: it spreads like
+``sqrt(t / (2 d_state))`` but neither blows up nor collapses.
+
+Forward pass: when ``hook_A`` is not in use, each step computes
+``h_t = W_A (h_{t-1} outer x_t)`` without forming ``A(x_t)``; when it is, each step's
+``A(x_t)`` is built and passed through the hook (the cache then holds
+``[batch, pos, d_state, d_state]``, which is large: 4 bytes * batch * pos * d_state^2).
+Both paths compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+from mechlab.models.recurrence import StepHook, is_hooked
+
+# The study's Dense-SSM: one layer, hidden (state) size 256. Add io / vocabulary fields.
+PRESETS: dict[str, dict] = {
+    "dense_ssm_256": {"d_state": 256, "n_layers": 1},
+}
+
+
+@dataclass
+class DenseSSMConfig(ModelConfig):
+    """Configuration of :class:`DenseSSM`.
+
+    Args:
+        n_layers: Number of residual blocks (the study uses one).
+        d_state: Size of the recurrent state ``h_t`` (the study's "hidden 256").
+    """
+
+    arch: ClassVar[str] = "dense_ssm"
+
+    n_layers: int = 1
+    d_state: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.d_state, int) or isinstance(self.d_state, bool) or self.d_state <= 0:
+            raise ValueError(f"d_state must be a positive integer, got {self.d_state!r}")
+
+
+def neutral_gain(d_state: int) -> float:
+    """Variance gain ``g`` for which ``N(0, g / d_state)`` matrices neither grow nor shrink vectors on average in log.
+
+    Args:
+        d_state: Size of the square matrices.
+
+    Returns:
+        ``exp(log(d_state / 2) - digamma(d_state / 2))``, about ``1 + 1 / d_state``.
+    """
+    half = torch.tensor(d_state / 2, dtype=torch.float64)
+    return math.exp(math.log(d_state / 2) - torch.special.digamma(half).item())
+
+
+class DenseSSMMixer(nn.Module):
+    """The recurrence ``h_t = A(x_t) h_{t-1}`` and its read-out ``W_out h_t``.
+
+    Hook points, filled one step at a time: ``hook_A`` ``[batch, pos, d_state, d_state]``
+    (the transition ``A(x_t)``) and ``hook_h`` ``[batch, pos, d_state]`` (the state after
+    reading position ``t``).
+
+    Args:
+        d_model: Width of the input ``x_t`` and of the output.
+        d_state: Size of the state.
+    """
+
+    def __init__(self, d_model: int, d_state: int):
+        super().__init__()
+        self.d_model = d_model
+        self.d_state = d_state
+        # A(x)[i, j] = W_A[i, j, :] . x
+        self.W_A = nn.Parameter(torch.empty(d_state, d_state, d_model))
+        self.h_init = nn.Parameter(torch.empty(d_state))  # the state before position 0
+        self.W_out = nn.Linear(d_state, d_model, bias=False)
+        self.hook_A = HookPoint()  # [batch, pos, d_state, d_state]
+        self.hook_h = HookPoint()  # [batch, pos, d_state]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise ``W_A`` at the drift-free scale (see the module docstring) and ``|h_init| ~ 1``."""
+        std = math.sqrt(neutral_gain(self.d_state) / (self.d_state * self.d_model))
+        nn.init.normal_(self.W_A, std=std)
+        nn.init.normal_(self.h_init, std=1 / math.sqrt(self.d_state))
+        self.W_out.reset_parameters()
+
+    def transition(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_state d_state"]:
+        """The transition matrix ``A(x)`` for any number of inputs."""
+        A = x @ self.W_A.reshape(self.d_state * self.d_state, self.d_model).T  # [..., d_state^2]
+        return A.unflatten(-1, (self.d_state, self.d_state))
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        batch, n_pos, _ = x.shape
+        step_h = StepHook(self.hook_h, n_pos)
+        step_A = StepHook(self.hook_A, n_pos) if is_hooked(self.hook_A) else None
+        W_flat = self.W_A.reshape(self.d_state, self.d_state * self.d_model)  # [i, (j, k)]
+        h = self.h_init.expand(batch, self.d_state)  # [batch, d_state]
+        for t in range(n_pos):
+            x_t = x[:, t]  # [batch, d_model]
+            if step_A is None:
+                # h_t[i] = sum_{j,k} W_A[i, j, k] h[j] x_t[k], without forming A(x_t)
+                h_outer_x = (h.unsqueeze(-1) * x_t.unsqueeze(1)).flatten(1)  # [batch, j * k]
+                h = h_outer_x @ W_flat.T
+            else:
+                A = step_A(t, self.transition(x_t))  # [batch, d_state, d_state]
+                h = (A @ h.unsqueeze(-1)).squeeze(-1)
+            h = step_h(t, h)
+        return self.W_out(step_h.stacked())
+
+
+class DenseSSMBlock(nn.Module):
+    """Pre-norm residual block: ``resid_post = resid_pre + ssm(norm(resid_pre))``."""
+
+    def __init__(self, cfg: DenseSSMConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.ssm = DenseSSMMixer(cfg.d_model, cfg.d_state)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(
+        self, resid_pre: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        mixer_in = self.hook_mixer_in(self.norm(resid_pre))
+        mixer_out = self.hook_mixer_out(self.ssm(mixer_in))
+        return self.hook_resid_post(resid_pre + mixer_out)
+
+
+class DenseSSM(MechModel):
+    """Read-in, ``n_layers`` residual dense-SSM blocks, final LayerNorm, read-out.
+
+    Args:
+        cfg: The model's configuration.
+
+    Hook names: ``hook_embed``; per block ``blocks.{i}.hook_resid_pre``,
+    ``blocks.{i}.hook_mixer_in``, ``blocks.{i}.ssm.hook_A``, ``blocks.{i}.ssm.hook_h``,
+    ``blocks.{i}.hook_mixer_out``, ``blocks.{i}.hook_resid_post``; ``hook_out``.
+    """
+
+    def __init__(self, cfg: DenseSSMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.read_in = ReadIn(cfg)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(DenseSSMBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = nn.LayerNorm(cfg.d_model)
+        self.read_out = ReadOut(cfg)
+        self.hook_out = HookPoint()  # [batch, pos, d_output]
+        self.setup()
+
+    def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
+        """Run the model.
+
+        Args:
+            x: ``[batch, pos, d_in]`` floats (continuous) or ``[batch, pos]`` token ids.
+
+        Returns:
+            ``[batch, pos, d_output]`` predictions or logits.
+        """
+        self.check_length(x.shape[1])
+        resid = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
+        for block in self.blocks:
+            resid = block(resid)
+        return self.hook_out(self.read_out(self.ln_final(resid)))

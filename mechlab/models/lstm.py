@@ -1,0 +1,216 @@
+"""LSTM: a residual stack of one-layer LSTMs whose gates and states are hookable per step.
+
+Block ``i``::
+
+    mixer_in   = LayerNorm(resid_pre)                        # [batch, pos, d_model]
+    h          = LSTM(mixer_in)                              # [batch, pos, d_hidden]
+    mixer_out  = out_proj(h)                                 # [batch, pos, d_model]
+    resid_post = resid_pre + mixer_out
+
+with the LSTM step (PyTorch's gate order i, f, g, o; ``h_{-1} = c_{-1} = 0``)::
+
+    i, f, g, o = split(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)
+    i, f, g, o = sigmoid(i), sigmoid(f), tanh(g), sigmoid(o)
+    c_t = f * c_{t-1} + i * g
+    h_t = o * tanh(c_t)
+
+``out_proj`` is a bias-free Linear ``d_hidden -> d_model`` when ``d_hidden != d_model``
+and the identity when they are equal (the default), so the default mixer adds ``h_t``
+itself to the stream.
+
+The weights live in a ``torch.nn.LSTM`` (one layer, ``batch_first``). When none of a
+layer's step hooks is in use, the forward pass calls that module (cuDNN / the fused
+CPU kernel); otherwise it runs the step loop above, in which each step's gates and
+states go through a :class:`~mechlab.models.recurrence.StepHook`. Both paths compute
+the same function; ``model.fused = False`` forces the loop. On CUDA, cuDNN's LSTM uses
+TF32 unless ``torch.backends.cudnn.allow_tf32 = False``; the paths then differ by about
+``2e-4`` instead of ``1e-6`` (H200, d_model 64, 251 steps), which matters when a clean
+fused run is compared with a hooked one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+from mechlab.models.recurrence import StepHook, is_hooked
+
+# The study's LSTMs (one layer, hidden 768 and 256). Add io / vocabulary fields to use them.
+PRESETS: dict[str, dict] = {
+    "lstm_768": {"d_model": 768, "n_layers": 1},
+    "lstm_256": {"d_model": 256, "n_layers": 1},
+}
+
+
+@dataclass
+class LSTMConfig(ModelConfig):
+    """Configuration of :class:`LSTM`.
+
+    Args:
+        n_layers: Number of residual LSTM blocks (the study uses one).
+        d_hidden: Size of each LSTM's hidden and cell state; ``0`` means ``d_model``.
+            When it differs from ``d_model`` a bias-free Linear ``out_proj`` maps
+            ``h_t`` back to ``d_model``.
+        fused: Call ``torch.nn.LSTM`` when no step hook of a layer is in use. With
+            ``False`` every forward pass runs the step-by-step loop.
+    """
+
+    arch: ClassVar[str] = "lstm"
+
+    n_layers: int = 1
+    d_hidden: int = 0
+    fused: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.d_hidden == 0:
+            self.d_hidden = self.d_model
+        if (
+            not isinstance(self.d_hidden, int)
+            or isinstance(self.d_hidden, bool)
+            or self.d_hidden <= 0
+        ):
+            raise ValueError(
+                f"d_hidden must be a positive integer (or 0 for d_model), got {self.d_hidden!r}"
+            )
+        if not isinstance(self.fused, bool):
+            raise ValueError(f"fused must be True or False, got {self.fused!r}")
+
+
+class LSTMMixer(nn.Module):
+    """One LSTM layer plus the projection back to the residual stream.
+
+    Hook points, each ``[batch, pos, d_hidden]`` and filled one step at a time:
+    ``hook_i``, ``hook_f``, ``hook_g``, ``hook_o`` (the gates after their
+    nonlinearities), ``hook_c`` (cell state) and ``hook_h`` (hidden state).
+
+    Args:
+        d_model: Width of the input and of the output.
+        d_hidden: LSTM hidden size.
+        fused: See :class:`LSTMConfig`.
+    """
+
+    def __init__(self, d_model: int, d_hidden: int, fused: bool = True):
+        super().__init__()
+        self.rnn = nn.LSTM(d_model, d_hidden, num_layers=1, batch_first=True)
+        self.out_proj = (
+            nn.Linear(d_hidden, d_model, bias=False) if d_hidden != d_model else nn.Identity()
+        )
+        self.fused = fused
+        self.hook_i = HookPoint()  # [batch, pos, d_hidden] input gate
+        self.hook_f = HookPoint()  # [batch, pos, d_hidden] forget gate
+        self.hook_g = HookPoint()  # [batch, pos, d_hidden] candidate cell update
+        self.hook_o = HookPoint()  # [batch, pos, d_hidden] output gate
+        self.hook_c = HookPoint()  # [batch, pos, d_hidden] cell state
+        self.hook_h = HookPoint()  # [batch, pos, d_hidden] hidden state
+
+    def step_points(self) -> tuple[HookPoint, ...]:
+        """The per-step hook points, in the order a step calls them."""
+        return (self.hook_i, self.hook_f, self.hook_g, self.hook_o, self.hook_c, self.hook_h)
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if self.fused and not is_hooked(*self.step_points()):
+            h, _ = self.rnn(x)  # [batch, pos, d_hidden]
+        else:
+            h = self.unrolled(x)
+        return self.out_proj(h)
+
+    def unrolled(
+        self, x: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_hidden"]:
+        """The LSTM step by step, calling the step hooks; returns every ``h_t``."""
+        batch, n_pos, _ = x.shape
+        rnn = self.rnn
+        d_hidden = rnn.hidden_size
+        # The input half of every step's pre-activation at once: [batch, pos, 4 * d_hidden]
+        x_gates = x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + rnn.bias_hh_l0
+        step_i, step_f, step_g, step_o, step_c, step_h = (
+            StepHook(point, n_pos) for point in self.step_points()
+        )
+        h = x.new_zeros(batch, d_hidden)
+        c = x.new_zeros(batch, d_hidden)
+        for t in range(n_pos):
+            gates = x_gates[:, t] + h @ rnn.weight_hh_l0.T  # [batch, 4*d_hidden]
+            i, f, g, o = gates.chunk(4, dim=-1)
+            i = step_i(t, torch.sigmoid(i))
+            f = step_f(t, torch.sigmoid(f))
+            g = step_g(t, torch.tanh(g))
+            o = step_o(t, torch.sigmoid(o))
+            c = step_c(t, f * c + i * g)
+            h = step_h(t, o * torch.tanh(c))
+        return step_h.stacked()  # [batch, pos, d_hidden]
+
+
+class LSTMBlock(nn.Module):
+    """Pre-norm residual block: ``resid_post = resid_pre + lstm(norm(resid_pre))``."""
+
+    def __init__(self, cfg: LSTMConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.lstm = LSTMMixer(cfg.d_model, cfg.d_hidden, cfg.fused)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(
+        self, resid_pre: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        mixer_in = self.hook_mixer_in(self.norm(resid_pre))
+        mixer_out = self.hook_mixer_out(self.lstm(mixer_in))
+        return self.hook_resid_post(resid_pre + mixer_out)
+
+
+class LSTM(MechModel):
+    """Read-in, ``n_layers`` residual LSTM blocks, final LayerNorm, read-out.
+
+    Args:
+        cfg: The model's configuration.
+
+    Hook names: ``hook_embed``; per block ``blocks.{i}.hook_resid_pre``,
+    ``blocks.{i}.hook_mixer_in``, ``blocks.{i}.lstm.hook_{i,f,g,o,c,h}``,
+    ``blocks.{i}.hook_mixer_out``, ``blocks.{i}.hook_resid_post``; ``hook_out``.
+    """
+
+    def __init__(self, cfg: LSTMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.read_in = ReadIn(cfg)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(LSTMBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = nn.LayerNorm(cfg.d_model)
+        self.read_out = ReadOut(cfg)
+        self.hook_out = HookPoint()  # [batch, pos, d_output]
+        self.setup()
+
+    @property
+    def fused(self) -> bool:
+        """Whether unhooked layers call ``torch.nn.LSTM``; set ``False`` to force the loop."""
+        return all(block.lstm.fused for block in self.blocks)
+
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        for block in self.blocks:
+            block.lstm.fused = value
+
+    def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
+        """Run the model.
+
+        Args:
+            x: ``[batch, pos, d_in]`` floats (continuous) or ``[batch, pos]`` token ids.
+
+        Returns:
+            ``[batch, pos, d_output]`` predictions or logits.
+        """
+        self.check_length(x.shape[1])
+        resid = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
+        for block in self.blocks:
+            resid = block(resid)
+        return self.hook_out(self.read_out(self.ln_final(resid)))

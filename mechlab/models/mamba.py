@@ -1,0 +1,419 @@
+"""Mamba-1 (Gu & Dao, 2023) in pure PyTorch, hookable like TransformerLens.
+
+A residual stack of Mamba blocks, ``resid_post = resid_pre + mixer(RMSNorm(resid_pre))``,
+with a final RMSNorm ``ln_final`` before the read-out. The mixer of one block:
+
+    x, z      = in_proj(u).chunk(2)                        # [batch, pos, d_inner] each
+    x         = SiLU(causal depthwise conv1d(x))           # kernel d_conv: sees x_{t-d_conv+1..t}
+    dr, B, C  = x_proj(x).split(dt_rank, d_state, d_state)
+    delta     = softplus(dt_proj(dr))                      # [batch, pos, d_inner]
+    A         = -exp(A_log)                                # [d_inner, d_state]
+    h_t       = exp(delta_t A) * h_{t-1} + (delta_t x_t) B_t   # [batch, d_inner, d_state]
+    y_t       = h_t C_t + D x_t
+    out       = out_proj(y * SiLU(z))
+
+Parameter names follow Hugging Face's ``transformers.MambaModel`` (``blocks.{i}`` is
+HF's ``layers.{i}``, ``ln_final`` is ``norm_f``, ``read_in.embed`` is ``embeddings``,
+``read_out.proj`` is ``lm_head``), so :func:`load_hf_mamba_weights` and
+:func:`to_hf_state_dict` are a renaming. The scan is a sequential loop over positions,
+the same arithmetic as HF's reference ("slow") path; no CUDA kernel is needed.
+
+Hook points (``B`` batch, ``T`` pos; ``E`` = d_inner, ``N`` = d_state):
+
+* ``hook_embed`` [B, T, d_model], ``hook_out`` [B, T, d_output]
+* ``blocks.{i}.hook_resid_pre`` / ``hook_mixer_in`` / ``hook_mixer_out`` /
+  ``hook_resid_post`` [B, T, d_model]
+* ``blocks.{i}.mixer.hook_conv_in`` [B, T, E]: x half of ``in_proj``, before the conv
+* ``blocks.{i}.mixer.hook_z`` [B, T, E]: the gate, before its SiLU
+* ``blocks.{i}.mixer.hook_x`` [B, T, E]: after conv and SiLU (the scan's input)
+* ``blocks.{i}.mixer.hook_delta`` [B, T, E]: after the softplus
+* ``blocks.{i}.mixer.hook_B`` / ``hook_C`` [B, T, N]
+* ``blocks.{i}.mixer.hook_ssm_state`` [B, T, E, N]: the state h_t, one call per
+  step (a :class:`~mechlab.models.recurrence.StepHook`), so a patch at step t is
+  carried into every later step
+* ``blocks.{i}.mixer.hook_y`` [B, T, E]: scan output ``C h + D x``, before gating
+* ``blocks.{i}.mixer.hook_y_gated`` [B, T, E]: ``y * SiLU(z)``, the input of ``out_proj``
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+from mechlab.models.recurrence import StepHook, is_hooked
+
+
+@dataclass
+class MambaConfig(ModelConfig):
+    """Config of a Mamba-1 stack; defaults follow ``transformers.MambaConfig``.
+
+    Args:
+        d_state: Size N of the SSM state per channel (HF ``state_size``).
+        d_conv: Kernel size of the causal depthwise conv (HF ``conv_kernel``).
+        expand: d_inner = expand * d_model (HF ``expand``).
+        dt_rank: Rank of the delta projection, or ``"auto"`` for ceil(d_model / 16)
+            (HF ``time_step_rank``).
+        dt_min: Smallest initial delta (HF ``time_step_min``).
+        dt_max: Largest initial delta (HF ``time_step_max``).
+        dt_init_floor: Lower clamp of the initial delta (HF ``time_step_floor``).
+        conv_bias: Whether the conv has a bias (HF ``use_conv_bias``).
+        bias: Whether ``in_proj`` and ``out_proj`` have biases (HF ``use_bias``).
+        norm_eps: Epsilon of every RMSNorm (HF ``layer_norm_epsilon``).
+    """
+
+    arch = "mamba"
+
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    dt_rank: int | str = "auto"
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    conv_bias: bool = True
+    bias: bool = False
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("d_state", "d_conv", "expand"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.dt_rank != "auto" and (
+            not isinstance(self.dt_rank, int) or isinstance(self.dt_rank, bool) or self.dt_rank <= 0
+        ):
+            raise ValueError(f"dt_rank must be 'auto' or a positive integer, got {self.dt_rank!r}")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"need 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
+        if self.dt_init_floor <= 0:
+            raise ValueError(f"dt_init_floor must be positive, got {self.dt_init_floor}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+
+    @property
+    def d_inner(self) -> int:
+        """Width E of the mixer's inner channels, ``expand * d_model``."""
+        return self.expand * self.d_model
+
+    @property
+    def resolved_dt_rank(self) -> int:
+        """``dt_rank`` as an integer (``"auto"`` -> ceil(d_model / 16))."""
+        return math.ceil(self.d_model / 16) if self.dt_rank == "auto" else int(self.dt_rank)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned gain, computed in float32 like HF's ``MambaRMSNorm``."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class MambaMixer(nn.Module):
+    """The selective-SSM mixer of one block (HF ``MambaMixer``)."""
+
+    def __init__(self, cfg: MambaConfig):
+        super().__init__()
+        self.cfg = cfg
+        d_inner, d_state, dt_rank = cfg.d_inner, cfg.d_state, cfg.resolved_dt_rank
+        self.in_proj = nn.Linear(cfg.d_model, 2 * d_inner, bias=cfg.bias)
+        self.conv1d = nn.Conv1d(
+            d_inner, d_inner, kernel_size=cfg.d_conv, groups=d_inner,
+            padding=cfg.d_conv - 1, bias=cfg.conv_bias,
+        )  # fmt: skip
+        self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)
+        self.A_log = nn.Parameter(torch.empty(d_inner, d_state))
+        self.D = nn.Parameter(torch.empty(d_inner))
+        self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=cfg.bias)
+
+        self.hook_conv_in = HookPoint()  # [batch, pos, d_inner]
+        self.hook_z = HookPoint()  # [batch, pos, d_inner]
+        self.hook_x = HookPoint()  # [batch, pos, d_inner]
+        self.hook_delta = HookPoint()  # [batch, pos, d_inner]
+        self.hook_B = HookPoint()  # [batch, pos, d_state]
+        self.hook_C = HookPoint()  # [batch, pos, d_state]
+        self.hook_ssm_state = HookPoint()  # [batch, pos, d_inner, d_state], once per step
+        self.hook_y = HookPoint()  # [batch, pos, d_inner]
+        self.hook_y_gated = HookPoint()  # [batch, pos, d_inner]
+        self.reset_ssm_parameters()
+
+    @torch.no_grad()
+    def reset_ssm_parameters(self) -> None:
+        """HF's Mamba initialisation of the SSM parameters.
+
+        A_log[e] = log(1..d_state) (S4D-real), D = 1, dt_proj.weight ~ U(+-dt_rank^-0.5),
+        dt_proj.bias = softplus^-1(delta0) with delta0 log-uniform in [dt_min, dt_max]
+        (clamped at dt_init_floor), conv bias 0. The Linear and conv weights keep
+        PyTorch's default (Kaiming-uniform) init.
+        """
+        cfg = self.cfg
+        A = torch.arange(1, cfg.d_state + 1, dtype=torch.float32).repeat(cfg.d_inner, 1)
+        self.A_log.copy_(torch.log(A))
+        self.D.fill_(1.0)
+        std = cfg.resolved_dt_rank**-0.5
+        nn.init.uniform_(self.dt_proj.weight, -std, std)
+        log_min, log_max = math.log(cfg.dt_min), math.log(cfg.dt_max)
+        dt = torch.exp(torch.rand(cfg.d_inner) * (log_max - log_min) + log_min)
+        dt = dt.clamp(min=cfg.dt_init_floor)
+        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        if self.conv1d.bias is not None:
+            self.conv1d.bias.zero_()
+
+    def forward(self, u: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        n_pos = u.shape[1]
+        cfg = self.cfg
+        x, z = self.in_proj(u).chunk(2, dim=-1)  # [batch, pos, d_inner] each
+        x = self.hook_conv_in(x)
+        z = self.hook_z(z)
+        x = self.conv1d(x.transpose(1, 2))[..., :n_pos].transpose(1, 2)  # causal: cut to pos
+        x = self.hook_x(F.silu(x))  # [batch, pos, d_inner]
+
+        delta_raw, B, C = self.x_proj(x).split(
+            [cfg.resolved_dt_rank, cfg.d_state, cfg.d_state], dim=-1
+        )
+        delta = self.hook_delta(F.softplus(self.dt_proj(delta_raw)))  # [batch, pos, d_inner]
+        B = self.hook_B(B)  # [batch, pos, d_state]
+        C = self.hook_C(C)  # [batch, pos, d_state]
+
+        y = self.selective_scan(x, delta, B, C)
+        y = self.hook_y(y)  # [batch, pos, d_inner]
+        y_gated = self.hook_y_gated(y * F.silu(z))
+        return self.out_proj(y_gated)
+
+    def selective_scan(
+        self,
+        x: Float[Tensor, "batch pos d_inner"],
+        delta: Float[Tensor, "batch pos d_inner"],
+        B: Float[Tensor, "batch pos d_state"],
+        C: Float[Tensor, "batch pos d_state"],
+    ) -> Float[Tensor, "batch pos d_inner"]:
+        """The scan h_t = exp(delta_t A) h_{t-1} + delta_t x_t B_t, y_t = C_t h_t + D x_t.
+
+        It starts from h_{-1} = 0. The state goes through ``hook_ssm_state`` once per
+        step when that hook is in use (so patches at step t carry on); otherwise no
+        buffer is kept.
+        """
+        batch, n_pos, d_inner = x.shape
+        A = -torch.exp(self.A_log.float())  # [d_inner, d_state]
+        delta, B, C = delta.float(), B.float(), C.float()  # the scan runs in float32, as HF's
+        delta_x = delta * x.float()  # [batch, pos, d_inner]
+        step_hook = StepHook(self.hook_ssm_state, n_pos) if is_hooked(self.hook_ssm_state) else None
+
+        h = delta.new_zeros(batch, d_inner, self.cfg.d_state)  # [batch, d_inner, d_state]
+        ys = []
+        # unbind (not delta[:, t]): the backward pass then stacks the steps' gradients once
+        steps = zip(delta.unbind(1), delta_x.unbind(1), B.unbind(1), C.unbind(1), strict=True)
+        for t, (delta_t, delta_x_t, B_t, C_t) in enumerate(steps):
+            decay = torch.exp(delta_t[..., None] * A)  # [batch, d_inner, d_state]
+            h = decay * h + delta_x_t[..., None] * B_t[:, None, :]
+            if step_hook is not None:
+                h = step_hook(t, h)
+            ys.append((h * C_t[:, None, :]).sum(-1))  # [batch, d_inner]
+        y = torch.stack(ys, dim=1).to(x.dtype)  # [batch, pos, d_inner]
+        return y + x * self.D
+
+
+class MambaBlock(nn.Module):
+    """``resid_post = resid_pre + mixer(norm(resid_pre))``."""
+
+    def __init__(self, cfg: MambaConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mixer = MambaMixer(cfg)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(
+        self, resid_pre: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        mixer_in = self.hook_mixer_in(self.norm(resid_pre))
+        mixer_out = self.hook_mixer_out(self.mixer(mixer_in))
+        return self.hook_resid_post(resid_pre + mixer_out)
+
+
+class Mamba(MechModel):
+    """A stack of Mamba-1 blocks with mechlab's read-in and read-out.
+
+    Args:
+        cfg: The model's config.
+    """
+
+    def __init__(self, cfg: MambaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.read_in = ReadIn(cfg)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList([MambaBlock(cfg) for _ in range(cfg.n_layers)])
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.read_out = ReadOut(cfg)
+        self.hook_out = HookPoint()  # [batch, pos, d_output]
+        self.setup()
+
+    def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
+        """Run the model.
+
+        Args:
+            x: [batch, pos, d_in] floats (continuous) or [batch, pos] token ids (tokens).
+
+        Returns:
+            [batch, pos, d_output] predictions or logits.
+        """
+        self.check_length(x.shape[1])
+        resid = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
+        for block in self.blocks:
+            resid = block(resid)
+        return self.hook_out(self.read_out(self.ln_final(resid)))
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module, **overrides: Any) -> Mamba:
+        """Build a tokens-mode Mamba with the config and weights of a HF Mamba model.
+
+        Args:
+            hf_model: A ``transformers.MambaModel`` or ``MambaForCausalLM``.
+            **overrides: Extra config fields (e.g. ``n_ctx``).
+
+        Returns:
+            The model, with ``read_out`` = ``lm_head`` (bias 0) when ``hf_model`` has one.
+        """
+        model = cls(mamba_config_from_hf(hf_model.config, **overrides))
+        return load_hf_mamba_weights(model, hf_model)
+
+
+def mamba_config_from_hf(hf_config: Any, **overrides: Any) -> MambaConfig:
+    """Translate a ``transformers.MambaConfig`` into a tokens-mode :class:`MambaConfig`.
+
+    Args:
+        hf_config: The HF config.
+        **overrides: Fields to set on top (e.g. ``n_ctx``).
+
+    Returns:
+        The mechlab config.
+    """
+    if hf_config.intermediate_size != hf_config.expand * hf_config.hidden_size:
+        raise ValueError("HF intermediate_size must equal expand * hidden_size")
+    if hf_config.hidden_act != "silu":
+        raise ValueError(f"only hidden_act='silu' is supported, got {hf_config.hidden_act!r}")
+    fields: dict[str, Any] = dict(
+        d_model=hf_config.hidden_size,
+        n_layers=hf_config.num_hidden_layers,
+        io="tokens",
+        d_vocab=hf_config.vocab_size,
+        d_state=hf_config.state_size,
+        d_conv=hf_config.conv_kernel,
+        expand=hf_config.expand,
+        dt_rank=int(hf_config.time_step_rank),
+        dt_min=hf_config.time_step_min,
+        dt_max=hf_config.time_step_max,
+        dt_init_floor=hf_config.time_step_floor,
+        conv_bias=hf_config.use_conv_bias,
+        bias=hf_config.use_bias,
+        norm_eps=hf_config.layer_norm_epsilon,
+    )
+    return MambaConfig(**{**fields, **overrides})
+
+
+def hf_name(name: str) -> str | None:
+    """HF ``MambaForCausalLM`` name of a mechlab Mamba parameter (``None`` if it has none).
+
+    ``read_out.proj.bias`` has no HF counterpart (HF's ``lm_head`` has no bias), nor
+    does the continuous read-in.
+    """
+    if name == "read_in.embed.weight":
+        return "backbone.embeddings.weight"
+    if name == "read_out.proj.weight":
+        return "lm_head.weight"
+    if name.startswith("ln_final."):
+        return "backbone.norm_f." + name.removeprefix("ln_final.")
+    match = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
+    if match:
+        return f"backbone.layers.{match.group(1)}.{match.group(2)}"
+    return None
+
+
+@torch.no_grad()
+def load_hf_mamba_weights(model: Mamba, hf_model: nn.Module) -> Mamba:
+    """Copy the weights of a HF ``MambaModel`` or ``MambaForCausalLM`` into ``model``.
+
+    Every block and ``ln_final`` is copied. In tokens mode the embedding is copied
+    too, and, from a ``MambaForCausalLM``, ``lm_head`` goes to ``read_out.proj``
+    with a zero bias (from a bare ``MambaModel`` the read-out is left as it is). In
+    continuous mode the read-in and read-out are left as they are.
+
+    Args:
+        model: The mechlab model; its shapes must match ``hf_model``'s.
+        hf_model: The HF model.
+
+    Returns:
+        ``model``, with its weights replaced.
+
+    Raises:
+        ValueError: A shape or setting (e.g. ``norm_eps``) that does not match.
+    """
+    hf_config = hf_model.config
+    if not math.isclose(model.cfg.norm_eps, hf_config.layer_norm_epsilon):
+        raise ValueError(
+            f"norm_eps {model.cfg.norm_eps} != HF layer_norm_epsilon {hf_config.layer_norm_epsilon}"
+        )
+    hf_state = {
+        (k if k.startswith(("backbone.", "lm_head.")) else "backbone." + k): v
+        for k, v in hf_model.state_dict().items()
+    }
+    has_head = "lm_head.weight" in hf_state
+    for name, param in model.named_parameters():
+        key = hf_name(name)
+        if key is None or (key == "lm_head.weight" and not has_head):
+            continue
+        if key == "backbone.embeddings.weight" and model.cfg.io != "tokens":
+            continue
+        if key == "lm_head.weight" and model.cfg.io != "tokens":
+            continue
+        if key not in hf_state:
+            raise ValueError(f"HF model has no {key!r} (for mechlab's {name!r})")
+        if hf_state[key].shape != param.shape:
+            raise ValueError(
+                f"shape mismatch for {name}: mechlab {tuple(param.shape)} vs HF "
+                f"{key} {tuple(hf_state[key].shape)}"
+            )
+        param.copy_(hf_state[key])
+    if has_head and model.cfg.io == "tokens":
+        model.read_out.proj.bias.zero_()
+    return model
+
+
+def to_hf_state_dict(model: Mamba) -> dict[str, Tensor]:
+    """The model's weights under HF ``MambaForCausalLM`` names (tokens mode).
+
+    ``read_out.proj.bias`` must be zero, since HF's ``lm_head`` has none. Load the
+    result with ``hf_model.load_state_dict(sd)`` into a ``MambaForCausalLM`` built
+    with ``tie_word_embeddings=False`` unless the read-in and read-out are equal.
+    """
+    if model.cfg.io != "tokens":
+        raise ValueError("to_hf_state_dict needs a tokens-mode model")
+    if model.read_out.proj.bias.abs().max() > 0:
+        raise ValueError("read_out.proj.bias is not zero; HF's lm_head has no bias")
+    out = {}
+    for name, param in model.state_dict().items():
+        key = hf_name(name)
+        if key is not None:
+            out[key] = param.detach().clone()
+    return out

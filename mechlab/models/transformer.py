@@ -1,0 +1,274 @@
+"""A GPT-2 style decoder-only transformer with TransformerLens hook points.
+
+Pre-LayerNorm blocks, a learned position table of ``n_ctx`` rows, causal
+softmax attention, a GELU MLP, a final LayerNorm, no dropout::
+
+    resid_pre  = embed + pos_embed                        (block 0)
+    resid_mid  = resid_pre + attn(ln1(resid_pre))
+    resid_post = resid_mid + mlp(ln2(resid_mid))
+    out        = read_out(ln_final(resid_post of the last block))
+
+Parameters use TransformerLens' names and layouts (``W_Q`` is
+``[head, d_model, d_head]``, ``W_O`` is ``[head, d_head, d_model]``, ``W_in`` is
+``[d_model, d_mlp]``, ...), and so do the hook points; ``hook_normalized`` is
+the LayerNorm output *before* its affine ``w, b`` (as in TransformerLens'
+bridge and its folded ``LNPre``).
+
+``attn.hook_result`` (``[batch, pos, head, d_model]``, head ``h``'s output
+``z_h @ W_O[h]``) is always computed, and the attention output is its sum over
+heads plus ``b_O``: one code path, so a forward pass gives bit-identical numbers
+whether or not anything is hooked (a fused ``z @ W_O`` would save about 1% of a
+training step of the ``tiny`` preset).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+
+ACT_FNS = ("gelu_new", "gelu")
+
+# The recall study's models (Daniels et al. 2025): 57-dim tokens in, 5-dim states
+# out, 251 positions. Parameter counts: 212,189 / 701,381 / 2,419,717 / 10,737,413.
+_RECALL_IO = {"io": "continuous", "d_in": 57, "d_out": 5, "n_ctx": 251}
+PRESETS: dict[str, dict] = {
+    "tiny": {"d_model": 72, "n_layers": 3, "n_heads": 6, **_RECALL_IO},
+    "small": {"d_model": 96, "n_layers": 6, "n_heads": 6, **_RECALL_IO},
+    "medium": {"d_model": 128, "n_layers": 12, "n_heads": 8, **_RECALL_IO},
+    "big": {"d_model": 192, "n_layers": 24, "n_heads": 12, **_RECALL_IO},
+}
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """Config of :class:`Transformer`.
+
+    Args:
+        n_heads: Attention heads per block.
+        d_head: Width of each head; defaults to ``d_model // n_heads`` (which must
+            then divide evenly).
+        d_mlp: Hidden width of the MLP; defaults to ``4 * d_model``.
+        act_fn: ``"gelu_new"`` (tanh approximation, GPT-2's and Hugging Face's
+            default) or ``"gelu"`` (exact erf form).
+        layer_norm_eps: Epsilon of every LayerNorm.
+        init_std: Standard deviation of the normal init of weight matrices,
+            embeddings and the position table. As in GPT-2, the two projections
+            that write into the residual stream (``W_O``, ``W_out``) use
+            ``init_std / sqrt(2 * n_layers)``. Biases start at 0, LayerNorm
+            scales at 1. A continuous read-in/read-out keeps PyTorch's default
+            ``nn.Linear`` init, as in the recall study's code; a token
+            embedding and unembedding use ``init_std`` (with a zero bias).
+    """
+
+    arch: ClassVar[str] = "transformer"
+
+    n_heads: int = 4
+    d_head: int | None = None
+    d_mlp: int | None = None
+    act_fn: str = "gelu_new"
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.n_heads, int) or self.n_heads <= 0:
+            raise ValueError(f"n_heads must be a positive integer, got {self.n_heads!r}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads != 0:
+                raise ValueError(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    "change one of them or set d_head explicitly"
+                )
+            self.d_head = self.d_model // self.n_heads
+        if self.d_mlp is None:
+            self.d_mlp = 4 * self.d_model
+        for name in ("d_head", "d_mlp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.act_fn not in ACT_FNS:
+            raise ValueError(f"act_fn must be one of {ACT_FNS}, got {self.act_fn!r}")
+        if self.layer_norm_eps <= 0 or self.init_std <= 0:
+            raise ValueError("layer_norm_eps and init_std must be positive")
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with ``hook_scale`` ``[batch, pos, 1]`` and ``hook_normalized`` (pre-affine)."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.w = nn.Parameter(torch.ones(d_model))
+        self.b = nn.Parameter(torch.zeros(d_model))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        x = self.hook_normalized(x / scale)
+        return x * self.w + self.b
+
+
+class Attention(nn.Module):
+    """Causal multi-head softmax attention, per-head outputs summed into ``d_model``."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        h, d, m = cfg.n_heads, cfg.d_head, cfg.d_model
+        self.W_Q = nn.Parameter(torch.empty(h, m, d))
+        self.W_K = nn.Parameter(torch.empty(h, m, d))
+        self.W_V = nn.Parameter(torch.empty(h, m, d))
+        self.W_O = nn.Parameter(torch.empty(h, d, m))
+        self.b_Q = nn.Parameter(torch.zeros(h, d))
+        self.b_K = nn.Parameter(torch.zeros(h, d))
+        self.b_V = nn.Parameter(torch.zeros(h, d))
+        self.b_O = nn.Parameter(torch.zeros(m))
+        causal = torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool))
+        self.register_buffer("causal_mask", causal, persistent=False)
+        self.scale = math.sqrt(d)
+
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_v = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos]
+        self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos]
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        n_pos = x.shape[1]
+        q = self.hook_q(torch.einsum("bpm,hmd->bphd", x, self.W_Q) + self.b_Q)
+        k = self.hook_k(torch.einsum("bpm,hmd->bphd", x, self.W_K) + self.b_K)
+        v = self.hook_v(torch.einsum("bpm,hmd->bphd", x, self.W_V) + self.b_V)
+
+        # The [batch, head, query_pos, key_pos] tensors dominate the memory traffic, so
+        # allocate only two of them: scale q rather than the scores, mask in place.
+        scores = torch.einsum("bqhd,bkhd->bhqk", q / self.scale, k)
+        scores.masked_fill_(~self.causal_mask[:n_pos, :n_pos], float("-inf"))
+        scores = self.hook_attn_scores(scores)
+        pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+
+        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
+        result = self.hook_result(torch.einsum("bqhd,hdm->bqhm", z, self.W_O))
+        return result.sum(dim=2) + self.b_O
+
+
+class MLP(nn.Module):
+    """``W_out act(W_in x + b_in) + b_out`` with ``hook_pre`` / ``hook_post`` ``[batch, pos, d_mlp]``."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.approximate = "tanh" if cfg.act_fn == "gelu_new" else "none"
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(x @ self.W_in + self.b_in)
+        post = self.hook_post(F.gelu(pre, approximate=self.approximate))
+        return post @ self.W_out + self.b_out
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN block: ``resid += attn(ln1(resid)); resid += mlp(ln2(resid))``."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.attn = Attention(cfg)
+        self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(
+        self, resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid)))
+        resid = self.hook_resid_mid(resid + attn_out)
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid)))
+        return self.hook_resid_post(resid + mlp_out)
+
+
+class Transformer(MechModel):
+    """GPT-2 style decoder: read-in + positions, pre-LN blocks, final LN, read-out.
+
+    Args:
+        cfg: The model's :class:`TransformerConfig`.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.read_in = ReadIn(cfg)
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+        self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.read_out = ReadOut(cfg)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_out = HookPoint()  # [batch, pos, d_output]
+        self.init_weights()
+        self.setup()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter as described in :class:`TransformerConfig`."""
+        std = self.cfg.init_std
+        resid_std = std / math.sqrt(2 * self.cfg.n_layers)
+        nn.init.normal_(self.W_pos, std=std)
+        for block in self.blocks:
+            for ln in (block.ln1, block.ln2):
+                nn.init.ones_(ln.w)
+                nn.init.zeros_(ln.b)
+            attn, mlp = block.attn, block.mlp
+            for w in (attn.W_Q, attn.W_K, attn.W_V, mlp.W_in):
+                nn.init.normal_(w, std=std)
+            for w in (attn.W_O, mlp.W_out):
+                nn.init.normal_(w, std=resid_std)
+            for b in (attn.b_Q, attn.b_K, attn.b_V, attn.b_O, mlp.b_in, mlp.b_out):
+                nn.init.zeros_(b)
+        nn.init.ones_(self.ln_final.w)
+        nn.init.zeros_(self.ln_final.b)
+        if self.cfg.io == "tokens":
+            nn.init.normal_(self.read_in.embed.weight, std=std)
+            nn.init.normal_(self.read_out.proj.weight, std=std)
+            nn.init.zeros_(self.read_out.proj.bias)
+        else:
+            self.read_in.proj.reset_parameters()
+            self.read_out.proj.reset_parameters()
+
+    def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
+        """Run the model.
+
+        Args:
+            x: ``[batch, pos, d_in]`` floats (continuous) or ``[batch, pos]`` token ids.
+
+        Returns:
+            ``[batch, pos, d_output]`` predictions (continuous) or logits (tokens).
+        """
+        batch, n_pos = x.shape[:2]
+        self.check_length(n_pos)
+        embed = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
+        pos_embed = self.hook_pos_embed(self.W_pos[:n_pos].expand(batch, n_pos, -1).clone())
+        resid = embed + pos_embed
+        for block in self.blocks:
+            resid = block(resid)
+        return self.hook_out(self.read_out(self.ln_final(resid)))
