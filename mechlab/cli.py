@@ -1,0 +1,213 @@
+"""The `mechlab` command: a thin skin over the library (parse, call, print).
+
+Every command turns bad input into one line on stderr and exit status 2,
+without a traceback. Set ``MECHLAB_DEBUG=1`` to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="mechlab: train small sequence models, look inside them, find their circuits.",
+)
+bench_app = typer.Typer(no_args_is_help=True, help="Speed and memory benchmarks (ratios, medians).")
+app.add_typer(bench_app, name="bench")
+
+
+class UsageProblem(ValueError):
+    """Bad input from the command line: reported as one line, exit status 2."""
+
+
+def _echo_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@app.command()
+def info(
+    ckpt: Path | None = typer.Option(None, help="Checkpoint (.pt or .safetensors) to describe."),
+    model: str | None = typer.Option(
+        None, help="Or: an architecture or preset name to build fresh (e.g. tiny, lstm)."
+    ),
+) -> None:
+    """Print architecture, parameter count, training step and every hook with its shape."""
+    from mechlab.checkpoint import load_checkpoint
+    from mechlab.models import build_model
+
+    if (ckpt is None) == (model is None):
+        raise UsageProblem("give exactly one of --ckpt PATH or --model NAME")
+    if ckpt is not None:
+        loaded = load_checkpoint(ckpt)
+        net, step, source = loaded.model, loaded.step, str(ckpt)
+    else:
+        net, step, source = build_model(model), 0, f"fresh {model}"
+    cfg = net.cfg
+    n_params = sum(p.numel() for p in net.parameters())
+    typer.echo(f"source:       {source}")
+    typer.echo(f"architecture: {cfg.arch} ({cfg.io}, d_model={cfg.d_model}, n_layers={cfg.n_layers})")
+    typer.echo(f"parameters:   {n_params:,}")
+    typer.echo(f"step:         {step}")
+    shapes = net.hook_shapes(batch=1)
+    typer.echo(f"hooks ({len(shapes)}), shapes for batch 1 and {min(cfg.n_ctx, 8)} positions:")
+    _echo_table([(f"  {name}", str(list(shape))) for name, shape in shapes.items()])
+
+
+@app.command()
+def train(
+    task: str = typer.Option("lds", help="Task: lds (interleaved linear systems)."),
+    preset: str | None = typer.Option(None, help="Training preset: tiny, small, medium, big, or a bundled one."),
+    out: Path | None = typer.Option(None, help="Run directory (metrics, checkpoints)."),
+    steps: int | None = typer.Option(None, help="Optimiser steps."),
+    device: str | None = typer.Option(None, help="cpu or cuda."),
+    config: Path | None = typer.Option(None, help="YAML file of training settings."),
+    set_: list[str] = typer.Option([], "--set", help="Override a setting: key=value (model.d_model=64, task_cfg.n_pairs=8)."),
+    resume: Path | None = typer.Option(None, help="Continue the run in this directory from its last.pt."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Train a model on a task; checkpoints at log-spaced steps plus last.pt."""
+    import yaml
+
+    from mechlab.train import TrainingStopped, resolve_config
+    from mechlab.train import train as run_training
+
+    if resume is not None:
+        if out is not None and out != resume:
+            raise UsageProblem("give the run directory once: --resume DIR (without a different --out)")
+        saved = resume / "config.yaml"
+        if not saved.is_file():
+            raise UsageProblem(f"nothing to resume: {str(saved)!r} does not exist")
+        cfg = resolve_config(config_file=saved, overrides=set_, steps=steps, device=device)
+        out = resume
+    else:
+        if out is None:
+            raise UsageProblem("give --out DIR for the run (or --resume DIR to continue one)")
+        cfg = resolve_config(preset=preset, config_file=config, overrides=set_, task=task, steps=steps, device=device)
+    typer.echo(f"training {cfg.model} on {cfg.task} for {cfg.steps} steps -> {out}")
+    typer.echo(yaml.safe_dump({"task_cfg": cfg.task_cfg}, default_flow_style=True).strip())
+    try:
+        result = run_training(cfg, out, resume=resume is not None, progress=progress)
+    except TrainingStopped as exc:
+        typer.echo(f"mechlab: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"done: step {result.step}, loss {result.final_loss:.5f}, checkpoint {result.last_checkpoint}")
+    for key, value in result.final_eval.items():
+        typer.echo(f"  {key}: {value:.4f}")
+
+
+@app.command("eval")
+def eval_(
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
+    suite: list[str] = typer.Option(["nih"], help="uninterleaved, nih, ood, dynamics (repeatable) or all."),
+    out: Path | None = typer.Option(None, help="Directory for <suite>.json and <suite>.html (default: beside the checkpoint, eval/)."),
+    traces: int = typer.Option(1000, min=1, help="Traces per evaluation."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
+    import json
+
+    from mechlab.evals import SUITES, run_suite
+    from mechlab.viz import figure_for_suite, write_html
+
+    suites = list(SUITES) if suite == ["all"] else suite
+    for name in suites:
+        if name not in SUITES:
+            raise UsageProblem(f"unknown suite {name!r}; choose from {list(SUITES)} or all")
+    if not ckpt.exists():
+        raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
+    out = out or ckpt.resolve().parent / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in suites:
+        report = run_suite(ckpt, name, n_traces=traces, n_haystack=haystack, seg_len=seg_len, seed=seed)
+        json_path = out / f"{name}.json"
+        tmp = json_path.with_name(f".{json_path.name}.tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(json_path)
+        write_html(figure_for_suite(report), out / f"{name}.html")
+        typer.echo(f"{name}: {json_path}, {out / (name + '.html')}")
+        _print_report(report)
+
+
+def _print_report(report: dict) -> None:
+    r = report["result"]
+    if report["suite"] == "nih":
+        for j, s in r["offsets"].items():
+            typer.echo(f"  {j}-after: median {s['median']:.4f} (q1 {s['q1']:.4f}, q3 {s['q3']:.4f})")
+    elif report["suite"] == "ood":
+        for probe, offsets in r["probes"].items():
+            typer.echo(f"  {probe:20s} " + "  ".join(f"{j}-after {s['median']:.3f}" for j, s in offsets.items()))
+    elif report["suite"] == "uninterleaved":
+        m, ls = r["model_median"], r["lstsq_median"]
+        for j in (1, 2, 3, 6, 7, 10, 50, len(m)):
+            if j <= len(m):
+                typer.echo(f"  obs {j:3d}: model {m[j - 1]:.4f}  least-squares {ls[j - 1]:.2e}")
+    elif report["suite"] == "dynamics":
+        for i, ex in enumerate(r["examples"]):
+            typer.echo(f"  {ex:>10,} examples: " + "  ".join(f"{j}-after {v[i]:.3f}" for j, v in r["offsets"].items()))
+
+
+@bench_app.command("hooks")
+def bench_hooks(
+    families: str = typer.Option("transformer,lstm,dense_ssm,mamba", help="Comma-separated families."),
+    batch: int = typer.Option(64, min=1),
+    n_pos: int = typer.Option(251, "--pos", min=2, help="Sequence length."),
+    repeats: int = typer.Option(7, min=1, help="Timed runs of each contender."),
+    device: str = typer.Option("cpu"),
+) -> None:
+    """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
+    from mechlab.bench.hooks import BENCH_MODELS, bench_family
+
+    names = [f.strip() for f in families.split(",") if f.strip()]
+    unknown = [f for f in names if f not in BENCH_MODELS]
+    if unknown:
+        raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {sorted(BENCH_MODELS)}")
+    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}")
+    rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain", "unrolled/fused")]
+    for family in names:
+        r = bench_family(family, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
+        rows.append((
+            family, f"{r.n_params:,}", str(r.n_hooks), f"{r.plain * 1e3:.1f}", f"{r.cache * 1e3:.1f}",
+            f"{r.nnsight * 1e3:.1f}", f"{r.cache_ratio:.2f}x", f"{r.nnsight_ratio:.2f}x",
+            f"{r.unrolled / r.plain:.2f}x" if r.unrolled is not None else "-",
+        ))
+    _echo_table(rows)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    try:
+        app(args=argv, prog_name="mechlab", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        typer.echo("mechlab: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        typer.echo(f"mechlab: error: {_one_line(Exception(exc.format_message()))}", err=True)
+        return 2
+    except (ValueError, OSError, KeyError) as exc:
+        if os.environ.get("MECHLAB_DEBUG"):
+            raise
+        typer.echo(f"mechlab: error: {_one_line(exc)}", err=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Evaluations of a model trained on interleaved linear systems.
+
+Suites (``mechlab eval --suite ...``):
+
+* ``uninterleaved``: one system, one long segment; the model's squared error per
+  observation next to the least-squares (pseudoinverse) predictor's.
+* ``nih``: needle in a haystack; errors at offsets 1, 2, 3, 7, 8 after the query label.
+* ``ood``: the four out-of-distribution probes of the recall mechanism, each scored like
+  ``nih`` (see :func:`mechlab.tasks.lds_evals.needle_in_haystack`).
+* ``dynamics``: every checkpoint of a run through ``nih``: error vs examples seen.
+
+Errors are squared errors summed over the state dims (the zero predictor scores 1);
+a summary gives the median over traces and the quartiles.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mechlab.tasks.lds import LDSConfig, SystemLibrary, make_libraries
+from mechlab.tasks.lds_evals import (
+    PROBES,
+    EvalTraces,
+    least_squares_predict,
+    needle_in_haystack,
+    uninterleaved,
+)
+
+SUITES = ("uninterleaved", "nih", "ood", "dynamics")
+
+
+def _predict(model: torch.nn.Module, traces: EvalTraces, batch_size: int = 256) -> Tensor:
+    """The model's output on the traces' inputs, in chunks, on the model's device (CPU result)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    outs = []
+    try:
+        with torch.no_grad():
+            inputs = traces.batch.inputs.float()
+            for start in range(0, inputs.shape[0], batch_size):
+                outs.append(model(inputs[start : start + batch_size].to(device)).float().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(outs)
+
+
+def summarize(errors: Tensor) -> dict[str, float]:
+    """Median and quartiles of per-trace errors (``[n_traces]``)."""
+    q = torch.quantile(errors.double(), torch.tensor([0.25, 0.5, 0.75], dtype=torch.double))
+    return {"median": float(q[1]), "q1": float(q[0]), "q3": float(q[2]), "mean": float(errors.double().mean())}
+
+
+def nih_errors(
+    model: torch.nn.Module,
+    cfg: LDSConfig,
+    library: SystemLibrary,
+    n_traces: int = 1000,
+    n_haystack: int = 7,
+    seg_len: int = 10,
+    generator: torch.Generator | None = None,
+    probe: str | None = None,
+) -> dict[int, Tensor]:
+    """Needle-in-a-haystack errors per offset after the query label.
+
+    Args:
+        model: A continuous-mode model of the task's ``d_in``/``d_out``.
+        cfg: Task config.
+        library: Systems to draw from (the test library).
+        n_traces: Traces.
+        n_haystack: Haystack systems (1..n_pairs-1).
+        seg_len: Observations per haystack segment.
+        generator: Source of randomness (fixed seed for comparable numbers).
+        probe: One of the out-of-distribution probes, or None.
+
+    Returns:
+        Offset (1, 2, 3, 7, 8; those that fit ``seg_len``) -> ``[n_traces]`` squared errors.
+    """
+    offsets = tuple(j for j in (1, 2, 3, 7, 8) if j <= seg_len)
+    traces = needle_in_haystack(
+        cfg, library, n_traces, n_haystack=n_haystack, seg_len=seg_len, generator=generator,
+        probe=probe, offsets=offsets,
+    )
+    n_tokens = traces.batch.tokens.shape[1]
+    if n_tokens - 1 > getattr(getattr(model, "cfg", None), "n_ctx", n_tokens):
+        raise ValueError(
+            f"a haystack of {n_haystack} segments of {seg_len} needs {n_tokens - 1} positions, "
+            f"more than the model's n_ctx={model.cfg.n_ctx}; use a smaller --haystack"
+        )
+    errs = traces.errors(_predict(model, traces))  # [n_traces, n_offsets]
+    return {j: errs[:, i] for i, j in enumerate(traces.offsets)}
+
+
+def uninterleaved_errors(
+    model: torch.nn.Module,
+    cfg: LDSConfig,
+    library: SystemLibrary,
+    n_traces: int = 200,
+    n_obs: int | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Model and least-squares errors on single uninterleaved segments.
+
+    Returns:
+        ``(model_errors, lstsq_errors)``, each ``[n_traces, n_obs]``: the squared error of
+        the prediction of observation ``j`` (1-based column ``j - 1``) from the ``j - 1``
+        before it.
+    """
+    traces = uninterleaved(cfg, library, n_traces, n_obs=n_obs, generator=generator)
+    model_err = traces.errors(_predict(model, traces))
+    obs = traces.targets  # [n_traces, n_obs, d]
+    lstsq_err = (least_squares_predict(obs) - obs).pow(2).sum(-1)
+    return model_err, lstsq_err
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    cfg: LDSConfig,
+    library: SystemLibrary,
+    suite: str,
+    n_traces: int = 1000,
+    n_haystack: int = 7,
+    seg_len: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run one suite (not ``dynamics``) on a model; returns a JSON-ready dict."""
+    g = torch.Generator().manual_seed(seed)
+    if suite == "nih":
+        errs = nih_errors(model, cfg, library, n_traces, n_haystack, seg_len, g)
+        return {"n_haystack": n_haystack, "seg_len": seg_len, "n_traces": n_traces,
+                "offsets": {str(j): summarize(e) for j, e in errs.items()}}
+    if suite == "ood":
+        out: dict[str, Any] = {"n_haystack": n_haystack, "seg_len": seg_len, "n_traces": n_traces, "probes": {}}
+        for probe in (None, *PROBES):
+            # The same generator seed for every probe: the traces differ only by the probe.
+            errs = nih_errors(model, cfg, library, n_traces, n_haystack, seg_len,
+                              torch.Generator().manual_seed(seed), probe=probe)
+            out["probes"][probe or "clean"] = {str(j): summarize(e) for j, e in errs.items()}
+        return out
+    if suite == "uninterleaved":
+        model_err, ls_err = uninterleaved_errors(model, cfg, library, min(n_traces, 500), generator=g)
+        return {
+            "n_traces": model_err.shape[0],
+            "model_median": model_err.median(0).values.tolist(),
+            "lstsq_median": ls_err.median(0).values.tolist(),
+            "model_q1": model_err.quantile(0.25, dim=0).tolist(),
+            "model_q3": model_err.quantile(0.75, dim=0).tolist(),
+        }
+    raise ValueError(f"unknown suite {suite!r}; choose one of {list(SUITES)}")
+
+
+def dynamics(
+    run_dir: str | Path,
+    n_traces: int = 500,
+    n_haystack: int = 7,
+    seg_len: int = 10,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every checkpoint of a run through the NiH suite: error vs examples seen.
+
+    Args:
+        run_dir: A training run directory (``checkpoints/step_*.pt``).
+
+    Returns:
+        ``{"examples": [...], "steps": [...], "offsets": {offset: [median per checkpoint]},
+        "q1": {...}, "q3": {...}}``.
+    """
+    from tqdm.auto import tqdm
+
+    from mechlab.checkpoint import load_checkpoint
+
+    paths = sorted(Path(run_dir).glob("checkpoints/step_*.pt"))
+    if not paths:
+        raise ValueError(f"no checkpoints/step_*.pt under {str(run_dir)!r}; is it a training run directory?")
+    out: dict[str, Any] = {"steps": [], "examples": [], "offsets": {}, "q1": {}, "q3": {}}
+    task_cfg, test_lib = None, None
+    for path in tqdm(paths, disable=not progress, desc="checkpoints"):
+        ckpt = load_checkpoint(path)
+        cfg = task_config_of(ckpt.metadata, path)
+        if task_cfg != cfg:
+            task_cfg, test_lib = cfg, make_libraries(cfg)[1]
+        errs = nih_errors(ckpt.model, task_cfg, test_lib, n_traces, n_haystack, seg_len,
+                          torch.Generator().manual_seed(seed))
+        batch = ckpt.metadata.get("train_cfg", {}).get("batch_size", 1)
+        out["steps"].append(ckpt.step)
+        out["examples"].append(ckpt.step * batch)
+        for j, e in errs.items():
+            s = summarize(e)
+            out["offsets"].setdefault(str(j), []).append(s["median"])
+            out["q1"].setdefault(str(j), []).append(s["q1"])
+            out["q3"].setdefault(str(j), []).append(s["q3"])
+    return out
+
+
+def task_config_of(metadata: dict[str, Any], path: str | Path) -> LDSConfig:
+    """The LDS task config stored in a checkpoint's metadata (clear error when absent)."""
+    if metadata.get("task") != "lds" or "task_cfg" not in metadata:
+        raise ValueError(
+            f"checkpoint {str(path)!r} carries no interleaved-systems task metadata "
+            "(train it with `mechlab train --task lds`)"
+        )
+    return LDSConfig.from_dict(metadata["task_cfg"])
+
+
+def run_suite(
+    ckpt_path: str | Path,
+    suite: str,
+    n_traces: int = 1000,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run a suite on a checkpoint (``dynamics``: on the run directory the checkpoint is in).
+
+    ``n_haystack``/``seg_len`` default to the training run's evaluation settings.
+    """
+    from mechlab.checkpoint import load_checkpoint
+
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose one of {list(SUITES)}")
+    ckpt = load_checkpoint(ckpt_path)
+    train_cfg = ckpt.metadata.get("train_cfg", {})
+    n_haystack = n_haystack or train_cfg.get("eval_haystack", 7)
+    seg_len = seg_len or train_cfg.get("eval_seg_len", 10)
+    cfg = task_config_of(ckpt.metadata, ckpt_path)
+    if suite == "dynamics":
+        run_dir = Path(ckpt_path).resolve().parent
+        if run_dir.name == "checkpoints":
+            run_dir = run_dir.parent
+        result = dynamics(run_dir, min(n_traces, 500), n_haystack, seg_len, seed)
+    else:
+        result = evaluate_model(ckpt.model, cfg, make_libraries(cfg)[1], suite, n_traces, n_haystack, seg_len, seed)
+    return {"suite": suite, "checkpoint": str(ckpt_path), "sha256": ckpt.sha256, "step": ckpt.step,
+            "seed": seed, "result": result}

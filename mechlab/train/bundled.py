@@ -1,0 +1,25 @@
+"""CPU-sized training presets whose checkpoints ship in ``examples/checkpoints``.
+
+The study's presets need ~1e7 examples (days on two CPU cores); ``recall-cpu``
+keeps the task's structure (interleaved orthogonal systems, open/close labels,
+needle in a haystack) at a size that trains in under an hour on two CPU cores.
+How it was chosen (``examples/recall_sweep.py``) is in ``docs/reproduction.md``:
+a 3-dimensional state, 2 to 4 systems per trace (uniform), 8 label pairs and a
+64-token context made label-based recall learnable within ~6e5 examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BUNDLED_PRESETS: dict[str, dict[str, Any]] = {
+    "recall-cpu": {
+        "task_cfg": {
+            "d_state": 3, "n_pairs": 8, "n_ctx": 64, "zipf_a": 0.0, "min_systems": 2, "max_systems": 4,
+            "cut_rate": 2.0, "max_cuts": 32, "n_train_systems": 40000, "n_test_systems": 1000,
+        },
+        "model": {"arch": "transformer", "d_model": 72, "n_layers": 3, "n_heads": 6},
+        "batch_size": 64, "lr": 1e-3, "steps": 20000, "eval_every": 1000, "eval_traces": 500,
+        "eval_haystack": 3, "eval_seg_len": 6, "n_checkpoints": 12, "save_every": 500,
+    },
+}

@@ -1,0 +1,192 @@
+"""The trainer's configuration: presets, YAML files and ``--set key=value`` overrides."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TASKS = ("lds",)
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; saved beside the run and in every checkpoint.
+
+    Args:
+        task: Task name (``"lds"``: interleaved linear systems).
+        task_cfg: Fields of the task's config (e.g. ``LDSConfig``) that differ from its defaults.
+        model: Model config for :func:`mechlab.build_model` (``{"preset": "tiny"}``,
+            ``{"arch": "lstm", "d_model": 64}``, ...). ``d_in``, ``d_out`` and ``n_ctx`` are
+            filled in from the task.
+        steps: Optimiser steps in total.
+        batch_size: Traces per step.
+        lr: Peak learning rate (AdamW).
+        weight_decay: AdamW weight decay.
+        grad_clip: Gradient-norm clipping (0 disables).
+        warmup_steps: Linear learning-rate warm-up.
+        lr_schedule: ``"constant"`` (the study's) or ``"cosine"`` decay after warm-up.
+        min_lr_ratio: Floor of the cosine schedule, as a fraction of ``lr``.
+        seed: Seeds the model initialisation and, with the step number, every batch.
+        device: ``"cpu"`` or ``"cuda"``.
+        log_every: Steps between metrics lines.
+        eval_every: Steps between evaluations (0: only at the end).
+        eval_traces: Traces per evaluation.
+        eval_haystack: Haystack systems in the evaluation's needle-in-a-haystack suite.
+        eval_seg_len: Observations per haystack segment in that suite.
+        n_checkpoints: Log-spaced checkpoints kept for training-dynamics analysis.
+        save_every: Steps between refreshes of ``last.pt`` (what ``--resume`` continues from).
+    """
+
+    task: str = "lds"
+    task_cfg: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.1
+    seed: int = 0
+    device: str = "cpu"
+    log_every: int = 10
+    eval_every: int = 500
+    eval_traces: int = 256
+    eval_haystack: int = 7
+    eval_seg_len: int = 10
+    n_checkpoints: int = 12
+    save_every: int = 200
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; choose one of {list(TASKS)}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of {list(LR_SCHEDULES)}")
+        for name in ("steps", "batch_size", "log_every", "eval_traces", "save_every"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("eval_every", "warmup_steps", "n_checkpoints"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if not isinstance(self.model, dict) or not isinstance(self.task_cfg, dict):
+            raise ValueError("model and task_cfg must be mappings of config fields")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (what checkpoints and ``config.yaml`` hold)."""
+        return copy.deepcopy(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Build from a dict, refusing unknown keys with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**copy.deepcopy(values))
+
+
+# The recall study's presets (papers.md) and the CPU-sized configuration whose
+# checkpoints are bundled. A preset is a partial TrainConfig dict.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"model": {"preset": "tiny"}, "batch_size": 2048, "lr": 1.268e-4, "steps": 200_000},
+    "small": {"model": {"preset": "small"}, "batch_size": 1024, "lr": 4.48e-5, "steps": 200_000},
+    "medium": {"model": {"preset": "medium"}, "batch_size": 512, "lr": 1.585e-5, "steps": 200_000},
+    "big": {"model": {"preset": "big"}, "batch_size": 640, "lr": 1.477e-5, "steps": 200_000},
+}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``key.sub=value`` (value read as YAML: numbers, bools, lists, strings).
+
+    Raises:
+        ValueError: Text without ``=`` or with an empty key.
+    """
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"bad override {text!r}: expected key=value, e.g. lr=3e-4 or model.d_model=64")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ValueError(f"bad override {text!r}: value is not valid YAML ({exc.__class__.__name__})") from None
+    if isinstance(value, str):
+        # YAML 1.1 reads "2e-3" (no dot) as a string; users mean a number.
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return key.strip().split("."), value
+
+
+def resolve_config(
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    **fields: Any,
+) -> TrainConfig:
+    """Combine a preset, a YAML file, ``--set`` overrides and keyword fields, in that order.
+
+    Args:
+        preset: A key of ``PRESETS`` (or of the bundled-task presets).
+        config_file: YAML file holding a (partial) TrainConfig mapping.
+        overrides: ``key=value`` strings; dotted keys reach into ``model`` and ``task_cfg``.
+        **fields: Final TrainConfig fields (what CLI flags like ``--steps`` set); ``None`` is ignored.
+
+    Returns:
+        The validated config.
+    """
+    values: dict[str, Any] = {}
+    if preset is not None:
+        all_presets = available_presets()
+        if preset not in all_presets:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(all_presets)}")
+        values = _merge(values, all_presets[preset])
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} not found")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config file {str(path)!r} is not valid YAML: {exc.__class__.__name__}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"config file {str(path)!r} must hold a mapping of settings")
+        values = _merge(values, loaded or {})
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys[0] not in known:
+            raise ValueError(f"unknown setting {keys[0]!r} in override {text!r}; known: {sorted(known)}")
+        if len(keys) > 1 and keys[0] not in ("model", "task_cfg"):
+            raise ValueError(f"setting {keys[0]!r} has no sub-fields (override {text!r})")
+        target = values
+        for key in keys[:-1]:
+            target = target.setdefault(key, {})
+        target[keys[-1]] = value
+    values.update({k: v for k, v in fields.items() if v is not None})
+    return TrainConfig.from_dict(values)
+
+
+def available_presets() -> dict[str, dict[str, Any]]:
+    """The study presets plus the bundled CPU-sized ones."""
+    from mechlab.train.bundled import BUNDLED_PRESETS
+
+    return {**PRESETS, **BUNDLED_PRESETS}

@@ -1,0 +1,93 @@
+"""Tasks as the trainer sees them: batches, the loss, and a quick evaluation.
+
+A task turns its own data (e.g. :mod:`mechlab.tasks.lds`) into what one
+training step needs and knows which model fields it fixes (input and output
+sizes, context length). Adding a task means adding one class here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from mechlab.tasks.lds import LDSConfig, make_libraries, sample_batch
+
+
+class Task(Protocol):
+    """What the trainer needs from a task."""
+
+    def model_fields(self) -> dict[str, Any]: ...
+
+    def config_dict(self) -> dict[str, Any]: ...
+
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def loss(self, pred: Tensor, targets: Tensor, mask: Tensor) -> Tensor: ...
+
+    def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]: ...
+
+
+def masked_mse(pred: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Mean squared error over the positions where ``mask`` is True, averaged over dims.
+
+    Args:
+        pred: ``[batch, pos, d]`` predictions.
+        targets: ``[batch, pos, d]`` targets.
+        mask: ``[batch, pos]`` True where the target counts.
+
+    Returns:
+        A scalar: ``sum(mask * ||pred - target||^2) / (mask.sum() * d)``.
+    """
+    sq = (pred - targets).pow(2).mean(-1)  # [batch, pos]
+    return (sq * mask).sum() / mask.sum().clamp(min=1)
+
+
+class LDSTask:
+    """In-context recall on interleaved linear systems (study B)."""
+
+    def __init__(self, overrides: dict[str, Any]):
+        self.cfg = LDSConfig.from_dict(overrides)
+        self.train_lib, self.test_lib = make_libraries(self.cfg)
+
+    def model_fields(self) -> dict[str, Any]:
+        return {"io": "continuous", "d_in": self.cfg.d_in, "d_out": self.cfg.d_out, "n_ctx": self.cfg.n_ctx}
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.cfg.to_dict()
+
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        b = sample_batch(self.cfg, self.train_lib, batch_size, generator)
+        return b.inputs, b.targets, b.mask
+
+    def loss(self, pred: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+        return masked_mse(pred, targets, mask)
+
+    def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
+        from mechlab.evals.recall import nih_errors
+
+        errs = nih_errors(
+            model, self.cfg, self.test_lib, n_traces=cfg.eval_traces, n_haystack=cfg.eval_haystack,
+            seg_len=cfg.eval_seg_len, generator=generator,
+        )
+        out = {f"nih_{k}_after": float(v.median()) for k, v in errs.items()}
+        b = sample_batch(self.cfg, self.test_lib, cfg.eval_traces, generator)
+        device = next(model.parameters()).device
+        pred = model(b.inputs.to(device)).cpu()
+        out["test_loss"] = float(masked_mse(pred, b.targets, b.mask))
+        return out
+
+
+TASK_CLASSES = {"lds": LDSTask}
+
+
+def make_task(name: str, overrides: dict[str, Any]) -> Task:
+    """Build the task ``name`` with config ``overrides``.
+
+    Raises:
+        ValueError: Unknown task or config field.
+    """
+    if name not in TASK_CLASSES:
+        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASK_CLASSES)}")
+    return TASK_CLASSES[name](overrides)

@@ -1,0 +1,70 @@
+"""Figures of the recall evaluations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+
+def write_html(fig: go.Figure, path: str | Path) -> Path:
+    """Write a self-contained offline HTML page (plotly.js embedded), atomically."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+    os.replace(tmp, path)
+    return path
+
+
+def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:
+    xs = list(offsets)
+    med = [offsets[j]["median"] for j in xs]
+    fig = go.Figure(go.Bar(
+        x=[f"{j}-after" for j in xs], y=med,
+        error_y={"type": "data", "symmetric": False,
+                 "array": [offsets[j]["q3"] - offsets[j]["median"] for j in xs],
+                 "arrayminus": [offsets[j]["median"] - offsets[j]["q1"] for j in xs]},
+        name="median (quartiles)",
+    ))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor")
+    fig.update_layout(title=title, yaxis_title="squared error (summed over dims)", yaxis_type="log")
+    return fig
+
+
+def figure_for_suite(report: dict[str, Any]) -> go.Figure:
+    """The figure of one ``mechlab eval`` report (the dict :func:`mechlab.evals.run_suite` returns)."""
+    suite, r = report["suite"], report["result"]
+    step = report.get("step")
+    if suite == "nih":
+        return _nih_figure(r["offsets"], f"Needle in a haystack: {r['n_haystack']} systems (step {step})")
+    if suite == "ood":
+        fig = go.Figure()
+        for probe, offsets in r["probes"].items():
+            xs = list(offsets)
+            fig.add_trace(go.Bar(name=probe, x=[f"{j}-after" for j in xs], y=[offsets[j]["median"] for j in xs]))
+        fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor")
+        fig.update_layout(barmode="group", title=f"Out-of-distribution probes (step {step}), medians",
+                          yaxis_title="squared error", yaxis_type="log")
+        return fig
+    if suite == "uninterleaved":
+        xs = list(range(1, len(r["model_median"]) + 1))
+        fig = go.Figure([
+            go.Scatter(x=xs, y=r["model_median"], name="model (median)"),
+            go.Scatter(x=xs, y=r["lstsq_median"], name="least squares (median)", line={"dash": "dash"}),
+        ])
+        fig.update_layout(title=f"Uninterleaved: one system (step {step})", xaxis_title="observation",
+                          yaxis_title="squared error", yaxis_type="log")
+        return fig
+    if suite == "dynamics":
+        fig = go.Figure()
+        ex = r["examples"]
+        for j, med in r["offsets"].items():
+            fig.add_trace(go.Scatter(x=ex, y=med, mode="lines+markers", name=f"{j}-after"))
+        fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor")
+        fig.update_layout(title="Training dynamics: NiH error vs examples seen (medians)",
+                          xaxis_title="examples seen", xaxis_type="log", yaxis_title="squared error",
+                          yaxis_type="log")
+        return fig
+    raise ValueError(f"no figure for suite {suite!r}")
