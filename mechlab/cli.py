@@ -164,15 +164,23 @@ def bench_hooks(
     n_pos: int = typer.Option(251, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(7, min=1, help="Timed runs of each contender."),
     device: str = typer.Option("cpu"),
+    keep_memory: bool = typer.Option(
+        True, help="Let glibc keep freed memory (no fresh mmap pages per call); see docs/benchmarks.md."
+    ),
 ) -> None:
     """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
+    from mechlab.bench.alloc import keep_freed_memory
     from mechlab.bench.hooks import BENCH_MODELS, bench_family
 
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in BENCH_MODELS]
     if unknown:
         raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {sorted(BENCH_MODELS)}")
-    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}")
+    kept = keep_freed_memory() if keep_memory else False
+    typer.echo(
+        f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}, "
+        f"allocator: {'keeps freed memory' if kept else 'default'}"
+    )
     rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain", "unrolled/fused")]
     for family in names:
         r = bench_family(family, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
