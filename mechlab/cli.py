@@ -23,6 +23,17 @@ bench_app = typer.Typer(no_args_is_help=True, help="Speed and memory benchmarks 
 app.add_typer(bench_app, name="bench")
 
 
+# typer >= 0.2x ships its own copy of click (typer._click) whose exceptions are not
+# click's; catch both.
+try:
+    from typer._click import exceptions as _typer_click
+except ImportError:  # older typer uses click itself
+    _typer_click = click.exceptions
+_EXIT = (click.exceptions.Exit, typer.Exit)
+_ABORT = (click.exceptions.Abort, typer.Abort)
+_CLICK_ERROR = (click.exceptions.ClickException, _typer_click.ClickException)
+
+
 class UsageProblem(ValueError):
     """Bad input from the command line: reported as one line, exit status 2."""
 
@@ -200,13 +211,14 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
     try:
-        app(args=argv, prog_name="mechlab", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+        # In non-standalone mode a command's `raise typer.Exit(n)` comes back as the result.
+        result = app(args=argv, prog_name="mechlab", standalone_mode=False)
+    except _EXIT as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except _ABORT:
         typer.echo("mechlab: aborted", err=True)
         return 130
-    except click.ClickException as exc:
+    except _CLICK_ERROR as exc:
         typer.echo(f"mechlab: error: {_one_line(Exception(exc.format_message()))}", err=True)
         return 2
     except (ValueError, OSError, KeyError) as exc:
@@ -214,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         typer.echo(f"mechlab: error: {_one_line(exc)}", err=True)
         return 2
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,11 @@ import yaml
 
 TASKS = ("lds",)
 LR_SCHEDULES = ("constant", "cosine")
+_INT_FIELDS = (
+    "steps", "batch_size", "warmup_steps", "seed", "log_every", "eval_every", "eval_traces",
+    "eval_haystack", "eval_seg_len", "n_checkpoints", "save_every",
+)
+_FLOAT_FIELDS = ("lr", "weight_decay", "grad_clip", "min_lr_ratio")
 
 
 @dataclass
@@ -65,6 +71,15 @@ class TrainConfig:
     save_every: int = 200
 
     def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            setattr(self, name, float(value))
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {list(TASKS)}")
         if self.lr_schedule not in LR_SCHEDULES:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,7 +206,11 @@ class Trainer:
         if not resume and cfg.n_checkpoints:
             self._save(self.out_dir / "checkpoints" / "step_0000000.pt", float("nan"), with_optimizer=False)
 
-        old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Signal handlers can only be installed from the main thread (not, e.g., in a Ray worker).
+        in_main = threading.current_thread() is threading.main_thread()
+        old_handlers = (
+            {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
+        )
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
         loss, last_eval, window_start, window_examples = float("nan"), {}, time.perf_counter(), 0
         try:
@@ -218,9 +223,13 @@ class Trainer:
                     )
                 new_loss = self.train_step(self.step + 1)
                 if not math.isfinite(new_loss):
+                    # train_step returns before the update: the weights are those of step
+                    # self.step, whose loss was finite.
+                    self._save(self.last_path, loss)
                     raise TrainingStopped(
                         f"loss became non-finite at step {self.step + 1}; the run stopped and "
-                        f"{self.last_path} keeps the last good state (try a lower lr)"
+                        f"{self.last_path} keeps the last good state (step {self.step}); "
+                        "start a new run with a lower lr"
                     )
                 loss = new_loss
                 self.step += 1

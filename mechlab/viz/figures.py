@@ -28,7 +28,7 @@ def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:
                  "arrayminus": [offsets[j]["median"] - offsets[j]["q1"] for j in xs]},
         name="median (quartiles)",
     ))
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor (mean)")
     fig.update_layout(title=title, yaxis_title="squared error (summed over dims)", yaxis_type="log")
     return fig
 
@@ -44,7 +44,7 @@ def figure_for_suite(report: dict[str, Any]) -> go.Figure:
         for probe, offsets in r["probes"].items():
             xs = list(offsets)
             fig.add_trace(go.Bar(name=probe, x=[f"{j}-after" for j in xs], y=[offsets[j]["median"] for j in xs]))
-        fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor")
+        fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor (mean)")
         fig.update_layout(barmode="group", title=f"Out-of-distribution probes (step {step}), medians",
                           yaxis_title="squared error", yaxis_type="log")
         return fig
@@ -62,7 +62,7 @@ def figure_for_suite(report: dict[str, Any]) -> go.Figure:
         ex = r["examples"]
         for j, med in r["offsets"].items():
             fig.add_trace(go.Scatter(x=ex, y=med, mode="lines+markers", name=f"{j}-after"))
-        fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor")
+        fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor (mean)")
         fig.update_layout(title="Training dynamics: NiH error vs examples seen (medians)",
                           xaxis_title="examples seen", xaxis_type="log", yaxis_title="squared error",
                           yaxis_type="log")
