@@ -203,6 +203,26 @@ def bench_hooks(
     _echo_table(rows)
 
 
+@bench_app.command("train")
+def bench_train(
+    preset: str = typer.Option("tiny", help="Training preset: tiny, small, medium, big, recall-cpu."),
+    batch: int | None = typer.Option(None, min=1, help="Batch size (default: the preset's; 256 keeps tiny on CPU to minutes)."),
+    steps: int = typer.Option(1, min=1, help="Optimiser steps per timed window."),
+    repeats: int = typer.Option(5, min=1, help="Timed windows of each contender."),
+    device: str = typer.Option("cpu"),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a training setting: key=value (model.d_model=32)."),
+) -> None:
+    """Trainer.train_step vs a minimal PyTorch loop: same model, weights, data; examples/s and ratios."""
+    from mechlab.bench.train import bench_train as run_bench
+
+    typer.echo(f"timing {repeats} windows of {steps} step(s) x 5 contenders (+1 warm-up window each) ...")
+    result = run_bench(
+        preset=preset, batch=batch, steps=steps, repeats=repeats, device=device, threads=threads, overrides=set_
+    )
+    typer.echo(result.format_table())
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return " ".join(text.split())

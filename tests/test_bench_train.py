@@ -43,11 +43,12 @@ def test_bench_train_returns_positive_finite_numbers():
     fields = {f.name for f in dataclasses.fields(r)}
     seconds = ["trainer_s", "minimal_s", "trainer_data_s", "minimal_data_s", "data_s"]
     assert set(seconds) <= fields
-    derived = [r.trainer_ex_s, r.minimal_ex_s, r.ratio, r.ratio_with_data, r.data_share]
+    derived = [r.trainer_ex_s, r.minimal_ex_s, r.ratio, r.ratio_with_data, r.data_share, r.cpu_ratio,
+               r.cpu_ratio_with_data]
     for value in [getattr(r, name) for name in seconds] + derived:
         assert math.isfinite(value) and value > 0
-    assert set(r.timings) == set(CONTENDERS)
-    for t in r.timings.values():
+    assert set(r.timings) == set(r.cpu_timings) == set(CONTENDERS)
+    for t in [*r.timings.values(), *r.cpu_timings.values()]:
         assert t.runs == 3 and 0 < t.q1 <= t.median <= t.q3
     assert r.trainer_s == r.timings["trainer"].median
     assert r.ratio == pytest.approx(r.trainer_ex_s / r.minimal_ex_s)
@@ -108,5 +109,7 @@ def test_minimal_loop_clips_and_uses_adamw_settings():
 def test_bench_train_rejects_bad_arguments():
     with pytest.raises(ValueError, match="steps and repeats"):
         bench_train("recall-cpu", batch=8, steps=0, overrides=SMALL)
+    with pytest.raises(ValueError, match="threads"):
+        bench_train("recall-cpu", batch=8, threads=0, overrides=SMALL)
     with pytest.raises(ValueError, match="unknown preset"):
         bench_train("no-such-preset")
