@@ -168,6 +168,117 @@ def _print_report(report: dict) -> None:
             typer.echo(f"  {ex:>10,} examples: " + "  ".join(f"{j}-after {v[i]:.3f}" for j, v in r["offsets"].items()))
 
 
+@app.command()
+def prune(
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
+    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable."),
+    sparsity: float = typer.Option(0.95, help="Fraction of edges removed, in (0, 1)."),
+    ablation: str = typer.Option("interchange", help="interchange, mean or zero."),
+    corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation: misdirect_incorrect (query label swapped with another haystack system's), another probe, or shuffle."),
+    loss: str = typer.Option("model", help="model (match the full model) or truth (match the ground truth)."),
+    node_sparsity: float | None = typer.Option(None, help="Also mask writer nodes, at this sparsity."),
+    steps: int = typer.Option(500, min=1, help="Optimiser steps."),
+    lr: float = typer.Option(0.1, help="Adam learning rate of the masks."),
+    lambda_lr: float = typer.Option(1.0, help="Adam learning rate of the Lagrange multipliers (maximised)."),
+    seed: list[int] = typer.Option([0], help="Pruning seed; repeat for a seed-stability estimate."),
+    traces: int = typer.Option(256, min=1, help="Training traces."),
+    test_traces: int = typer.Option(512, min=1, help="Held-out traces for the metrics."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: beside the checkpoint, circuits/)."),
+    device: str = typer.Option("cpu"),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Find circuits by edge pruning on needle-in-a-haystack traces: JSON + offline HTML per circuit."""
+    from mechlab.prune import overlap, prune_checkpoint, seed_stability
+
+    if not ckpt.exists():
+        raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
+    out = out or ckpt.resolve().parent / "circuits"
+    out.mkdir(parents=True, exist_ok=True)
+    found: dict[str, list] = {}
+    for name in target:
+        for s in seed:
+            circuit = prune_checkpoint(
+                ckpt, name, sparsity, n_train=traces, n_test=test_traces, n_haystack=haystack,
+                seg_len=seg_len, corruption=corruption, device=device, ablation=ablation, loss=loss,
+                node_sparsity=node_sparsity, steps=steps, lr=lr, lambda_lr=lambda_lr, seed=s,
+                progress=progress,
+            )
+            found.setdefault(name, []).append(circuit)
+            stem = f"{name}_seed{s}"
+            circuit.to_json(out / f"{stem}.json")
+            circuit.write_html(out / f"{stem}.html")
+            m, meta = circuit.metadata["metrics"], circuit.metadata
+            typer.echo(f"{stem}: {circuit.n_edges} edges, {circuit.n_nodes} nodes, sparsity asked "
+                       f"{meta['sparsity_asked']:.4f} reached {meta['sparsity_reached']:.4f} -> {out / stem}.json/.html")
+            typer.echo(f"  faithfulness {m['faithfulness']:.3f} (mse to full {m['circuit_vs_full']:.4f}, all ablated {m['ablated_vs_full']:.4f})")
+            typer.echo(f"  error vs truth: circuit {m['error_circuit']:.4f}  full {m['error_full']:.4f}  "
+                       f"all ablated {m['error_ablated']:.4f}  complement {m['error_complement']:.4f}")
+    names = list(found)
+    for a, b in zip(names, names[1:], strict=False):
+        o = overlap(found[a][0], found[b][0])
+        typer.echo(f"overlap {a} vs {b}: {o.n_shared_edges} shared edges, Jaccard {o.jaccard:.3f}, "
+                   f"overlap coefficient {o.overlap_coefficient:.3f}")
+    if len(seed) >= 2:
+        typer.echo(seed_stability(found).summary())
+
+
+@app.command("overlap")
+def overlap_(
+    circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
+) -> None:
+    """Shared edges, Jaccard and overlap coefficient of circuits; seed stability when a target has several seeds."""
+    from mechlab.prune import Circuit, overlap, seed_stability
+
+    if len(circuits) < 2:
+        raise UsageProblem("give at least two circuit files")
+    loaded = []
+    for path in circuits:
+        if not path.exists():
+            raise UsageProblem(f"circuit {str(path)!r} not found")
+        loaded.append(Circuit.from_json(path))
+    rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
+    for i in range(len(loaded)):
+        for j in range(i + 1, len(loaded)):
+            o = overlap(loaded[i], loaded[j])
+            rows.append((circuits[i].name, circuits[j].name, str(o.n_edges_a), str(o.n_edges_b),
+                         str(o.n_shared_edges), f"{o.jaccard:.3f}", f"{o.overlap_coefficient:.3f}",
+                         str(len(o.shared_nodes))))
+    _echo_table(rows)
+    by_target: dict[str, list] = {}
+    for c in loaded:
+        by_target.setdefault(str(c.metadata.get("target", "?")), []).append(c)
+    multi = {t: g for t, g in by_target.items() if len(g) >= 2}
+    if multi:
+        typer.echo(seed_stability(multi).summary())
+
+
+@bench_app.command("prune")
+def bench_prune_(
+    presets: str = typer.Option("tiny,small,medium", help="Comma-separated transformer presets."),
+    batch: int = typer.Option(16, min=1),
+    n_pos: int = typer.Option(64, "--pos", min=2, help="Sequence length."),
+    repeats: int = typer.Option(5, min=1),
+    device: str = typer.Option("cpu"),
+) -> None:
+    """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
+    from mechlab.models import build_model
+    from mechlab.prune import bench_prune
+
+    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}")
+    rows = [("preset", "edges", "mem ours MB", "mem naive MB", "mem ratio", "step ms", "plain ms", "step/plain")]
+    for name in [p.strip() for p in presets.split(",") if p.strip()]:
+        model = build_model(name, n_ctx=max(n_pos, 1))
+        r = bench_prune(model, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
+        from mechlab.prune import build_graph
+
+        rows.append((name, str(build_graph(model).n_edges), f"{r.memory_ours / 2**20:.0f}",
+                     f"{r.memory_naive / 2**20:.0f}", f"{r.memory_ratio:.2f}", f"{r.step_seconds * 1e3:.1f}",
+                     f"{r.plain_seconds * 1e3:.1f}", f"{r.time_ratio:.2f}x"))
+    _echo_table(rows)
+
+
 @bench_app.command("hooks")
 def bench_hooks(
     families: str = typer.Option("transformer,lstm,dense_ssm,mamba", help="Comma-separated families."),
@@ -175,23 +286,15 @@ def bench_hooks(
     n_pos: int = typer.Option(251, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(7, min=1, help="Timed runs of each contender."),
     device: str = typer.Option("cpu"),
-    keep_memory: bool = typer.Option(
-        True, help="Let glibc keep freed memory (no fresh mmap pages per call); see docs/benchmarks.md."
-    ),
 ) -> None:
     """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
-    from mechlab.bench.alloc import keep_freed_memory
     from mechlab.bench.hooks import BENCH_MODELS, bench_family
 
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in BENCH_MODELS]
     if unknown:
         raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {sorted(BENCH_MODELS)}")
-    kept = keep_freed_memory() if keep_memory else False
-    typer.echo(
-        f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}, "
-        f"allocator: {'keeps freed memory' if kept else 'default'}"
-    )
+    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}")
     rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain", "unrolled/fused")]
     for family in names:
         r = bench_family(family, batch=batch, n_pos=n_pos, repeats=repeats, device=device)

@@ -212,3 +212,14 @@ def test_eval_several_suites_into_a_chosen_directory(capsys, files, tmp_path):
     assert set(ood["result"]["probes"]) == {"clean", "misdirect_incorrect", "sync_rotations",
                                             "misdirect_unseen", "misdirect_restart"}
     assert "least-squares" in stdout and "misdirect_restart" in stdout
+
+
+def test_prune_and_overlap_cli_errors(tmp_path, capsys):
+    """prune/overlap: bad input is one line and exit status 2."""
+    from mechlab.cli import main
+
+    assert main(["prune", "--ckpt", str(tmp_path / "missing.pt")]) == 2
+    assert main(["overlap", str(tmp_path / "a.json")]) == 2
+    assert main(["overlap", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("mechlab: error:") for line in err)

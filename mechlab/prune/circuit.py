@@ -1,0 +1,628 @@
+"""Circuits found by edge pruning: the data structure, its metrics, plots and overlaps.
+
+A :class:`Circuit` is a set of kept edges ``(writer, reader)`` of a model's
+:class:`~mechlab.prune.graph.EdgeGraph`, each with its score (the deterministic
+hard-concrete mask value), the components they touch, and metadata (checkpoint
+sha256, target, ablation, sparsity asked and reached, seed, steps, metrics).
+
+Metrics (:func:`evaluate_masks`), on held-out traces at the target positions, with
+``d`` the squared error summed over output dims (KL(full || other) for token models):
+
+* ``circuit_vs_full``: ``d(circuit, full model)``, and ``faithfulness`` =
+  ``1 - d(circuit, full) / d(all edges ablated, full)`` (1: the circuit does all the
+  full model does there; 0: no better than ablating everything);
+* ``error_circuit``, ``error_full``, ``error_ablated``: errors against the ground truth;
+* ``error_complement`` / ``complement_vs_full`` / ``complement_faithfulness``: the
+  model with the circuit's edges ablated and every other edge kept, which should lose
+  the target ability (error near ``error_ablated``, faithfulness near 0).
+
+Overlap (:func:`overlap`): shared edges, Jaccard, overlap coefficient, shared
+components. :func:`seed_stability` compares prunings of one target with different
+seeds (how well two prunings of the same target agree) with prunings of different
+targets, so an observed low cross-target overlap can be judged against the
+seed-to-seed baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import plotly.graph_objects as go
+import torch
+from torch import Tensor, nn
+
+from mechlab.prune.data import PruneData, Target, Traces, target_mask, target_name
+from mechlab.prune.engine import (
+    _predict,
+    divergence,
+    frozen_eval,
+    make_ablation,
+    masked_forward,
+    prune,
+    truth_error,
+)
+from mechlab.prune.graph import EdgeGraph, build_graph, component_of, parse_component
+
+FORMAT = "mechlab-circuit"
+VERSION = 1
+_KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "mlp": 3, "mixer": 2, "out": 4}
+
+
+def _component_key(name: str) -> tuple[int, int, int]:
+    kind, layer, head = parse_component(name)
+    layer = 10**6 if kind == "out" else layer
+    return (layer, _KIND_ORDER[kind], head)
+
+
+@dataclass
+class Circuit:
+    """A pruned circuit.
+
+    Attributes:
+        edges: ``(writer, reader) -> score`` of every kept edge (score = the
+            deterministic mask value in [0, 1]).
+        nodes: Components in the circuit (writers with a kept outgoing edge,
+            components whose readers have a kept incoming edge; embeddings and
+            ``out`` included), in forward order.
+        metadata: Plain values: ``checkpoint_sha256``, ``target``, ``ablation``,
+            ``sparsity_asked``, ``sparsity_reached``, ``seed``, ``steps``, ``metrics``,
+            ``graph`` (arch and sizes), ...
+        log_alpha: ``(writer, reader) -> log_alpha`` for *every* edge of the graph
+            (lets a circuit be re-thresholded), or None.
+    """
+
+    edges: dict[tuple[str, str], float]
+    nodes: list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    log_alpha: dict[tuple[str, str], float] | None = None
+
+    @classmethod
+    def from_edges(
+        cls,
+        edges: Mapping[tuple[str, str], float],
+        metadata: dict[str, Any] | None = None,
+        log_alpha: Mapping[tuple[str, str], float] | None = None,
+    ) -> Circuit:
+        """Build a circuit from its kept edges (the nodes are derived from them)."""
+        edges = {(str(w), str(r)): float(s) for (w, r), s in edges.items()}
+        touched = {w for w, _ in edges} | {component_of(r) for _, r in edges}
+        nodes = sorted(touched, key=_component_key)
+        return cls(
+            edges, nodes, dict(metadata or {}), None if log_alpha is None else dict(log_alpha)
+        )
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.edges)
+
+    @property
+    def n_nodes(self) -> int:
+        """Components in the circuit, embedding nodes included."""
+        return len(self.nodes)
+
+    def edge_set(self) -> set[tuple[str, str]]:
+        return set(self.edges)
+
+    # -- conversions --------------------------------------------------------------
+    def to_networkx(self) -> nx.DiGraph:
+        """The circuit as a DiGraph.
+
+        Nodes: writers and readers (as in :meth:`EdgeGraph.to_networkx`) touched by a
+        kept edge, with ``role`` and ``component``. Edges: the kept edges with their
+        ``score`` (``internal=False``), plus the internal edges reader -> component
+        (``a1.h0.q -> a1.h0``, ``internal=True``) where that component is a writer in
+        the circuit, so paths from ``embed`` to ``out`` can be followed.
+        """
+        g = nx.DiGraph(**{k: v for k, v in self.metadata.get("graph", {}).items()})
+        for (writer, reader), score in self.edges.items():
+            g.add_node(writer, role="writer", component=writer)
+            g.add_node(reader, role="reader", component=component_of(reader))
+            g.add_edge(writer, reader, score=score, internal=False)
+        writers = {w for w, _ in self.edges}
+        for node, data in list(g.nodes(data=True)):
+            if (
+                data["role"] == "reader"
+                and data["component"] in writers
+                and node != data["component"]
+            ):
+                g.add_edge(node, data["component"], internal=True)
+        return g
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "nodes": list(self.nodes),
+            "edges": [[w, r, s] for (w, r), s in self.edges.items()],
+            "metadata": self.metadata,
+        }
+        if self.log_alpha is not None:
+            out["log_alpha"] = [[w, r, v] for (w, r), v in self.log_alpha.items()]
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Circuit:
+        """Inverse of :meth:`to_dict`."""
+        if values.get("format") != FORMAT:
+            raise ValueError(f"not a mechlab circuit (format {values.get('format')!r})")
+        if values.get("version") != VERSION:
+            raise ValueError(f"unsupported circuit version {values.get('version')!r}")
+        edges = {(w, r): float(s) for w, r, s in values["edges"]}
+        log_alpha = values.get("log_alpha")
+        if log_alpha is not None:
+            log_alpha = {(w, r): float(v) for w, r, v in log_alpha}
+        return cls(edges, list(values["nodes"]), dict(values.get("metadata", {})), log_alpha)
+
+    def to_json(self, path: str | Path) -> Path:
+        """Write the circuit as JSON, atomically (temporary file, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=True))
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Circuit:
+        """Read a circuit written by :meth:`to_json`."""
+        path = Path(path)
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{str(path)!r} is not valid JSON: {exc}") from None
+        return cls.from_dict(values)
+
+    # -- figures ------------------------------------------------------------------
+    def plot(self, title: str | None = None) -> go.Figure:
+        """A layered plotly figure: components by layer on the x axis, kept edges as lines.
+
+        Edges are coloured by the reader they enter (q, k, v, MLP/mixer, read-out); q/k/v
+        edges end slightly above/at/below the head. Hovering an edge's midpoint shows its
+        name and score; hovering a node shows its kept in- and out-edges.
+        """
+        return plot_circuit(self, title)
+
+    def write_html(self, path: str | Path) -> Path:
+        """Write :meth:`plot` as a self-contained offline HTML page (plotly.js embedded)."""
+        from mechlab.viz.figures import write_html
+
+        return write_html(self.plot(), path)
+
+
+# ---------------------------------------------------------------------------------------
+# Masks of a circuit, metrics
+# ---------------------------------------------------------------------------------------
+
+
+def circuit_edge_mask(circuit: Circuit, graph: EdgeGraph) -> Tensor:
+    """``[n_edges]`` bool: the circuit's edges in ``graph``'s edge order."""
+    mask = torch.zeros(graph.n_edges, dtype=torch.bool)
+    for edge in circuit.edges:
+        if edge not in graph.edge_index:
+            raise ValueError(f"edge {edge} of the circuit is not in the model's graph")
+        mask[graph.edge_index[edge]] = True
+    return mask
+
+
+def _mean(values: Tensor) -> float:
+    return float(values.double().mean())
+
+
+@torch.no_grad()
+def evaluate_masks(
+    model: nn.Module,
+    graph: EdgeGraph,
+    traces: Traces,
+    target: Target,
+    ablation: str,
+    edges: Tensor,
+    nodes: Tensor | None = None,
+    mean_reference: Tensor | None = None,
+    batch_size: int = 128,
+) -> dict[str, Any]:
+    """Faithfulness and errors of a binary circuit at the target positions (see the module docstring).
+
+    Args:
+        model: The model.
+        graph: Its edge graph.
+        traces: Held-out traces.
+        target: Which positions to score.
+        ablation: ``interchange``, ``mean`` or ``zero``.
+        edges: ``[n_edges]`` bool, the circuit.
+        nodes: ``[n_writers]`` bool kept writers, or None.
+        mean_reference: Inputs whose mean writer outputs a ``mean`` ablation uses
+            (default: ``traces.inputs``).
+        batch_size: Traces per pass.
+
+    Returns:
+        A dict of floats (see the module docstring), plus ``n_traces``, ``n_positions``
+        and ``divergence`` (``"mse"`` or ``"kl"``).
+    """
+    io = model.cfg.io
+    device = next(model.parameters()).device
+    traces = traces.to(device)
+    positions = target_mask(target, traces)
+    edge_on = edges.to(device=device, dtype=torch.float32)
+    node_on = None if nodes is None else nodes.to(device=device, dtype=torch.float32)
+    variants = {
+        "circuit": (edge_on, node_on),
+        "ablated": (torch.zeros_like(edge_on), None),
+        "complement": (1.0 - edge_on, None),
+    }
+    mean_ablation = None
+    if ablation == "mean":
+        reference = traces.inputs if mean_reference is None else mean_reference.to(device)
+        mean_ablation = make_ablation(model, "mean", traces, reference=reference)
+    dist: dict[str, list[Tensor]] = {name: [] for name in variants}
+    err: dict[str, list[Tensor]] = {name: [] for name in (*variants, "full")}
+    with frozen_eval(model):
+        for start in range(0, len(traces), batch_size):
+            chunk = traces.subset(torch.arange(start, min(start + batch_size, len(traces))))
+            mask = positions[start : start + len(chunk)]
+            ablated = (
+                mean_ablation
+                if mean_ablation is not None
+                else make_ablation(model, ablation, chunk)
+            )
+            full = _predict(model, chunk.inputs)
+            if chunk.truth is not None:
+                err["full"].append(truth_error(full[mask], chunk.truth[mask], io))
+            for name, (edge_mask, node_mask) in variants.items():
+                out = masked_forward(model, graph, chunk.inputs, ablated, edge_mask, node_mask)
+                dist[name].append(divergence(out[mask], full[mask], io))
+                if chunk.truth is not None:
+                    err[name].append(truth_error(out[mask], chunk.truth[mask], io))
+    d = {name: torch.cat(v) for name, v in dist.items()}
+    gap = _mean(d["ablated"])
+    metrics: dict[str, Any] = {
+        "target": target_name(target),
+        "n_traces": len(traces),
+        "n_positions": int(positions.sum()),
+        "divergence": "mse" if io == "continuous" else "kl",
+        "circuit_vs_full": _mean(d["circuit"]),
+        "ablated_vs_full": gap,
+        "complement_vs_full": _mean(d["complement"]),
+        "faithfulness": 1.0 - _mean(d["circuit"]) / gap if gap > 0 else float("nan"),
+        "complement_faithfulness": 1.0 - _mean(d["complement"]) / gap if gap > 0 else float("nan"),
+    }
+    if traces.truth is not None:
+        for name, values in err.items():
+            e = torch.cat(values).double()
+            metrics[f"error_{name}"] = float(e.mean())
+            metrics[f"error_{name}_median"] = float(e.median())
+    return metrics
+
+
+def evaluate_circuit(
+    model: nn.Module,
+    data: PruneData,
+    circuit: Circuit,
+    target: Target | None = None,
+    ablation: str | None = None,
+) -> dict[str, Any]:
+    """Score a circuit on ``data``'s held-out traces, for its own target or another one.
+
+    Cross-evaluation: ``evaluate_circuit(model, data, circuit_a, target="2-after")``
+    scores the 1-after circuit ``circuit_a`` on the 2-after positions.
+
+    Args:
+        model: The model the circuit was pruned from.
+        data: Traces (the held-out set is used; the training set is the reference of a
+            ``mean`` ablation).
+        circuit: The circuit.
+        target: Target to score (default: the circuit's own).
+        ablation: Ablation (default: the circuit's own).
+
+    Returns:
+        The metrics of :func:`evaluate_masks`.
+    """
+    target = circuit.metadata.get("target") if target is None else target
+    ablation = circuit.metadata.get("ablation", "interchange") if ablation is None else ablation
+    if target is None:
+        raise ValueError("the circuit records no target; pass target=")
+    graph = build_graph(model)
+    edges = circuit_edge_mask(circuit, graph)
+    reference = data.train.inputs if ablation == "mean" else None
+    return evaluate_masks(
+        model, graph, data.test, target, ablation, edges, mean_reference=reference
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Overlap and seed stability
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Overlap:
+    """How much two circuits share.
+
+    Attributes:
+        n_edges_a, n_edges_b: Edges of each circuit.
+        shared_edges: Edges in both.
+        jaccard: ``|A & B| / |A | B|`` of the edge sets (1.0 for two empty circuits).
+        overlap_coefficient: ``|A & B| / min(|A|, |B|)`` (0.0 when one is empty).
+        shared_nodes: Components in both.
+        node_jaccard: Jaccard of the component sets.
+    """
+
+    n_edges_a: int
+    n_edges_b: int
+    shared_edges: list[tuple[str, str]]
+    jaccard: float
+    overlap_coefficient: float
+    shared_nodes: list[str]
+    node_jaccard: float
+
+    @property
+    def n_shared_edges(self) -> int:
+        return len(self.shared_edges)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["shared_edges"] = [list(e) for e in self.shared_edges]
+        out["n_shared_edges"] = self.n_shared_edges
+        return out
+
+
+def _jaccard(a: set, b: set) -> float:
+    union = a | b
+    return 1.0 if not union else len(a & b) / len(union)
+
+
+def _check_same_graph(a: Circuit, b: Circuit) -> None:
+    ga, gb = a.metadata.get("graph"), b.metadata.get("graph")
+    if ga is not None and gb is not None:
+        keys = ("arch", "n_layers", "n_heads")
+        if any(ga.get(k) != gb.get(k) for k in keys):
+            raise ValueError(
+                f"circuits come from different graphs ({[ga.get(k) for k in keys]} vs "
+                f"{[gb.get(k) for k in keys]}); their edges cannot be compared"
+            )
+
+
+def overlap(a: Circuit, b: Circuit) -> Overlap:
+    """Shared edges and nodes of two circuits of the same model graph.
+
+    Args:
+        a: A circuit.
+        b: Another circuit of a model with the same graph.
+
+    Returns:
+        The :class:`Overlap`.
+
+    Raises:
+        ValueError: The circuits' recorded graphs differ.
+    """
+    _check_same_graph(a, b)
+    ea, eb = a.edge_set(), b.edge_set()
+    shared = ea & eb
+    smallest = min(len(ea), len(eb))
+    na, nb = set(a.nodes), set(b.nodes)
+    return Overlap(
+        n_edges_a=len(ea),
+        n_edges_b=len(eb),
+        shared_edges=sorted(shared),
+        jaccard=_jaccard(ea, eb),
+        overlap_coefficient=len(shared) / smallest if smallest else 0.0,
+        shared_nodes=sorted(na & nb, key=_component_key),
+        node_jaccard=_jaccard(na, nb),
+    )
+
+
+@dataclass
+class Stability:
+    """Seed-to-seed agreement within targets against overlap across targets.
+
+    Attributes:
+        within: Target -> mean pairwise edge Jaccard of its prunings (different seeds).
+        across: ``"a vs b"`` -> mean edge Jaccard over all pairs (one of ``a``, one of ``b``).
+        within_mean: Mean of ``within``.
+        across_mean: Mean of ``across``.
+        across_below_within: True when every across-target mean is below every
+            within-target mean: the targets' circuits differ more than two prunings of
+            one target do.
+    """
+
+    within: dict[str, float]
+    across: dict[str, float]
+    within_mean: float
+    across_mean: float
+    across_below_within: bool
+
+    def summary(self) -> str:
+        """One paragraph for a report."""
+        parts = [f"{t}: {v:.3f}" for t, v in self.within.items()]
+        if not self.across:
+            return f"Edge Jaccard within a target across seeds: {'; '.join(parts)} (one target: no cross-target comparison)."
+        cross = [f"{k}: {v:.3f}" for k, v in self.across.items()]
+        verdict = (
+            "lower than the seed-to-seed agreement, so the targets' circuits differ beyond pruning noise"
+            if self.across_below_within
+            else "not lower than the seed-to-seed agreement of every target, so the difference may be pruning noise"
+        )
+        return (
+            f"Edge Jaccard within a target across seeds ({'; '.join(parts)}) vs across targets "
+            f"({'; '.join(cross)}): cross-target overlap is {verdict}."
+        )
+
+
+def seed_stability(circuits: Mapping[str, Sequence[Circuit]]) -> Stability:
+    """Mean pairwise Jaccard within each target (across seeds) and across targets.
+
+    Args:
+        circuits: Target name -> circuits of that target pruned with different seeds
+            (at least two per target; at least two targets for the across part).
+
+    Returns:
+        The :class:`Stability`.
+    """
+    if not circuits:
+        raise ValueError("seed_stability needs circuits of at least one target")
+    within = {}
+    for name, group in circuits.items():
+        if len(group) < 2:
+            raise ValueError(
+                f"target {name!r} has {len(group)} circuit(s); seed stability needs >= 2"
+            )
+        pairs = list(itertools.combinations(group, 2))
+        within[name] = sum(overlap(a, b).jaccard for a, b in pairs) / len(pairs)
+    across = {}
+    for (na, ga), (nb, gb) in itertools.combinations(circuits.items(), 2):
+        values = [overlap(a, b).jaccard for a in ga for b in gb]
+        across[f"{na} vs {nb}"] = sum(values) / len(values)
+    within_mean = sum(within.values()) / len(within)
+    across_mean = sum(across.values()) / len(across) if across else float("nan")
+    below = bool(across) and max(across.values()) < min(within.values())
+    return Stability(within, across, within_mean, across_mean, below)
+
+
+def prune_seeds(
+    model: nn.Module,
+    data: PruneData,
+    targets: Sequence[Target],
+    seeds: Sequence[int],
+    **prune_kwargs: Any,
+) -> dict[str, list[Circuit]]:
+    """Prune every target with every seed (the input of :func:`seed_stability`).
+
+    Args:
+        model: The model.
+        data: Traces.
+        targets: Targets.
+        seeds: Seeds (at least two for a stability estimate).
+        **prune_kwargs: Passed to :func:`mechlab.prune.engine.prune`.
+
+    Returns:
+        Target name -> circuits, in the order of ``seeds``.
+    """
+    return {
+        target_name(t): [prune(model, data, t, seed=s, **prune_kwargs) for s in seeds]
+        for t in targets
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Plot
+# ---------------------------------------------------------------------------------------
+
+_READER_COLOURS = {
+    "q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "mixer": "#9467bd",
+    "out": "#ff7f0e",
+}  # fmt: skip
+_QKV_OFFSET = {"q": 0.18, "k": 0.0, "v": -0.18}
+
+
+def _layout(graph_info: dict[str, Any], names: set[str]) -> dict[str, tuple[float, float]]:
+    """x (column) and y of every component."""
+    arch = graph_info.get("arch")
+    layers = [parse_component(n)[1] for n in names]
+    n_layers = int(graph_info.get("n_layers", max(layers, default=-1) + 1))
+    n_heads = int(graph_info.get("n_heads", 0))
+    pos: dict[str, tuple[float, float]] = {}
+    transformer = arch == "transformer" or any(parse_component(n)[0] == "head" for n in names)
+    if transformer:
+        n_heads = max(n_heads, 1 + max((parse_component(n)[2] for n in names), default=0))
+        pos["embed"], pos["pos"] = (0.0, 0.5), (0.0, -0.5)
+        for layer in range(n_layers):
+            for h in range(n_heads):
+                pos[f"a{layer}.h{h}"] = (1.0 + 2 * layer, (n_heads - 1) / 2 - h)
+            pos[f"m{layer}"] = (2.0 + 2 * layer, 0.0)
+        pos["out"] = (1.0 + 2 * n_layers, 0.0)
+    else:
+        pos["embed"] = (0.0, 0.0)
+        for layer in range(n_layers):
+            pos[f"l{layer}"] = (1.0 + layer, 0.0)
+        pos["out"] = (1.0 + n_layers, 0.0)
+    return pos
+
+
+def plot_circuit(circuit: Circuit, title: str | None = None) -> go.Figure:
+    """See :meth:`Circuit.plot`."""
+    info = circuit.metadata.get("graph", {})
+    names = set(circuit.nodes) | {"embed", "out"}
+    pos = _layout(info, names)
+    fig = go.Figure()
+    by_kind: dict[str, tuple[list, list]] = {}
+    mid_x, mid_y, mid_text = [], [], []
+    for (writer, reader), score in circuit.edges.items():
+        kind = reader.rsplit(".", 1)[-1] if reader.endswith((".q", ".k", ".v")) else None
+        comp = component_of(reader)
+        kind = (
+            kind
+            or {"head": "v", "mlp": "mlp", "mixer": "mixer", "out": "out"}[parse_component(comp)[0]]
+        )
+        x0, y0 = pos[writer]
+        x1, y1 = pos[comp]
+        y1 += _QKV_OFFSET.get(kind, 0.0)
+        xs, ys = by_kind.setdefault(kind, ([], []))
+        xs += [x0, x1, None]
+        ys += [y0, y1, None]
+        mid_x.append((x0 + x1) / 2)
+        mid_y.append((y0 + y1) / 2)
+        mid_text.append(f"{writer} → {reader}<br>score {score:.3f}")
+    for kind, (xs, ys) in by_kind.items():
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines", name=f"→ {kind}", hoverinfo="skip",
+            line={"color": _READER_COLOURS[kind], "width": 2},
+        ))  # fmt: skip
+    fig.add_trace(go.Scatter(
+        x=mid_x, y=mid_y, mode="markers", name="edge (hover)", hovertext=mid_text, hoverinfo="text",
+        marker={"size": 6, "color": "rgba(80,80,80,0.35)"},
+    ))  # fmt: skip
+    out_deg = {n: 0 for n in pos}
+    in_deg = {n: 0 for n in pos}
+    for writer, reader in circuit.edges:
+        out_deg[writer] += 1
+        in_deg[component_of(reader)] += 1
+    in_circuit = set(circuit.nodes)
+    for inside in (False, True):
+        chosen = [n for n in pos if (n in in_circuit) == inside]
+        fig.add_trace(go.Scatter(
+            x=[pos[n][0] for n in chosen], y=[pos[n][1] for n in chosen],
+            mode="markers+text" if inside else "markers", text=chosen if inside else None,
+            textposition="top center", name="in circuit" if inside else "pruned",
+            hovertext=[f"{n}<br>kept in-edges {in_deg[n]}, out-edges {out_deg[n]}" for n in chosen],
+            hoverinfo="text",
+            marker={"size": 14 if inside else 9, "color": "#333" if inside else "#ccc",
+                    "line": {"width": 1, "color": "#fff"}},
+        ))  # fmt: skip
+    meta = circuit.metadata
+    if title is None:
+        reached = meta.get("sparsity_reached")
+        title = (
+            f"Circuit for {meta.get('target', '?')}: {circuit.n_edges} edges"
+            + (f", sparsity {reached:.4f}" if isinstance(reached, float) else "")
+            + (f", ablation {meta['ablation']}" if "ablation" in meta else "")
+        )
+    ticks = sorted({x for x, _ in pos.values()})
+    labels = []
+    for x in ticks:
+        at = [n for n, (px, _) in pos.items() if px == x]
+        kinds = {parse_component(n)[0] for n in at}
+        layer = max(parse_component(n)[1] for n in at)
+        if "out" in kinds:
+            labels.append("read-out")
+        elif kinds <= {"embed", "pos"}:
+            labels.append("embeddings")
+        elif "head" in kinds:
+            labels.append(f"L{layer} heads")
+        elif "mlp" in kinds:
+            labels.append(f"L{layer} MLP")
+        else:
+            labels.append(f"L{layer}")
+    fig.update_layout(
+        title=title, hovermode="closest", plot_bgcolor="white",
+        xaxis={"tickvals": ticks, "ticktext": labels, "showgrid": False, "zeroline": False},
+        yaxis={"showticklabels": False, "showgrid": False, "zeroline": False},
+        legend={"orientation": "h", "y": -0.15},
+    )  # fmt: skip
+    return fig

@@ -1,0 +1,429 @@
+"""Tests of mechlab.prune.engine: the masked forward pass (invariants, single edges, node
+masks, gradients), planted circuits recovered by pruning, determinism, the sparsity
+reached, errors, and the benchmark helper."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mechlab.checkpoint import save_checkpoint
+from mechlab.models import build_model
+from mechlab.models.dense_ssm import DenseSSM, DenseSSMConfig
+from mechlab.models.transformer import Transformer, TransformerConfig
+from mechlab.prune.data import PruneData, Traces
+from mechlab.prune.engine import (
+    bench_prune,
+    make_ablation,
+    masked_forward,
+    prune,
+    prune_checkpoint,
+    writer_outputs,
+)
+from mechlab.prune.graph import build_graph
+
+FAMILIES = {
+    "transformer": {"n_heads": 2},
+    "lstm": {},
+    "dense_ssm": {"d_state": 4},
+    "mamba": {"d_state": 4},
+}
+
+
+def small_model(arch: str, n_layers: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    fields = {"d_model": 16, "n_layers": n_layers, "d_in": 5, "d_out": 3, "n_ctx": 16}
+    return build_model(arch, **fields, **FAMILIES[arch]).eval()
+
+
+def inputs(batch: int, n_pos: int, d: int, seed: int) -> torch.Tensor:
+    return torch.randn(batch, n_pos, d, generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------
+# Masked forward
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_all_ones_and_all_zeros_invariants(arch):
+    model = small_model(arch, n_layers=3)
+    graph = build_graph(model)
+    x, x_corrupt = inputs(4, 9, 5, 1), inputs(4, 9, 5, 2)
+    ablated = writer_outputs(model, x_corrupt)
+    with torch.no_grad():
+        clean, corrupt = model(x), model(x_corrupt)
+        ones = masked_forward(model, graph, x, ablated, torch.ones(graph.n_edges))
+        zeros = masked_forward(model, graph, x, ablated, torch.zeros(graph.n_edges))
+        node_zeros = masked_forward(
+            model, graph, x, ablated, torch.ones(graph.n_edges), torch.zeros(graph.n_writers)
+        )
+    assert (ones - clean).abs().max() <= 1e-5
+    assert (zeros - corrupt).abs().max() <= 1e-5
+    assert (node_zeros - corrupt).abs().max() <= 1e-5  # every writer ablated through its node
+    assert (clean - corrupt).abs().max() > 1e-2  # the invariants are not trivially true
+
+
+@pytest.mark.parametrize("arch", ["transformer", "mamba"])
+def test_invariants_for_token_models(arch):
+    torch.manual_seed(0)
+    model = build_model(
+        arch, d_model=16, n_layers=2, io="tokens", d_vocab=11, n_ctx=16, **FAMILIES[arch]
+    ).eval()
+    graph = build_graph(model)
+    g = torch.Generator().manual_seed(0)
+    x, x_corrupt = (
+        torch.randint(0, 11, (3, 7), generator=g),
+        torch.randint(0, 11, (3, 7), generator=g),
+    )
+    ablated = writer_outputs(model, x_corrupt)
+    with torch.no_grad():
+        ones = masked_forward(model, graph, x, ablated, torch.ones(graph.n_edges))
+        zeros = masked_forward(model, graph, x, ablated, torch.zeros(graph.n_edges))
+        assert (ones - model(x)).abs().max() <= 1e-5
+        assert (zeros - model(x_corrupt)).abs().max() <= 1e-5
+    data = PruneData(Traces(x, x_corrupt, x.roll(-1, 1)), Traces(x, x_corrupt, x.roll(-1, 1)))
+    circuit = prune(model, data, "all", 0.5, steps=3, progress=False)  # KL to the full model
+    assert circuit.metadata["metrics"]["divergence"] == "kl"
+    assert "error_circuit" in circuit.metadata["metrics"]  # cross-entropy against the truth
+
+
+def test_mean_and_zero_ablation_with_all_edges_ablated():
+    model = small_model("transformer")
+    graph = build_graph(model)
+    x, reference = inputs(3, 7, 5, 1), inputs(50, 7, 5, 3)
+    traces = Traces(inputs=x)
+    _, cache = model.run_with_cache(reference)
+    mean_resid = cache["blocks.1.hook_resid_post"].mean(0)  # [pos, d]
+    with torch.no_grad():
+        mean_abl = make_ablation(model, "mean", traces, reference=reference)
+        out = masked_forward(model, graph, x, mean_abl, torch.zeros(graph.n_edges))
+        expected = model.read_out(model.ln_final(mean_resid)).expand_as(out)
+        assert (out - expected).abs().max() <= 1e-5
+        zero_abl = make_ablation(model, "zero", traces)
+        out = masked_forward(model, graph, x, zero_abl, torch.zeros(graph.n_edges))
+        b_O = sum(block.attn.b_O for block in model.blocks)  # biases stay as constants
+        expected = model.read_out(model.ln_final(b_O.expand(3, 7, -1)))
+        assert (out - expected).abs().max() <= 1e-5
+
+
+def test_single_edges_against_hand_patching():
+    """Ablating one edge changes exactly what that reader sees, computed from the caches."""
+    model = small_model("transformer")
+    graph = build_graph(model)
+    x, x_corrupt = inputs(2, 6, 5, 1), inputs(2, 6, 5, 2)
+    ablated = writer_outputs(model, x_corrupt)
+    _, cache = model.run_with_cache(x)
+    # edge embed -> out: the read-out sees resid_post - embed + embed~
+    z = torch.ones(graph.n_edges)
+    z[graph.edge_index[("embed", "out")]] = 0.0
+    with torch.no_grad():
+        out = masked_forward(model, graph, x, ablated, z)
+    resid = cache["blocks.1.hook_resid_post"] - cache["hook_embed"] + ablated[0]
+    assert (out - model.read_out(model.ln_final(resid))).abs().max() <= 1e-5
+    # edge a0.h1 -> out at half strength
+    z = torch.ones(graph.n_edges)
+    z[graph.edge_index[("a0.h1", "out")]] = 0.5
+    with torch.no_grad():
+        out = masked_forward(model, graph, x, ablated, z)
+    w = graph.writer_index["a0.h1"]
+    head = cache["blocks.0.attn.hook_result"][:, :, 1]
+    resid = cache["blocks.1.hook_resid_post"] - 0.5 * (head - ablated[w])
+    assert (out - model.read_out(model.ln_final(resid))).abs().max() <= 1e-5
+    # a node mask of 0 on a writer == all its outgoing edges at 0
+    node = torch.ones(graph.n_writers)
+    node[w] = 0.0
+    z = torch.ones(graph.n_edges)
+    for i, (writer, _) in enumerate(graph.edges):
+        if writer == "a0.h1":
+            z[i] = 0.0
+    with torch.no_grad():
+        by_node = masked_forward(model, graph, x, ablated, torch.ones(graph.n_edges), node)
+        by_edges = masked_forward(model, graph, x, ablated, z)
+    assert (by_node - by_edges).abs().max() <= 1e-6
+
+
+def test_value_edge_only_changes_that_head():
+    """Ablating embed -> a1.h0.v leaves the output unchanged if head a1.h0 writes nothing."""
+    model = small_model("transformer")
+    with torch.no_grad():
+        model.blocks[1].attn.W_O[0].zero_()
+    graph = build_graph(model)
+    x, x_corrupt = inputs(2, 6, 5, 1), inputs(2, 6, 5, 2)
+    ablated = writer_outputs(model, x_corrupt)
+    z = torch.ones(graph.n_edges)
+    z[graph.edge_index[("embed", "a1.h0.v")]] = 0.0
+    with torch.no_grad():
+        assert (masked_forward(model, graph, x, ablated, z) - model(x)).abs().max() <= 1e-5
+        z[graph.edge_index[("embed", "a1.h1.v")]] = 0.0
+        assert (masked_forward(model, graph, x, ablated, z) - model(x)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+def test_mask_gradient_matches_finite_differences(arch):
+    model = small_model(arch).double()
+    graph = build_graph(model)
+    x, x_corrupt = inputs(2, 5, 5, 1).double(), inputs(2, 5, 5, 2).double()
+    ablated = writer_outputs(model, x_corrupt)
+    z0 = torch.rand(graph.n_edges, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    if arch == "transformer":  # a few edges of every kind keep the check fast
+        picks = [graph.edge_index[e] for e in [("embed", "a1.h0.q"), ("a0.h1", "a1.h1.k"),
+                 ("pos", "a0.h0.v"), ("a1.h1", "m1.in"), ("m0", "out"), ("m1", "out")]]  # fmt: skip
+    else:
+        picks = list(range(graph.n_edges))
+
+    def f(sub: torch.Tensor) -> torch.Tensor:
+        z = z0.clone()
+        z[picks] = sub
+        return masked_forward(model, graph, x, ablated, z).pow(2).sum()
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    sub = z0[picks].clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(f, (sub,), eps=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# Planted circuits
+# ---------------------------------------------------------------------------------------
+
+
+def unit_vectors(batch: int, n_pos: int, seed: int) -> torch.Tensor:
+    angle = 2 * math.pi * torch.rand(batch, n_pos, generator=torch.Generator().manual_seed(seed))
+    return torch.stack([angle.cos(), angle.sin()], dim=-1)
+
+
+def constant_norm_read_in(model, scale: float = 1.0) -> None:
+    """``x -> scale [x0, x1, -x0, -x1, 0, ...]``: zero mean and, for unit ``x``, a constant
+    norm, so replacing one unit input by another does not change any norm's scale."""
+    W = torch.zeros(model.cfg.d_model, 2)
+    W[0, 0], W[1, 1], W[2, 0], W[3, 1] = scale, scale, -scale, -scale
+    model.read_in.proj.weight.copy_(W)
+    model.read_in.proj.bias.zero_()
+
+
+def planted_transformer() -> Transformer:
+    """Only read-in -> head (1, 0) value -> read-out matters.
+
+    Layer 0 and every MLP write exactly zero; all W_Q, W_K are 0 (uniform attention, so
+    q/k inputs are irrelevant); head (1, 1) has W_O = 0; head (1, 0) copies dims 0-1 of its
+    value input to dims 4-5 (and minus them to 6-7); the read-out reads dims 4-5 only.
+    The read-in writes at a small scale (LayerNorm undoes it for the value input), so the
+    read-out's norm hardly feels a partly ablated read-in -> read-out edge either.
+    """
+    cfg = TransformerConfig(d_model=8, n_layers=2, n_heads=2, d_head=4, d_mlp=8, d_in=2, d_out=2,
+                            n_ctx=8, layer_norm_eps=1e-12)  # fmt: skip
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for ln in [model.ln_final] + [b.ln1 for b in model.blocks] + [b.ln2 for b in model.blocks]:
+            ln.w.fill_(1.0)
+        constant_norm_read_in(model, scale=0.01)
+        attn = model.blocks[1].attn
+        attn.W_V[0, 0, 0], attn.W_V[0, 1, 1] = 1.0, 1.0
+        attn.W_O[0, 0, 4], attn.W_O[0, 1, 5] = 1.0, 1.0
+        attn.W_O[0, 0, 6], attn.W_O[0, 1, 7] = -1.0, -1.0
+        model.read_out.proj.weight[0, 4], model.read_out.proj.weight[1, 5] = 1.0, 1.0
+    return model.eval()
+
+
+def planted_dense_ssm() -> DenseSSM:
+    """Only read-in -> layer 0 -> read-out matters: layer 1 writes zero, the read-out reads
+    dims 4-5, where only layer 0 writes."""
+    torch.manual_seed(0)
+    cfg = DenseSSMConfig(d_model=8, n_layers=2, d_state=3, d_in=2, d_out=2, n_ctx=8)
+    model = DenseSSM(cfg)
+    with torch.no_grad():
+        constant_norm_read_in(model)
+        W = torch.zeros(8, 3)
+        W[4, 0], W[5, 1], W[6, 0], W[7, 1] = 1.0, 1.0, -1.0, -1.0
+        model.blocks[0].ssm.W_out.weight.copy_(W)
+        model.blocks[1].ssm.W_out.weight.zero_()
+        model.read_out.proj.weight.zero_()
+        model.read_out.proj.bias.zero_()
+        model.read_out.proj.weight[0, 4], model.read_out.proj.weight[1, 5] = 1.0, 1.0
+    return model.eval()
+
+
+def planted_data(n_pos: int = 6) -> PruneData:
+    train = Traces(inputs=unit_vectors(32, n_pos, 1), corrupted=unit_vectors(32, n_pos, 2))
+    test = Traces(inputs=unit_vectors(64, n_pos, 3), corrupted=unit_vectors(64, n_pos, 4))
+    return PruneData(train, test)
+
+
+def test_planted_transformer_circuit_is_recovered_exactly():
+    model = planted_transformer()
+    graph = build_graph(model)
+    expected = {("embed", "a1.h0.v"), ("a1.h0", "out")}
+    data = planted_data()
+    sparsity = 1 - len(expected) / graph.n_edges
+    circuit = prune(model, data, "all", sparsity, steps=200, lr=0.2, batch_size=32, progress=False)
+    assert set(circuit.edges) == expected
+    m = circuit.metadata["metrics"]
+    assert m["faithfulness"] > 0.999
+    assert m["complement_faithfulness"] < 0.01  # the rest of the model cannot do it
+    assert circuit.metadata["sparsity_reached"] == pytest.approx(sparsity)
+    assert set(circuit.nodes) == {"embed", "a1.h0", "out"}
+
+
+def test_planted_dense_ssm_circuit_is_recovered_exactly():
+    model = planted_dense_ssm()
+    data = planted_data()
+    circuit = prune(model, data, "all", 4 / 6, steps=200, lr=0.2, batch_size=32, progress=False)
+    assert set(circuit.edges) == {("embed", "l0.in"), ("l0", "out")}
+    assert circuit.metadata["metrics"]["faithfulness"] > 0.999
+
+
+def test_node_masks_prune_the_dead_writers():
+    model = planted_transformer()
+    data = planted_data()
+    graph = build_graph(model)
+    circuit = prune(
+        model, data, "all", 1 - 2 / graph.n_edges, node_sparsity=1 - 2 / graph.n_writers,
+        steps=200, lr=0.2, batch_size=32, progress=False,
+    )  # fmt: skip
+    assert set(circuit.edges) == {("embed", "a1.h0.v"), ("a1.h0", "out")}
+    assert circuit.metadata["node_sparsity_reached"] == pytest.approx(1 - 2 / graph.n_writers)
+
+
+# ---------------------------------------------------------------------------------------
+# Determinism, sparsity reached, model state, errors
+# ---------------------------------------------------------------------------------------
+
+
+def random_data(model, n_pos: int = 8, seed: int = 0) -> PruneData:
+    d = model.cfg.d_in
+    return PruneData(
+        Traces(inputs(32, n_pos, d, seed), inputs(32, n_pos, d, seed + 1), inputs(32, n_pos, model.cfg.d_out, seed + 2)),
+        Traces(inputs(16, n_pos, d, seed + 3), inputs(16, n_pos, d, seed + 4), inputs(16, n_pos, model.cfg.d_out, seed + 5)),
+    )  # fmt: skip
+
+
+def test_same_seed_same_circuit_and_state_restored():
+    model = small_model("transformer")
+    model.train()
+    data = random_data(model)
+    a = prune(model, data, "all", 0.8, steps=30, seed=3, batch_size=16, progress=False)
+    assert model.training and all(p.requires_grad for p in model.parameters())
+    b = prune(model, data, "all", 0.8, steps=30, seed=3, batch_size=16, progress=False)
+    assert a.edges == b.edges and a.log_alpha == b.log_alpha
+    assert a.metadata["metrics"] == b.metadata["metrics"]
+    c = prune(model, data, "all", 0.8, steps=30, seed=4, batch_size=16, progress=False)
+    assert c.log_alpha != a.log_alpha
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.9, 0.97])
+def test_sparsity_reached_within_half_a_percent(sparsity):
+    model = small_model("transformer", n_layers=2)  # 61 edges is too coarse: use 4 heads
+    torch.manual_seed(0)
+    model = build_model(
+        "transformer", d_model=16, n_layers=3, n_heads=4, d_in=5, d_out=3, n_ctx=16
+    ).eval()
+    n_edges = build_graph(model).n_edges
+    assert n_edges > 200
+    circuit = prune(
+        model, random_data(model), "all", sparsity, steps=20, batch_size=16, progress=False
+    )
+    reached = circuit.metadata["sparsity_reached"]
+    assert abs(reached - sparsity) <= 0.005
+    assert circuit.n_edges == round(n_edges * (1 - sparsity))
+
+
+def test_truth_loss_and_mean_ablation_run():
+    model = small_model("lstm")
+    circuit = prune(
+        model,
+        random_data(model),
+        "all",
+        0.5,
+        steps=5,
+        loss="truth",
+        ablation="mean",
+        progress=False,
+    )
+    m = circuit.metadata
+    assert m["loss"] == "truth" and m["ablation"] == "mean"
+    assert {"error_circuit", "error_full", "error_complement", "faithfulness"} <= set(m["metrics"])
+
+
+def test_bad_arguments_raise_value_errors():
+    model = small_model("transformer")
+    data = random_data(model)
+    for bad in (0, 0.0, 1, 1.0, 1.5, -0.1, float("nan"), "0.9", True):
+        with pytest.raises(ValueError, match="sparsity"):
+            prune(model, data, "all", bad, steps=1, progress=False)
+    with pytest.raises(ValueError, match="unknown target"):
+        prune(model, data, "3-before", 0.5, steps=1, progress=False)
+    with pytest.raises(ValueError, match="query label"):  # k-after needs NiH traces
+        prune(model, data, "1-after", 0.5, steps=1, progress=False)
+    with pytest.raises(ValueError, match="ablation"):
+        prune(model, data, "all", 0.5, ablation="resample", steps=1, progress=False)
+    with pytest.raises(ValueError, match="loss"):
+        prune(model, data, "all", 0.5, loss="kl", steps=1, progress=False)
+    no_corrupt = PruneData(Traces(data.train.inputs), Traces(data.test.inputs))
+    with pytest.raises(ValueError, match="corrupted"):
+        prune(model, no_corrupt, "all", 0.5, steps=1, progress=False)
+    with pytest.raises(ValueError, match="steps"):
+        prune(model, data, "all", 0.5, steps=0, progress=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints of the interleaved-systems task
+# ---------------------------------------------------------------------------------------
+
+TASK_CFG = {"d_state": 3, "n_pairs": 6, "n_ctx": 40, "n_train_systems": 50, "n_test_systems": 20,
+            "max_systems": 4}  # fmt: skip
+
+
+@pytest.fixture
+def lds_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(
+        "transformer", d_model=16, n_layers=2, n_heads=2, d_in=2 * 6 + 2 + 3, d_out=3, n_ctx=40
+    )
+    path = tmp_path / "lds.pt"
+    save_checkpoint(model, path, task="lds", task_cfg=TASK_CFG,
+                    train_cfg={"eval_haystack": 3, "eval_seg_len": 5})  # fmt: skip
+    bare = tmp_path / "bare.pt"
+    save_checkpoint(model, bare)
+    return path, bare
+
+
+def test_prune_checkpoint_builds_nih_data(lds_checkpoint):
+    path, _ = lds_checkpoint
+    circuit = prune_checkpoint(path, "2-after", 0.9, n_train=16, n_test=16, steps=3, progress=False)
+    meta = circuit.metadata
+    assert len(meta["checkpoint_sha256"]) == 64
+    assert meta["target"] == "2-after"
+    assert meta["data"]["n_haystack"] == 3 and meta["data"]["seg_len"] == 5
+    assert meta["data"]["corruption"] == "misdirect_incorrect"
+    assert meta["metrics"]["n_positions"] == 16
+
+
+def test_prune_checkpoint_errors(lds_checkpoint):
+    path, bare = lds_checkpoint
+    with pytest.raises(ValueError, match="task metadata"):
+        prune_checkpoint(bare, "1-after", 0.9, steps=1, progress=False)
+    with pytest.raises(ValueError, match="unknown target"):
+        prune_checkpoint(path, "first", 0.9, steps=1, progress=False)
+    with pytest.raises(ValueError, match="k must be"):
+        prune_checkpoint(path, "6-after", 0.9, steps=1, progress=False)  # seg_len is 5
+    with pytest.raises(ValueError, match="sparsity"):
+        prune_checkpoint(path, "1-after", 1.0, steps=1, progress=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Benchmark helper
+# ---------------------------------------------------------------------------------------
+
+
+def test_bench_prune_memory_below_naive_stacking():
+    torch.manual_seed(0)
+    model = build_model("transformer", d_model=8, n_layers=4, n_heads=2, d_in=5, d_out=3, n_ctx=16)
+    result = bench_prune(model, batch=4, n_pos=8, repeats=1)
+    assert result.memory_ours > 0 and result.memory_naive > 0
+    assert result.memory_ratio < 1.0
+    assert result.step_seconds > 0 and result.plain_seconds > 0
