@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 IO_MODES = ("continuous", "tokens")
 
@@ -150,3 +151,31 @@ class MechModel(HookedRootModule):
         with torch.no_grad():
             _, cache = self.run_with_cache(x)
         return {name: tuple(t.shape) for name, t in cache.items()}
+
+
+class ResidualBlock(nn.Module):
+    """Pre-norm residual block of the recurrent families:
+    ``resid_post = resid_pre + mixer(norm(resid_pre))``.
+
+    Args:
+        norm: The block's normalisation (LayerNorm, RMSNorm).
+        mixer_name: Attribute name of the mixer, which prefixes its hooks
+            (``lstm`` -> ``blocks.{i}.lstm.hook_h``).
+        mixer: The sequence mixer, ``[batch, pos, d_model] -> [batch, pos, d_model]``.
+    """
+
+    def __init__(self, norm: nn.Module, mixer_name: str, mixer: nn.Module):
+        super().__init__()
+        self.norm = norm
+        self.mixer_name = mixer_name
+        self.add_module(mixer_name, mixer)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_mixer_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, resid_pre: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        mixer_in = self.hook_mixer_in(self.norm(resid_pre))
+        mixer_out = self.hook_mixer_out(self._modules[self.mixer_name](mixer_in))
+        return self.hook_resid_post(resid_pre + mixer_out)

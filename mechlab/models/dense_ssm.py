@@ -39,7 +39,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut, ResidualBlock
 from mechlab.models.recurrence import StepHook, is_hooked
 
 # The study's Dense-SSM: one layer, hidden (state) size 256. Add io / vocabulary fields.
@@ -136,25 +136,11 @@ class DenseSSMMixer(nn.Module):
         return self.W_out(step_h.stacked())
 
 
-class DenseSSMBlock(nn.Module):
+class DenseSSMBlock(ResidualBlock):
     """Pre-norm residual block: ``resid_post = resid_pre + ssm(norm(resid_pre))``."""
 
     def __init__(self, cfg: DenseSSMConfig):
-        super().__init__()
-        self.norm = nn.LayerNorm(cfg.d_model)
-        self.ssm = DenseSSMMixer(cfg.d_model, cfg.d_state)
-        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.hook_mixer_in = HookPoint()  # [batch, pos, d_model]
-        self.hook_mixer_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
-
-    def forward(
-        self, resid_pre: Float[Tensor, "batch pos d_model"]
-    ) -> Float[Tensor, "batch pos d_model"]:
-        resid_pre = self.hook_resid_pre(resid_pre)
-        mixer_in = self.hook_mixer_in(self.norm(resid_pre))
-        mixer_out = self.hook_mixer_out(self.ssm(mixer_in))
-        return self.hook_resid_post(resid_pre + mixer_out)
+        super().__init__(nn.LayerNorm(cfg.d_model), "ssm", DenseSSMMixer(cfg.d_model, cfg.d_state))
 
 
 class DenseSSM(MechModel):

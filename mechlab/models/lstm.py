@@ -38,7 +38,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut, ResidualBlock
 from mechlab.models.recurrence import StepHook, is_hooked
 
 # The study's LSTMs (one layer, hidden 768 and 256). Add io / vocabulary fields to use them.
@@ -147,25 +147,11 @@ class LSTMMixer(nn.Module):
         return step_h.stacked()  # [batch, pos, d_hidden]
 
 
-class LSTMBlock(nn.Module):
+class LSTMBlock(ResidualBlock):
     """Pre-norm residual block: ``resid_post = resid_pre + lstm(norm(resid_pre))``."""
 
     def __init__(self, cfg: LSTMConfig):
-        super().__init__()
-        self.norm = nn.LayerNorm(cfg.d_model)
-        self.lstm = LSTMMixer(cfg.d_model, cfg.d_hidden, cfg.fused)
-        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.hook_mixer_in = HookPoint()  # [batch, pos, d_model]
-        self.hook_mixer_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
-
-    def forward(
-        self, resid_pre: Float[Tensor, "batch pos d_model"]
-    ) -> Float[Tensor, "batch pos d_model"]:
-        resid_pre = self.hook_resid_pre(resid_pre)
-        mixer_in = self.hook_mixer_in(self.norm(resid_pre))
-        mixer_out = self.hook_mixer_out(self.lstm(mixer_in))
-        return self.hook_resid_post(resid_pre + mixer_out)
+        super().__init__(nn.LayerNorm(cfg.d_model), "lstm", LSTMMixer(cfg.d_model, cfg.d_hidden, cfg.fused))
 
 
 class LSTM(MechModel):

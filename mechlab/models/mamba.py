@@ -48,7 +48,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut, ResidualBlock
 from mechlab.models.recurrence import StepHook, is_hooked
 
 
@@ -230,25 +230,11 @@ class MambaMixer(nn.Module):
         return y + x * self.D
 
 
-class MambaBlock(nn.Module):
+class MambaBlock(ResidualBlock):
     """``resid_post = resid_pre + mixer(norm(resid_pre))``."""
 
     def __init__(self, cfg: MambaConfig):
-        super().__init__()
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mixer = MambaMixer(cfg)
-        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.hook_mixer_in = HookPoint()  # [batch, pos, d_model]
-        self.hook_mixer_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
-
-    def forward(
-        self, resid_pre: Float[Tensor, "batch pos d_model"]
-    ) -> Float[Tensor, "batch pos d_model"]:
-        resid_pre = self.hook_resid_pre(resid_pre)
-        mixer_in = self.hook_mixer_in(self.norm(resid_pre))
-        mixer_out = self.hook_mixer_out(self.mixer(mixer_in))
-        return self.hook_resid_post(resid_pre + mixer_out)
+        super().__init__(RMSNorm(cfg.d_model, cfg.norm_eps), "mixer", MambaMixer(cfg))
 
 
 class Mamba(MechModel):
