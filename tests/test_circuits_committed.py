@@ -1,0 +1,38 @@
+"""The circuits committed under circuits/recall-cpu: they belong to the bundled checkpoint,
+meet their sparsity, and `mechlab prune` regenerates them (slow)."""
+
+from pathlib import Path
+
+import pytest
+
+from mechlab.checkpoint import load_checkpoint
+from mechlab.prune import Circuit, prune_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+CIRCUITS = sorted((ROOT / "circuits" / "recall-cpu").glob("*-after_seed*.json"))
+CKPT = ROOT / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
+
+
+def test_both_targets_with_several_seeds_are_committed():
+    names = {p.stem for p in CIRCUITS}
+    for target in ("1-after", "2-after"):
+        assert sum(n.startswith(target) for n in names) >= 2
+
+
+@pytest.mark.parametrize("path", CIRCUITS, ids=[p.stem for p in CIRCUITS])
+def test_committed_circuit_matches_the_bundled_checkpoint(path):
+    circuit = Circuit.from_json(path)
+    meta = circuit.metadata
+    assert meta["checkpoint_sha256"] == load_checkpoint(CKPT).sha256
+    assert abs(meta["sparsity_reached"] - meta["sparsity_asked"]) <= 0.005
+    assert meta["target"] == path.stem.split("_seed")[0]
+    assert 0 < circuit.n_edges
+
+
+@pytest.mark.slow
+def test_prune_regenerates_the_committed_circuit():
+    committed = Circuit.from_json(CIRCUITS[0])
+    meta = committed.metadata
+    again = prune_checkpoint(CKPT, meta["target"], meta["sparsity_asked"], seed=meta["seed"],
+                             steps=meta["steps"], progress=False)
+    assert set(again.edges) == set(committed.edges)
