@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +224,31 @@ def test_prune_and_overlap_cli_errors(tmp_path, capsys):
     assert main(["overlap", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("mechlab: error:") for line in err)
+
+
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        (["--target", "3-before"], "target"),
+        (["--sparsity", "1.5"], "sparsity"),
+        (["--ablation", "blur"], "ablation"),
+    ],
+)
+def test_prune_cli_rejects_bad_settings(args, phrase, capsys):
+    from mechlab.cli import main
+
+    ckpt = Path(__file__).resolve().parents[1] / "examples/checkpoints/recall-cpu/last.pt"
+    assert main(["prune", "--ckpt", str(ckpt), "--steps", "1", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mechlab: error:") and "\n" not in err and phrase in err.lower()
+
+
+def test_prune_cli_needs_task_metadata(tmp_path, capsys):
+    import mechlab
+    from mechlab.cli import main
+
+    path = tmp_path / "bare.pt"
+    mechlab.save_checkpoint(mechlab.build_model({"arch": "transformer", "d_model": 16, "n_heads": 2}), path)
+    assert main(["prune", "--ckpt", str(path), "--steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mechlab: error:") and "metadata" in err
