@@ -28,24 +28,22 @@ message is one line: what is wrong, then what to do.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
 import os
 import pickle
 import pickletools
 import random
-import tempfile
 import warnings
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from mechlab.io import atomic_write
 from mechlab.models.base import MechModel, ModelConfig
 from mechlab.models.registry import FAMILIES, build_model, make_config
 
@@ -180,7 +178,7 @@ def save_checkpoint(
         payload["optimizer"] = optimizer_state
     if rng:
         payload["rng"] = capture_rng()
-    _atomic_write(path, lambda f: torch.save(payload, f))
+    atomic_write(path, lambda f: torch.save(payload, f))
     return path
 
 
@@ -238,8 +236,8 @@ def save_safetensors(
             f"metrics and metadata must be JSON-serialisable for safetensors: {err}"
         ) from err
     data = safetensors_bytes(tensors, metadata={"format": "pt"})
-    _atomic_write(path, lambda f: f.write(data))
-    _atomic_write(path.with_suffix(".json"), lambda f: f.write(text.encode() + b"\n"))
+    atomic_write(path, lambda f: f.write(data))
+    atomic_write(path.with_suffix(".json"), lambda f: f.write(text.encode() + b"\n"))
     return path
 
 
@@ -589,29 +587,6 @@ def _type_name(value: Any) -> str:
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
     )
-
-
-def _atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Write ``path`` through a temporary file in its directory, fsync, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    # Make the rename itself durable (POSIX); not every platform can open a directory.
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def _sha256(path: Path) -> str:

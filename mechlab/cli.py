@@ -129,6 +129,7 @@ def eval_(
     import json
 
     from mechlab.evals import SUITES, run_suite
+    from mechlab.io import atomic_write_text
     from mechlab.viz import figure_for_suite, write_html
 
     suites = list(SUITES) if suite == ["all"] else suite
@@ -141,10 +142,7 @@ def eval_(
     out.mkdir(parents=True, exist_ok=True)
     for name in suites:
         report = run_suite(ckpt, name, n_traces=traces, n_haystack=haystack, seg_len=seg_len, seed=seed)
-        json_path = out / f"{name}.json"
-        tmp = json_path.with_name(f".{json_path.name}.tmp")
-        tmp.write_text(json.dumps(report, indent=1))
-        tmp.replace(json_path)
+        json_path = atomic_write_text(out / f"{name}.json", json.dumps(report, indent=1))
         write_html(figure_for_suite(report), out / f"{name}.html")
         typer.echo(f"{name}: {json_path}, {out / (name + '.html')}")
         _print_report(report)
@@ -264,15 +262,13 @@ def bench_prune_(
 ) -> None:
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
     from mechlab.models import build_model
-    from mechlab.prune import bench_prune
+    from mechlab.prune import bench_prune, build_graph
 
     typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}")
     rows = [("preset", "edges", "mem ours MB", "mem naive MB", "mem ratio", "step ms", "plain ms", "step/plain")]
     for name in [p.strip() for p in presets.split(",") if p.strip()]:
         model = build_model(name, n_ctx=max(n_pos, 1))
         r = bench_prune(model, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
-        from mechlab.prune import build_graph
-
         rows.append((name, str(build_graph(model).n_edges), f"{r.memory_ours / 2**20:.0f}",
                      f"{r.memory_naive / 2**20:.0f}", f"{r.memory_ratio:.2f}", f"{r.step_seconds * 1e3:.1f}",
                      f"{r.plain_seconds * 1e3:.1f}", f"{r.time_ratio:.2f}x"))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechlab.models.base import predict_in_chunks
 from mechlab.tasks.lds import LDSConfig, SystemLibrary, make_libraries
 from mechlab.tasks.lds_evals import (
     PROBES,
@@ -35,18 +36,12 @@ SUITES = ("uninterleaved", "nih", "ood", "dynamics")
 
 def _predict(model: torch.nn.Module, traces: EvalTraces, batch_size: int = 256) -> Tensor:
     """The model's output on the traces' inputs, in chunks, on the model's device (CPU result)."""
-    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    outs = []
     try:
-        with torch.no_grad():
-            inputs = traces.batch.inputs.float()
-            for start in range(0, inputs.shape[0], batch_size):
-                outs.append(model(inputs[start : start + batch_size].to(device)).float().cpu())
+        return predict_in_chunks(model, traces.batch.inputs.float(), batch_size).float().cpu()
     finally:
         model.train(was_training)
-    return torch.cat(outs)
 
 
 def summarize(errors: Tensor) -> dict[str, float]:

@@ -122,6 +122,23 @@ class ReadOut(nn.Module):
         return self.proj(x)
 
 
+@torch.no_grad()
+def predict_in_chunks(model: nn.Module, inputs: Tensor, batch_size: int = 256) -> Tensor:
+    """The model's output on ``inputs`` without gradients, ``batch_size`` rows at a time.
+
+    Args:
+        model: Any model taking a batch-first tensor.
+        inputs: ``[batch, ...]`` inputs (moved to the model's device chunk by chunk).
+        batch_size: Rows per forward pass.
+
+    Returns:
+        The outputs concatenated along the batch axis, on the model's device.
+    """
+    device = next(model.parameters()).device
+    chunks = [model(inputs[i : i + batch_size].to(device)) for i in range(0, inputs.shape[0], batch_size)]
+    return torch.cat(chunks)
+
+
 class MechModel(HookedRootModule):
     """Base class of mechlab's models: a HookedRootModule that knows its config."""
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,9 +37,10 @@ import plotly.graph_objects as go
 import torch
 from torch import Tensor, nn
 
+from mechlab.io import atomic_write_text
+from mechlab.models.base import predict_in_chunks
 from mechlab.prune.data import PruneData, Target, Traces, target_mask, target_name
 from mechlab.prune.engine import (
-    _predict,
     divergence,
     frozen_eval,
     make_ablation,
@@ -163,12 +163,7 @@ class Circuit:
 
     def to_json(self, path: str | Path) -> Path:
         """Write the circuit as JSON, atomically (temporary file, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=True))
-        os.replace(tmp, path)
-        return path
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, allow_nan=True))
 
     @classmethod
     def from_json(cls, path: str | Path) -> Circuit:
@@ -272,7 +267,7 @@ def evaluate_masks(
                 if mean_ablation is not None
                 else make_ablation(model, ablation, chunk)
             )
-            full = _predict(model, chunk.inputs)
+            full = predict_in_chunks(model, chunk.inputs)
             if chunk.truth is not None:
                 err["full"].append(truth_error(full[mask], chunk.truth[mask], io))
             for name, (edge_mask, node_mask) in variants.items():

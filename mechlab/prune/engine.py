@@ -50,6 +50,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from mechlab.models.base import predict_in_chunks
 from mechlab.prune import masks as hc
 from mechlab.prune.data import PruneData, Target, Traces, check_target, target_mask, target_name
 from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, build_graph
@@ -629,7 +630,7 @@ def prune(
     with frozen_eval(model), torch.no_grad():
         positions = target_mask(target, train)
         ablated = make_ablation(model, ablation, train)
-        reference = train.truth if loss == "truth" else _predict(model, train.inputs)
+        reference = train.truth if loss == "truth" else predict_in_chunks(model, train.inputs)
     with frozen_eval(model):
         result = optimise_masks(
             model, graph, train, positions, reference, ablated, sparsity, node_sparsity,
@@ -675,11 +676,6 @@ def prune(
     edges = {graph.edges[i]: float(det[i]) for i in kept}
     log_alpha = {edge: float(result.edge_log_alpha[i]) for i, edge in enumerate(graph.edges)}
     return Circuit.from_edges(edges, metadata=metadata, log_alpha=log_alpha)
-
-
-@torch.no_grad()
-def _predict(model: nn.Module, x: Tensor, batch_size: int = 256) -> Tensor:
-    return torch.cat([model(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)])
 
 
 def prune_checkpoint(

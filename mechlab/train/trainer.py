@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -23,6 +22,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from mechlab.checkpoint import load_checkpoint, save_checkpoint
+from mechlab.io import atomic_write_text
 from mechlab.models import build_model
 from mechlab.models.base import MechModel
 from mechlab.train.config import TrainConfig
@@ -69,12 +69,6 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 class _Metrics:
     """Append-only JSONL metrics file; on resume, lines after the resumed step are dropped."""
 
@@ -85,7 +79,7 @@ class _Metrics:
                 line for line in path.read_text().splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= resume_step
             ]
-            _atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+            atomic_write_text(path, "".join(f"{line}\n" for line in kept))
         elif resume_step is None and path.exists():
             path.unlink()
 
@@ -200,7 +194,7 @@ class Trainer:
             raise ValueError(
                 f"{str(self.out_dir)!r} already holds a run; pass --resume to continue it or choose a new --out"
             )
-        _atomic_write_text(self.out_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        atomic_write_text(self.out_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         metrics = _Metrics(self.out_dir / "metrics.jsonl", self.step if resume else None)
         keep = set(log_spaced_steps(cfg.steps, cfg.n_checkpoints))
         if not resume and cfg.n_checkpoints:

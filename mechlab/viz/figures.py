@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 
+from mechlab.io import atomic_write_text
+
 
 def write_html(fig: go.Figure, path: str | Path) -> Path:
     """Write a self-contained offline HTML page (plotly.js embedded), atomically."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.write_html(tmp, include_plotlyjs=True, full_html=True)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
 def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:

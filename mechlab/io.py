@@ -1,0 +1,53 @@
+"""Atomic file writes: a temporary file in the target's directory, fsync, then rename.
+
+A reader (or a run interrupted mid-write) sees the old file or the new one, never
+half of one. Every file mechlab writes goes through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
+    """Write ``path`` by calling ``write(file)`` on a temporary file, then renaming it.
+
+    Args:
+        path: Destination; its directory is created if missing.
+        write: Writes the content into the binary file object it is given.
+
+    Returns:
+        The destination path. On any error the temporary file is removed and the
+        previous content of ``path`` (if any) is left intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    # Make the rename itself durable (POSIX); not every platform can open a directory.
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write`."""
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
