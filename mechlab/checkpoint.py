@@ -102,6 +102,23 @@ class Checkpoint:
     path: Path
     sha256: str
 
+    @property
+    def task(self) -> str | None:
+        """Name of the task the run was trained on (``metadata["task"]``), or None."""
+        task = self.metadata.get("task")
+        return task if isinstance(task, str) else None
+
+    @property
+    def task_config(self) -> Any:
+        """The task config of the run (an :class:`~mechlab.tasks.LDSConfig` for ``lds``).
+
+        Raises:
+            ValueError: The checkpoint records no task, or a task mechlab does not know.
+        """
+        from mechlab.tasks import task_config
+
+        return task_config(self.metadata, self.path)
+
     def restore_rng(self) -> None:
         """Put every random-number generator back into its saved state."""
         if self.rng_state is None:

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from mechlab.tasks.lds import LDSConfig, make_libraries
 from mechlab.tasks.lds_evals import PROBES, needle_in_haystack
+from mechlab.tasks.nih import default_haystack
 
 CORRUPTIONS = (*PROBES, "shuffle")
 DEFAULT_CORRUPTION = "misdirect_incorrect"
@@ -236,18 +237,6 @@ def _nih_traces(
         query_position=clean.query_position,
         seg_len=seg_len,
     )
-
-
-def default_haystack(cfg: LDSConfig, train_cfg: dict[str, Any] | None = None) -> tuple[int, int]:
-    """``(n_haystack, seg_len)``: the training run's evaluation settings, else the largest of
-    (7, 10)-like settings that fit ``n_ctx`` and ``n_pairs``."""
-    train_cfg = train_cfg or {}
-    seg_len = int(train_cfg.get("eval_seg_len", 10))
-    n_haystack = int(train_cfg.get("eval_haystack", 7))
-    n_haystack = min(n_haystack, cfg.n_pairs - 1)
-    while n_haystack > 1 and (seg_len + 2) * (n_haystack + 1) + 1 > cfg.n_ctx:
-        n_haystack -= 1
-    return n_haystack, seg_len
 
 
 def nih_prune_data(

@@ -1,5 +1,13 @@
-"""Data for mechlab's studies: the interleaved linear-systems recall task (``lds``) and
-its evaluation traces (``lds_evals``)."""
+"""Data for mechlab's studies: the interleaved linear-systems recall task (``lds``), its
+evaluation traces (``lds_evals``) and its analysis-ready needle-in-a-haystack traces
+(``nih``).
+
+A checkpoint names its task in ``metadata["task"]`` and stores the task's config in
+``metadata["task_cfg"]``; :func:`task_config` turns them back into the config object.
+"""
+
+from pathlib import Path
+from typing import Any
 
 from mechlab.tasks.lds import (
     CLOSE,
@@ -20,9 +28,48 @@ from mechlab.tasks.lds_evals import (
     needle_in_haystack,
     uninterleaved,
 )
+from mechlab.tasks.nih import NiH, default_haystack, nih
+
+# task name -> its config class (a dataclass with from_dict/to_dict)
+TASK_CONFIGS: dict[str, type] = {"lds": LDSConfig}
+
+
+def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> Any:
+    """The task config a checkpoint's metadata records.
+
+    Args:
+        metadata: The checkpoint's metadata (``task``, ``task_cfg``).
+        path: The checkpoint's path, for the error message.
+
+    Returns:
+        The task's config object (e.g. an :class:`LDSConfig`).
+
+    Raises:
+        ValueError: No task recorded, or one mechlab does not know.
+    """
+    task = metadata.get("task")
+    if task is None or "task_cfg" not in metadata:
+        raise ValueError(
+            f"checkpoint {str(path)!r} records no task (metadata 'task' and 'task_cfg'); "
+            "use a checkpoint written by `mechlab train`"
+        )
+    if task not in TASK_CONFIGS:
+        raise ValueError(
+            f"checkpoint {str(path)!r} was trained on task {task!r}, which mechlab does not "
+            f"know; known tasks: {sorted(TASK_CONFIGS)}"
+        )
+    values = metadata["task_cfg"]
+    if not isinstance(values, dict):
+        raise ValueError(f"checkpoint {str(path)!r} has a task_cfg that is not a mapping")
+    return TASK_CONFIGS[task].from_dict(values)
 
 __all__ = [
     "CLOSE",
+    "TASK_CONFIGS",
+    "NiH",
+    "default_haystack",
+    "nih",
+    "task_config",
     "NIH_OFFSETS",
     "OBS",
     "OPEN",

@@ -56,6 +56,8 @@ class EvalTraces:
             label (NiH), or the observation number (uninterleaved, 1-based).
         query: ``[batch]`` haystack slot of the query system (NiH only).
         query_position: Token index of the query's open label (NiH only).
+        other: ``[batch]`` the other haystack slot whose label ``misdirect_incorrect`` shows
+            (NiH only; drawn whatever the probe).
         probe: Name of the out-of-distribution probe, or None.
     """
 
@@ -65,6 +67,7 @@ class EvalTraces:
     query: Tensor | None = None  # [batch]
     query_position: int | None = None
     probe: str | None = None
+    other: Tensor | None = None  # [batch]
 
     @property
     def targets(self) -> Tensor:
@@ -306,6 +309,7 @@ def needle_in_haystack(
         query=query,
         query_position=p,
         probe=probe,
+        other=other,
     )
 
 
