@@ -14,27 +14,21 @@ from pathlib import Path
 
 import torch
 
-from mechlab.checkpoint import load_checkpoint
-from mechlab.evals.recall import task_config_of
-from mechlab.tasks.lds import make_libraries
-from mechlab.tasks.lds_evals import needle_in_haystack
+import mechlab
 
 CKPT = Path(__file__).resolve().parent / "checkpoints" / "recall-cpu" / "last.pt"
 
 
 def main() -> None:
-    ckpt = load_checkpoint(CKPT)
-    model, cfg = ckpt.model.eval(), task_config_of(ckpt.metadata, CKPT)
-    test_lib = make_libraries(cfg)[1]
-    kwargs = {"n_haystack": 3, "seg_len": 6, "offsets": (1, 2)}
-    clean = needle_in_haystack(cfg, test_lib, 500, generator=torch.Generator().manual_seed(0), **kwargs)
-    wrong = needle_in_haystack(cfg, test_lib, 500, generator=torch.Generator().manual_seed(0),
-                               probe="misdirect_incorrect", **kwargs)
-    q = clean.query_position  # the query label's token index = target index of 1-after
+    ckpt = mechlab.load_checkpoint(CKPT)
+    model = ckpt.model.eval()
+    # 3 haystack systems of 6 observations (the run's eval setting); offsets 1 and 2
+    t = mechlab.nih(ckpt, n_traces=500, probe="misdirect_incorrect", offsets=(1, 2), seed=0)
+    q = t.query_position  # the query label's token index = output position of 1-after
     with torch.no_grad():
-        _, clean_cache = model.run_with_cache(clean.batch.inputs)
-        print(f"clean        1-after median error {clean.errors(model(clean.batch.inputs))[:, 0].median():.3f}")
-        print(f"misdirected  1-after median error {wrong.errors(model(wrong.batch.inputs))[:, 0].median():.3f}")
+        _, clean_cache = model.run_with_cache(t.clean)
+        print(f"clean        1-after median error {t.errors(model(t.clean))[:, 0].median():.3f}")
+        print(f"misdirected  1-after median error {t.errors(model(t.corrupted))[:, 0].median():.3f}")
         names = [f"blocks.{i}.{part}" for i in range(model.cfg.n_layers) for part in ("hook_attn_out", "hook_mlp_out")]
         for name in names:
 
@@ -42,8 +36,8 @@ def main() -> None:
                 resid[:, q] = clean_cache[name][:, q]  # the clean output at the query label only
                 return resid
 
-            pred = model.run_with_hooks(wrong.batch.inputs, fwd_hooks=[(name, patch)])
-            print(f"patch {name:24s} -> 1-after median error {wrong.errors(pred)[:, 0].median():.3f}")
+            pred = model.run_with_hooks(t.corrupted, fwd_hooks=[(name, patch)])
+            print(f"patch {name:24s} -> 1-after median error {t.errors(pred)[:, 0].median():.3f}")
 
 
 if __name__ == "__main__":
