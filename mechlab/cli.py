@@ -167,6 +167,85 @@ def _print_report(report: dict) -> None:
 
 
 @app.command()
+def recall(
+    ckpt: Path | None = typer.Option(None, help="Checkpoint of a run trained on the lds task."),
+    checkpoints: Path | None = typer.Option(None, help="Run directory: the same scores across its checkpoints/step_*.pt."),
+    out: Path | None = typer.Option(None, help="Directory for recall.json/.html and recall_dynamics.json/.html (default: beside the checkpoint, recall/)."),
+    traces: int = typer.Option(256, min=1, help="NiH traces."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    offset: list[int] = typer.Option([], help="Offset j of j-after (repeatable; default every one of 1..seg_len)."),
+    seed: int = typer.Option(0),
+    components: bool = typer.Option(True, help="Also patch each head / layer at the patched position (--ckpt)."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    device: str = typer.Option("cpu"),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
+    import json
+
+    import torch
+
+    from mechlab.io import atomic_write_text
+    from mechlab.recall import recall_checkpoint, recall_dynamics
+    from mechlab.viz import recall_dynamics_figure, recall_figure, write_html
+
+    if ckpt is None and checkpoints is None:
+        raise UsageProblem("give --ckpt PATH (a checkpoint), --checkpoints DIR (a run directory), or both")
+    if ckpt is not None and not ckpt.is_file():
+        raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
+    if checkpoints is not None and not checkpoints.is_dir():
+        raise UsageProblem(f"run directory {str(checkpoints)!r} not found")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    out = out or (ckpt.resolve().parent if ckpt is not None else checkpoints.resolve()) / "recall"
+    kwargs = {"n_traces": traces, "n_haystack": haystack, "seg_len": seg_len, "seed": seed,
+              "offsets": tuple(offset) or None, "device": device}
+    # Everything is computed before anything is written: bad input leaves no file behind.
+    files: dict[str, tuple[dict, object]] = {}
+    if ckpt is not None:
+        report = recall_checkpoint(ckpt, components=components, progress=progress, **kwargs)
+        files["recall"] = (report, recall_figure(report))
+    if checkpoints is not None:
+        dyn = recall_dynamics(checkpoints, progress=progress, **kwargs)
+        files["recall_dynamics"] = (dyn, recall_dynamics_figure(dyn))
+    for stem, (data, fig) in files.items():
+        json_path = atomic_write_text(out / f"{stem}.json", json.dumps(data, indent=1))
+        html_path = write_html(fig, out / f"{stem}.html")
+        typer.echo(f"{stem}: {json_path}, {html_path}")
+    if ckpt is not None:
+        _print_recall(files["recall"][0]["result"])
+    if checkpoints is not None:
+        _print_recall_dynamics(files["recall_dynamics"][0])
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _print_recall(r: dict) -> None:
+    rows = [("offset", "E_label", "E_obs", "E_obs_all", "score", "verdict", "score_all", "verdict_all",
+             "follows_label", "clean", "misdirected")]
+    for j, v in r["per_offset"].items():
+        rows.append((f"{j}-after", f"{v['e_label']:.4f}", f"{v['e_obs']:.4f}", f"{v['e_obs_all']:.4f}",
+                     _fmt(v["score"]), v["verdict"], _fmt(v["score_all"]), v["verdict_all"],
+                     f"{v['follows_label']:.3f}", f"{r['errors']['clean'][j]['median']:.4f}",
+                     f"{r['errors']['misdirect_incorrect'][j]['median']:.4f}"))
+    _echo_table(rows)
+    for direction, heads in r["label_heads"].items():
+        if heads:
+            typer.echo(f"heads carrying the label to 1-after ({direction}): "
+                       + ", ".join(f"{h} {f:.2f}" for h, f in heads))
+
+
+def _print_recall_dynamics(d: dict) -> None:
+    rows = [("step", "examples", *(f"{j}-after score/verdict" for j in d["per_offset"]))]
+    for i, (step, ex) in enumerate(zip(d["steps"], d["examples"], strict=True)):
+        rows.append((str(step), f"{ex:,}", *(f"{_fmt(v['score'][i])} {v['verdict'][i]}" for v in d["per_offset"].values())))
+    _echo_table(rows)
+
+
+@app.command()
 def prune(
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable."),
@@ -188,7 +267,8 @@ def prune(
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Find circuits by edge pruning on needle-in-a-haystack traces: JSON + offline HTML per circuit."""
-    from mechlab.prune import overlap, prune_checkpoint, seed_stability
+    from mechlab.pipelines import prune_checkpoint
+    from mechlab.prune import overlap, seed_stability
 
     if not ckpt.exists():
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
@@ -261,8 +341,9 @@ def bench_prune_(
     device: str = typer.Option("cpu"),
 ) -> None:
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
+    from mechlab.bench.prune import bench_prune
     from mechlab.models import build_model
-    from mechlab.prune import bench_prune, build_graph
+    from mechlab.prune import build_graph
 
     typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}")
     rows = [("preset", "edges", "mem ours MB", "mem naive MB", "mem ratio", "step ms", "plain ms", "step/plain")]

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from mechlab.checkpoint import load_checkpoint
-from mechlab.prune import Circuit, prune_checkpoint
+from mechlab.pipelines import prune_checkpoint
+from mechlab.prune import Circuit
 
 ROOT = Path(__file__).resolve().parents[1]
 CIRCUITS = sorted((ROOT / "circuits" / "recall-cpu").glob("*-after_seed*.json"))

@@ -1,14 +1,18 @@
 """Edge pruning (Bhaskar et al., NeurIPS 2024): find the circuit a model uses for a target.
 
 Modules: :mod:`~mechlab.prune.graph` (writers, readers, edges per architecture),
-:mod:`~mechlab.prune.masks` (hard-concrete masks), :mod:`~mechlab.prune.engine`
-(masked forward pass, optimisation, benchmarks), :mod:`~mechlab.prune.circuit`
-(circuits, metrics, overlap, plots), :mod:`~mechlab.prune.data` (pruning traces and
-targets for the interleaved-systems task).
+:mod:`~mechlab.prune.masks` (hard-concrete masks), :mod:`~mechlab.prune.forward` (writer
+outputs, ablations, the masked forward pass), :mod:`~mechlab.prune.engine` (the
+optimisation and the choice of edges), :mod:`~mechlab.prune.evaluate` (faithfulness and
+errors of a circuit), :mod:`~mechlab.prune.circuit` (circuits, overlap, plots),
+:mod:`~mechlab.prune.data` (traces and targets). The engine knows no checkpoint:
+:func:`mechlab.pipelines.prune_checkpoint` loads one and builds its task's traces; the
+benchmark is :func:`mechlab.bench.prune.bench_prune`.
 
 Typical use::
 
-    from mechlab.prune import prune_checkpoint, overlap
+    from mechlab.pipelines import prune_checkpoint
+    from mechlab.prune import overlap
     a = prune_checkpoint("last.pt", "1-after", sparsity=0.95)
     b = prune_checkpoint("last.pt", "2-after", sparsity=0.95)
     print(a.metadata["metrics"]["faithfulness"], overlap(a, b).jaccard)
@@ -19,22 +23,13 @@ from mechlab.prune.circuit import (
     Circuit,
     Overlap,
     Stability,
-    evaluate_circuit,
-    evaluate_masks,
     overlap,
-    prune_seeds,
     seed_stability,
 )
 from mechlab.prune.data import CORRUPTIONS, PruneData, Traces, nih_prune_data, target_mask
-from mechlab.prune.engine import (
-    ABLATIONS,
-    bench_prune,
-    make_ablation,
-    masked_forward,
-    prune,
-    prune_checkpoint,
-    writer_outputs,
-)
+from mechlab.prune.engine import prune, prune_seeds
+from mechlab.prune.evaluate import evaluate_circuit, evaluate_masks
+from mechlab.prune.forward import ABLATIONS, make_ablation, masked_forward, writer_outputs
 from mechlab.prune.graph import (
     EdgeGraph,
     build_graph,
@@ -51,7 +46,6 @@ __all__ = [
     "PruneData",
     "Stability",
     "Traces",
-    "bench_prune",
     "build_graph",
     "evaluate_circuit",
     "evaluate_masks",
@@ -60,7 +54,6 @@ __all__ = [
     "nih_prune_data",
     "overlap",
     "prune",
-    "prune_checkpoint",
     "prune_seeds",
     "recurrent_edge_count",
     "seed_stability",

@@ -50,7 +50,7 @@ def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> An
     task = metadata.get("task")
     if task is None or "task_cfg" not in metadata:
         raise ValueError(
-            f"checkpoint {str(path)!r} records no task (metadata 'task' and 'task_cfg'); "
+            f"checkpoint {str(path)!r} has no task metadata ('task' and 'task_cfg'); "
             "use a checkpoint written by `mechlab train`"
         )
     if task not in TASK_CONFIGS:

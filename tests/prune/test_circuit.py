@@ -10,14 +10,9 @@ import pytest
 import torch
 
 from mechlab.models import build_model
-from mechlab.prune.circuit import (
-    Circuit,
-    circuit_edge_mask,
-    evaluate_circuit,
-    overlap,
-    seed_stability,
-)
+from mechlab.prune.circuit import Circuit, overlap, seed_stability
 from mechlab.prune.data import PruneData, Traces
+from mechlab.prune.evaluate import circuit_edge_mask, evaluate_circuit
 from mechlab.prune.graph import build_graph
 
 GRAPH = {"arch": "transformer", "n_layers": 2, "n_heads": 2}

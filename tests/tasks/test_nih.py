@@ -92,7 +92,7 @@ def test_bad_input_is_one_line_valueerror(bundled, tmp_path):
     path = mechlab.save_checkpoint(model, tmp_path / "no_task.pt", step=0)
     ckpt = mechlab.load_checkpoint(path)
     assert ckpt.task is None
-    with pytest.raises(ValueError, match="records no task") as err:
+    with pytest.raises(ValueError, match="no task metadata") as err:
         mechlab.nih(ckpt, 4)
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="does not know"):

@@ -1,0 +1,202 @@
+"""`mechlab bench prune`: one pruning step against a plain training step, and the masked
+pass's peak memory against the naive scheme that stacks every upstream writer per layer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mechlab.prune import masks as hc
+from mechlab.prune.forward import (
+    _attention,
+    _edge_block,
+    _layer_norm,
+    divergence,
+    frozen_eval,
+    masked_forward,
+    writer_outputs,
+)
+from mechlab.prune.graph import build_graph
+
+
+def _naive_forward(model, graph, x, ablated, z) -> Tensor:
+    """The stacking scheme, for comparison only: at every reader group, stack the outputs
+    of *all* upstream writers (clean and ablated) into new tensors and mix them.
+
+    Transformer only. Memory grows about as ``layers x writers x batch x pos x d``.
+    """
+    cfg = model.cfg
+    H = cfg.n_heads
+    batch, n_pos = x.shape[:2]
+    clean: list[Tensor] = []
+    const: Tensor | float = 0.0
+
+    def read(z_block: Tensor) -> Tensor:
+        n_up = z_block.shape[1]
+        X = torch.stack(clean[:n_up])  # [n_up, batch, pos, d], a new stack at every layer
+        X_abl = ablated[:n_up].expand_as(X)
+        mixed = torch.einsum("rw,wbtd->rbtd", z_block, X) + torch.einsum(
+            "rw,wbtd->rbtd", 1 - z_block, X_abl
+        )
+        return mixed + const
+
+    clean += [model.read_in(x), model.W_pos[:n_pos].expand(batch, n_pos, -1)]
+    for layer, block in enumerate(model.blocks):
+        x_in = _layer_norm(block.ln1, read(_edge_block(z, graph, f"a{layer}.h0.q", 3 * H)))
+        clean += list(_attention(block.attn, x_in.view(3, H, batch, n_pos, -1)).unbind(0))
+        const = const + block.attn.b_O
+        clean.append(
+            block.mlp(_layer_norm(block.ln2, read(_edge_block(z, graph, f"m{layer}.in", 1))[0]))
+        )
+    return model.read_out(_layer_norm(model.ln_final, read(_edge_block(z, graph, "out", 1))[0]))
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
+    """Peak bytes allocated while ``fn()`` runs (above what was allocated before).
+
+    CUDA: the caching allocator's peak. CPU: the allocation timeline of
+    ``torch.profiler`` (``profile_memory=True``), replayed to find the peak.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        fn()
+    current = peak = 0
+    for _, action, _, size in prof._memory_profile().timeline:
+        name = getattr(action, "name", str(action))
+        if name == "CREATE":
+            current += size
+        elif name == "DESTROY":
+            current -= size
+        peak = max(peak, current)
+    return peak
+
+
+@dataclass
+class PruneBench:
+    """Memory and time of edge pruning against baselines (one config)."""
+
+    config: dict[str, Any]
+    memory_ours: int  # bytes, masked forward + backward
+    memory_naive: int  # bytes, stacking scheme, forward + backward
+    step_seconds: float  # one pruning step (sample masks, masked forward, backward, updates)
+    plain_seconds: float  # plain forward + backward of the model's parameters, same batch
+
+    @property
+    def memory_ratio(self) -> float:
+        """Ours / naive (below 1 is better)."""
+        return self.memory_ours / self.memory_naive
+
+    @property
+    def time_ratio(self) -> float:
+        """Pruning step / plain forward+backward (goal: <= 3)."""
+        return self.step_seconds / self.plain_seconds
+
+
+def bench_prune(
+    model: nn.Module | None = None,
+    batch: int = 32,
+    n_pos: int = 64,
+    repeats: int = 5,
+    device: str = "cpu",
+    seed: int = 0,
+) -> PruneBench:
+    """Measure the masked pass against the naive stacking scheme and a plain training step.
+
+    Args:
+        model: A transformer (default: the ``tiny`` preset, d=72, 3 layers, 6 heads).
+        batch: Traces per batch.
+        n_pos: Positions per trace.
+        repeats: Timed runs (medians).
+        device: ``cpu`` or ``cuda``.
+        seed: Seed of the random inputs and masks.
+
+    Returns:
+        The :class:`PruneBench`.
+    """
+    from mechlab.bench.timing import time_interleaved
+    from mechlab.models import build_model
+
+    torch.manual_seed(seed)
+    model = (model or build_model("tiny")).to(device)
+    if model.cfg.arch != "transformer":
+        raise ValueError("bench_prune compares against the stacking scheme of transformers only")
+    cfg = model.cfg
+    graph = build_graph(model)
+    gen = torch.Generator().manual_seed(seed)
+    if cfg.io == "continuous":
+        x = torch.randn(batch, n_pos, cfg.d_in, generator=gen).to(device)
+        x_corrupt = torch.randn(batch, n_pos, cfg.d_in, generator=gen).to(device)
+    else:
+        x = torch.randint(0, cfg.d_vocab, (batch, n_pos), generator=gen).to(device)
+        x_corrupt = torch.randint(0, cfg.d_vocab, (batch, n_pos), generator=gen).to(device)
+    log_alpha = nn.Parameter(hc.init_log_alpha(graph.n_edges, gen).to(device))
+    with frozen_eval(model):
+        ablated = writer_outputs(model, x_corrupt)
+        reference = model(x)
+
+        def ours() -> None:
+            z = hc.sample_mask(log_alpha, hc.uniform_noise(graph.n_edges, gen).to(device))
+            out = masked_forward(model, graph, x, ablated, z)
+            divergence(out, reference, cfg.io).mean().backward()
+
+        def naive() -> None:
+            z = hc.sample_mask(log_alpha, hc.uniform_noise(graph.n_edges, gen).to(device))
+            out = _naive_forward(model, graph, x, ablated, z)
+            divergence(out, reference, cfg.io).mean().backward()
+
+        memory_ours = peak_memory(ours, device)
+        memory_naive = peak_memory(naive, device)
+        opt = torch.optim.Adam([log_alpha], lr=0.1)
+
+        def pruning_step() -> None:
+            opt.zero_grad(set_to_none=True)
+            ours()
+            opt.step()
+
+    model.train()
+    params = list(model.parameters())
+
+    def plain_step() -> None:
+        for p in params:
+            p.grad = None
+        divergence(model(x), reference, cfg.io).mean().backward()
+
+    def timed_pruning() -> None:
+        with frozen_eval(model):
+            pruning_step()
+
+    if device != "cpu":
+        sync = torch.cuda.synchronize
+        timings = time_interleaved(
+            {"prune": lambda: (timed_pruning(), sync()), "plain": lambda: (plain_step(), sync())},
+            repeats,
+        )
+    else:
+        timings = time_interleaved({"prune": timed_pruning, "plain": plain_step}, repeats)
+    for p in params:
+        p.grad = None
+    model.eval()
+    return PruneBench(
+        config={"arch": cfg.arch, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
+                "n_heads": cfg.n_heads, "batch": batch, "n_pos": n_pos, "n_edges": graph.n_edges,
+                "device": str(device)},
+        memory_ours=memory_ours,
+        memory_naive=memory_naive,
+        step_seconds=timings["prune"].median,
+        plain_seconds=timings["plain"].median,
+    )  # fmt: skip
