@@ -39,7 +39,14 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut, ResidualBlock
+from mechlab.models.base import (
+    RESIDUAL_BLOCK_HOOK_AXES,
+    MechModel,
+    ModelConfig,
+    ReadIn,
+    ReadOut,
+    ResidualBlock,
+)
 from mechlab.models.recurrence import StepHook, is_hooked
 
 # The study's Dense-SSM: one layer, hidden (state) size 256. Add io / vocabulary fields.
@@ -153,6 +160,14 @@ class DenseSSM(MechModel):
     ``blocks.{i}.hook_mixer_in``, ``blocks.{i}.ssm.hook_A``, ``blocks.{i}.ssm.hook_h``,
     ``blocks.{i}.hook_mixer_out``, ``blocks.{i}.hook_resid_post``; ``hook_out``.
     """
+
+    HOOK_AXES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **RESIDUAL_BLOCK_HOOK_AXES,
+        # A(x_t)[i, j]: row i is the new state's axis, column j the previous state's
+        "blocks.*.ssm.hook_A": ("batch", "pos", "d_state", "d_state_in"),
+        "blocks.*.ssm.hook_h": ("batch", "pos", "d_state"),
+    }
+    STEP_HOOKS: ClassVar[frozenset[str]] = frozenset({"blocks.*.ssm.hook_A", "blocks.*.ssm.hook_h"})
 
     def __init__(self, cfg: DenseSSMConfig):
         super().__init__()

@@ -38,7 +38,14 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut, ResidualBlock
+from mechlab.models.base import (
+    RESIDUAL_BLOCK_HOOK_AXES,
+    MechModel,
+    ModelConfig,
+    ReadIn,
+    ReadOut,
+    ResidualBlock,
+)
 from mechlab.models.recurrence import StepHook, is_hooked
 
 # The study's LSTMs (one layer, hidden 768 and 256). Add io / vocabulary fields to use them.
@@ -164,6 +171,12 @@ class LSTM(MechModel):
     ``blocks.{i}.hook_mixer_in``, ``blocks.{i}.lstm.hook_{i,f,g,o,c,h}``,
     ``blocks.{i}.hook_mixer_out``, ``blocks.{i}.hook_resid_post``; ``hook_out``.
     """
+
+    HOOK_AXES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **RESIDUAL_BLOCK_HOOK_AXES,
+        **{f"blocks.*.lstm.hook_{g}": ("batch", "pos", "d_hidden") for g in "ifgoch"},
+    }
+    STEP_HOOKS: ClassVar[frozenset[str]] = frozenset(f"blocks.*.lstm.hook_{g}" for g in "ifgoch")
 
     def __init__(self, cfg: LSTMConfig):
         super().__init__()

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +48,14 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut, ResidualBlock
+from mechlab.models.base import (
+    RESIDUAL_BLOCK_HOOK_AXES,
+    MechModel,
+    ModelConfig,
+    ReadIn,
+    ReadOut,
+    ResidualBlock,
+)
 from mechlab.models.recurrence import StepHook, is_hooked
 
 
@@ -243,6 +250,18 @@ class Mamba(MechModel):
     Args:
         cfg: The model's config.
     """
+
+    HOOK_AXES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **RESIDUAL_BLOCK_HOOK_AXES,
+        **{
+            f"blocks.*.mixer.hook_{n}": ("batch", "pos", "d_inner")
+            for n in ("conv_in", "z", "x", "delta", "y", "y_gated")
+        },
+        "blocks.*.mixer.hook_B": ("batch", "pos", "d_state"),
+        "blocks.*.mixer.hook_C": ("batch", "pos", "d_state"),
+        "blocks.*.mixer.hook_ssm_state": ("batch", "pos", "d_inner", "d_state"),
+    }
+    STEP_HOOKS: ClassVar[frozenset[str]] = frozenset({"blocks.*.mixer.hook_ssm_state"})
 
     def __init__(self, cfg: MambaConfig):
         super().__init__()

@@ -13,6 +13,15 @@ up to the current step:
 * nnsight addresses the ``t``-th call of such a hook point as time step ``t``
   (``for _ in tracer.iter[t]``); its first call is step 0.
 
+Backward hooks (``model.hooks(bwd_hooks=...)``, ``run_with_cache(incl_bwd=True)``)
+fire once per backward pass with one ``[batch, pos, ...]`` gradient: position ``t``
+holds the total derivative of the loss with respect to the value carried on from
+step ``t`` (through every later step). It comes from a zero "gradient tap"
+``[batch, pos, ...]`` that each carried step adds (``carried_t = value_t + tap[:, t]``;
+adding zero leaves the forward numbers as they are); the tap's gradient is handed to
+the point's backward hooks. Such hooks read the gradient: what they return is ignored
+(the gradient has already flowed through the recurrence when it is known).
+
 When no hook is attached the buffer is skipped; either way the carried steps
 are stacked, so the hooked and unhooked paths compute the same numbers.
 Inside an nnsight trace every step hook point counts as hooked, so the buffers
@@ -56,6 +65,25 @@ class StepHook:
         self.active = is_hooked(point)
         self.buffer: Tensor | None = None
         self.steps: list[Tensor] = []
+        self.taps: tuple[Tensor, ...] | None = None  # one zero per step, see _add_tap
+
+    def _add_tap(self, t: int, carried: Tensor) -> Tensor:
+        """``carried + 0`` through the gradient tap, when backward hooks need it."""
+        if self.taps is None:
+            if not (len(self.point._backward_hooks) > 0 and torch.is_grad_enabled()):
+                self.taps = ()
+                return carried
+            tap = carried.new_zeros((carried.shape[0], self.n_pos, *carried.shape[1:]))
+            tap.requires_grad_(True)
+            tap.register_hook(self._fire_backward_hooks)
+            # unbind once: its backward stacks the steps' gradients in one go (linear in pos)
+            self.taps = tap.unbind(1)
+        return carried + self.taps[t] if self.taps else carried
+
+    def _fire_backward_hooks(self, grad: Tensor) -> None:
+        """Hand the ``[batch, pos, ...]`` gradient to the point's backward hooks, once."""
+        for hook in list(self.point._backward_hooks.values()):
+            hook(self.point, (grad,), (grad,))
 
     def __call__(self, t: int, value: Tensor) -> Tensor:
         """Pass step ``t``'s value through the hook; returns the value to carry on with.
@@ -84,6 +112,7 @@ class StepHook:
             carried = step.clone()
             if out is not self.buffer:
                 self.buffer[:, t] = step.detach()
+        carried = self._add_tap(t, carried)
         self.steps.append(carried)
         return carried
 

@@ -100,6 +100,27 @@ class TransformerConfig(ModelConfig):
         if self.layer_norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("layer_norm_eps and init_std must be positive")
 
+    # What TransformerLens' ActivationCache reads from ``model.cfg`` (not config fields).
+    @property
+    def attn_only(self) -> bool:
+        """Every block has an MLP."""
+        return False
+
+    @property
+    def normalization_type(self) -> str:
+        """``"LN"``: LayerNorms with their weight and bias not folded into the next layer."""
+        return "LN"
+
+    @property
+    def final_rms(self) -> bool:
+        """The final norm is a LayerNorm, not an RMSNorm."""
+        return False
+
+    @property
+    def positional_embedding_type(self) -> str:
+        """``"standard"``: a learned position table added to the embedding."""
+        return "standard"
+
 
 class LayerNorm(nn.Module):
     """LayerNorm with ``hook_scale`` ``[batch, pos, 1]`` and ``hook_normalized`` (pre-affine)."""
@@ -207,12 +228,40 @@ class TransformerBlock(nn.Module):
         return self.hook_resid_post(resid + mlp_out)
 
 
+_D = ("batch", "pos", "d_model")
+_HEADS = ("batch", "pos", "head", "d_head")
+_ATTN = ("batch", "head", "query_pos", "key_pos")
+_SCALE = ("batch", "pos", "one")
+
+
 class Transformer(MechModel):
     """GPT-2 style decoder: read-in + positions, pre-LN blocks, final LN, read-out.
 
     Args:
         cfg: The model's :class:`TransformerConfig`.
     """
+
+    HOOK_AXES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "hook_pos_embed": _D,
+        "blocks.*.ln1.hook_scale": _SCALE,
+        "blocks.*.ln1.hook_normalized": _D,
+        "blocks.*.attn.hook_q": _HEADS,
+        "blocks.*.attn.hook_k": _HEADS,
+        "blocks.*.attn.hook_v": _HEADS,
+        "blocks.*.attn.hook_attn_scores": _ATTN,
+        "blocks.*.attn.hook_pattern": _ATTN,
+        "blocks.*.attn.hook_z": _HEADS,
+        "blocks.*.attn.hook_result": ("batch", "pos", "head", "d_model"),
+        "blocks.*.hook_attn_out": _D,
+        "blocks.*.hook_resid_mid": _D,
+        "blocks.*.ln2.hook_scale": _SCALE,
+        "blocks.*.ln2.hook_normalized": _D,
+        "blocks.*.mlp.hook_pre": ("batch", "pos", "d_mlp"),
+        "blocks.*.mlp.hook_post": ("batch", "pos", "d_mlp"),
+        "blocks.*.hook_mlp_out": _D,
+        "ln_final.hook_scale": _SCALE,
+        "ln_final.hook_normalized": _D,
+    }
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -254,6 +303,60 @@ class Transformer(MechModel):
         else:
             self.read_in.proj.reset_parameters()
             self.read_out.proj.reset_parameters()
+
+    def tokens_to_residual_directions(
+        self, tokens: int | Tensor
+    ) -> Float[Tensor, "... d_model"]:
+        """The residual-stream direction that the read-out reads output ``tokens`` from.
+
+        That is the read-out row ``W_U[:, k]`` times the final LayerNorm's weight:
+        ``out[..., k] = (normalized * ln_final.w) @ W_U[:, k] + const``, with
+        ``normalized`` the centred, scaled stream (what ``cache.apply_ln_to_stack``
+        gives). So ``cache.logit_attrs(stack, k)`` summed over a complete decomposition
+        is ``out[..., k]`` minus the constant ``ln_final.b @ W_U[:, k] + b_U[k]``
+        (TransformerLens gets the same by folding the LayerNorm into ``W_U``).
+
+        Args:
+            tokens: An output index ``k`` (a continuous output dim or a token id), or a
+                tensor of them.
+
+        Returns:
+            ``[d_model]`` for one index, ``[*tokens.shape, d_model]`` for a tensor.
+        """
+        if isinstance(tokens, Tensor) and tokens.numel() == 1:
+            tokens = int(tokens.item())
+        if not isinstance(tokens, (int, Tensor)) or isinstance(tokens, bool):
+            raise ValueError(
+                f"tokens must be an output index or a tensor of them, not {type(tokens).__name__} "
+                "(mechlab models have no tokenizer)"
+            )
+        folded = self.W_U * self.ln_final.w[:, None]  # [d_model, d_output]
+        return folded[:, tokens].movedim(0, -1)
+
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> Float[Tensor, " d_model"]:
+        """Sum of the biases written into the residual stream before block ``layer``.
+
+        Args:
+            layer: Blocks ``0 .. layer - 1`` count (``n_layers``: all of them).
+            mlp_input: Also count block ``layer``'s attention bias ``b_O``.
+            include_mlp_biases: Count each MLP's ``b_out`` (leave it out when the MLP
+                outputs, which include it, are in the decomposition whole).
+
+        Returns:
+            ``[d_model]``.
+        """
+        total = torch.zeros(self.cfg.d_model, device=self.cfg.device, dtype=self.cfg.dtype)
+        for block in self.blocks[:layer]:
+            total = total + block.attn.b_O
+            if include_mlp_biases:
+                total = total + block.mlp.b_out
+        if mlp_input:
+            if layer >= self.cfg.n_layers:
+                raise ValueError(f"mlp_input needs layer < n_layers={self.cfg.n_layers}, got {layer}")
+            total = total + self.blocks[layer].attn.b_O
+        return total
 
     def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
         """Run the model.
