@@ -239,9 +239,11 @@ def _print_recall(r: dict) -> None:
 
 
 def _print_recall_dynamics(d: dict) -> None:
-    rows = [("step", "examples", *(f"{j}-after score/verdict" for j in d["per_offset"]))]
+    typer.echo("per offset: score verdict (follows_label)")
+    rows = [("step", "examples", *(f"{j}-after" for j in d["per_offset"]))]
     for i, (step, ex) in enumerate(zip(d["steps"], d["examples"], strict=True)):
-        rows.append((str(step), f"{ex:,}", *(f"{_fmt(v['score'][i])} {v['verdict'][i]}" for v in d["per_offset"].values())))
+        rows.append((str(step), f"{ex:,}", *(f"{_fmt(v['score'][i])} {v['verdict'][i]} ({v['follows_label'][i]:.2f})"
+                                             for v in d["per_offset"].values())))
     _echo_table(rows)
 
 
