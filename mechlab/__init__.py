@@ -1,29 +1,85 @@
 """mechlab: train small sequence models, look inside them, find their circuits.
 
-The public API, re-exported by name.
+The public API, re-exported by name. The analysis packages (``mechlab.patching``,
+``mechlab.probes``, ``mechlab.recall``, ``mechlab.prune``) and their functions load on
+first use, so ``import mechlab`` does not pay for scikit-learn, pandas or nnsight::
+
+    import mechlab
+    ckpt = mechlab.load_checkpoint("run.pt")
+    t = mechlab.nih(ckpt, 64)
+    result = mechlab.activation_patch(ckpt.model, t.clean, t.corrupted, metric)
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from mechlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from mechlab.models import FAMILIES, MechModel, ModelConfig, build_model, make_config, presets
+from mechlab.models.cache import MechCache
 from mechlab.models.hooked import HookedModule, hooked
 from mechlab.tasks.nih import NiH, nih
 
 __version__ = "0.1.0"
 
+# Loaded on first access: subpackages, and names -> the module that defines them.
+_LAZY_MODULES = ("patching", "pipelines", "probes", "prune", "recall", "tasks", "viz")
+_LAZY_NAMES = {
+    "PatchResult": "mechlab.patching",
+    "activation_patch": "mechlab.patching",
+    "attribution_patch": "mechlab.patching",
+    "path_patch": "mechlab.patching",
+    "ClassifierProbe": "mechlab.probes",
+    "RegressorProbe": "mechlab.probes",
+    "collect_activations": "mechlab.probes",
+    "probe_sweep": "mechlab.probes",
+    "recall_targets": "mechlab.probes",
+    "RecallReport": "mechlab.recall",
+    "recall_analysis": "mechlab.recall",
+    "prune_checkpoint": "mechlab.pipelines",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"mechlab.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    raise AttributeError(f"module 'mechlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_NAMES))
+
+
 __all__ = [
     "FAMILIES",
     "Checkpoint",
     "CheckpointError",
+    "ClassifierProbe",
     "HookedModule",
+    "MechCache",
     "MechModel",
     "ModelConfig",
     "NiH",
+    "PatchResult",
+    "RecallReport",
+    "RegressorProbe",
     "__version__",
+    "activation_patch",
+    "attribution_patch",
     "build_model",
+    "collect_activations",
     "hooked",
     "load_checkpoint",
     "make_config",
     "nih",
+    "path_patch",
     "presets",
+    "probe_sweep",
+    "prune_checkpoint",
+    "recall_analysis",
+    "recall_targets",
     "save_checkpoint",
 ]
