@@ -27,12 +27,14 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _mode_for(path)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp_name, mode)  # mkstemp makes 0600; give what a plain open() would
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -46,6 +48,17 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
         finally:
             os.close(dir_fd)
     return path
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits a plain ``open(path, "w")`` would leave: the existing file's,
+    else ``0o666`` less the process umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
