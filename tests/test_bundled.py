@@ -46,3 +46,33 @@ def test_two_after_falls_before_one_after():
     first = {j: next(ex for ex, e in zip(dyn["examples"], dyn["offsets"][j], strict=True) if e <= 0.3)
              for j in ("1", "2")}
     assert first["2"] < first["1"]
+
+
+def test_recall_reproduces_committed_scores_and_the_studys_finding():
+    """`mechlab recall` numbers committed in recall/recall.json (the component sweep left out:
+    it is the slow part and is covered by tests/test_recall.py)."""
+    import torch
+
+    from mechlab.recall import recall_analysis
+
+    committed = json.loads((RUN / "recall" / "recall.json").read_text())
+    result = committed["result"]
+    ckpt = load_checkpoint(RUN / "last.pt")
+    assert ckpt.sha256 == committed["sha256"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = recall_analysis(ckpt, n_traces=result["n_traces"], seed=result["seed"],
+                                 components=False, progress=False).to_dict()
+    finally:
+        torch.set_num_threads(threads)
+    for offset, stats in result["per_offset"].items():
+        for key, value in stats.items():
+            got = report["per_offset"][offset][key]
+            if isinstance(value, str) or value is None:
+                assert got == value, (offset, key)
+            else:
+                assert got == pytest.approx(value, rel=1e-4, abs=1e-6), (offset, key)
+    per = result["per_offset"]
+    assert per["1"]["verdict"] == "label" and per["1"]["follows_label"] > 0.9
+    assert all(per[j]["verdict"] == "observation" for j in ("2", "3", "4", "5"))
