@@ -7,6 +7,7 @@ from mechlab.evals.recall import (
     nih_errors,
     run_suite,
     summarize,
+    summarize_per_example,
     uninterleaved_errors,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "nih_errors",
     "run_suite",
     "summarize",
+    "summarize_per_example",
     "uninterleaved_errors",
 ]

@@ -10,7 +10,13 @@ Suites (``mechlab eval --suite ...``):
 * ``dynamics``: every checkpoint of a run through ``nih``: error vs examples seen.
 
 Errors are squared errors summed over the state dims (the zero predictor scores 1);
-a summary gives the median over traces and the quartiles.
+a summary gives the median over traces and the quartiles. With ``trials=K`` the NiH and
+OOD suites aggregate as the study does (:func:`summarize_per_example`): ``n_traces``
+examples (draws of test systems, labels and query), each with ``K`` initial-state trials;
+the median over each example's trials, then the median and quartiles across examples.
+
+``protocol`` picks the NiH construction (:data:`mechlab.tasks.lds_evals.NIH_PROTOCOLS`):
+``"uniform"`` (the default) or ``"study"`` (oldest system queried, misdirection to the next).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from mechlab.tasks.lds_evals import (
     EvalTraces,
     least_squares_predict,
     needle_in_haystack,
+    nih_protocol,
     uninterleaved,
 )
 
@@ -50,6 +57,30 @@ def summarize(errors: Tensor) -> dict[str, float]:
     return {"median": float(q[1]), "q1": float(q[0]), "q3": float(q[2]), "mean": float(errors.double().mean())}
 
 
+def summarize_per_example(errors: Tensor, trials: int) -> dict[str, float]:
+    """The study's aggregation: median over each example's trials, then across examples.
+
+    Args:
+        errors: ``[n_examples * trials]`` per-trace errors, each example's trials
+            consecutive (as :func:`~mechlab.tasks.lds_evals.needle_in_haystack` with
+            ``trials`` lays them out).
+        trials: Initial-state trials per example.
+
+    Returns:
+        ``median``, ``q1``, ``q3`` and ``mean`` of the per-example medians, plus
+        ``n_examples`` and ``trials``.
+    """
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1 or errors.numel() % trials:
+        raise ValueError(f"trials must be a positive integer dividing the {errors.numel()} errors, got {trials!r}")
+    # torch.median takes the lower middle value; the study's median (numpy) averages the two.
+    per_example = errors.double().reshape(-1, trials).quantile(0.5, dim=1)  # [n_examples]
+    return {**summarize(per_example), "n_examples": per_example.numel(), "trials": trials}
+
+
+def _summarize(errors: Tensor, trials: int | None) -> dict[str, float]:
+    return summarize(errors) if trials is None else summarize_per_example(errors, trials)
+
+
 def nih_errors(
     model: torch.nn.Module,
     cfg: LDSConfig,
@@ -59,6 +90,8 @@ def nih_errors(
     seg_len: int = 10,
     generator: torch.Generator | None = None,
     probe: str | None = None,
+    protocol: str = "uniform",
+    trials: int = 1,
 ) -> dict[int, Tensor]:
     """Needle-in-a-haystack errors per offset after the query label.
 
@@ -71,6 +104,9 @@ def nih_errors(
         seg_len: Observations per haystack segment.
         generator: Source of randomness (fixed seed for comparable numbers).
         probe: One of the out-of-distribution probes, or None.
+        protocol: NiH construction, ``"uniform"`` or ``"study"``.
+        trials: Initial-state trials per example (``n_traces`` is then ``n_examples *
+            trials``, each example's trials consecutive).
 
     Returns:
         Offset (1, 2, 3, 7, 8; those that fit ``seg_len``) -> ``[n_traces]`` squared errors.
@@ -78,7 +114,7 @@ def nih_errors(
     offsets = tuple(j for j in (1, 2, 3, 7, 8) if j <= seg_len)
     traces = needle_in_haystack(
         cfg, library, n_traces, n_haystack=n_haystack, seg_len=seg_len, generator=generator,
-        probe=probe, offsets=offsets,
+        probe=probe, offsets=offsets, trials=trials, **nih_protocol(protocol),
     )
     n_tokens = traces.batch.tokens.shape[1]
     if n_tokens - 1 > getattr(getattr(model, "cfg", None), "n_ctx", n_tokens):
@@ -121,22 +157,50 @@ def evaluate_model(
     n_haystack: int = 7,
     seg_len: int = 10,
     seed: int = 0,
+    protocol: str = "uniform",
+    trials: int | None = None,
 ) -> dict[str, Any]:
-    """Run one suite (not ``dynamics``) on a model; returns a JSON-ready dict."""
+    """Run one suite (not ``dynamics``) on a model; returns a JSON-ready dict.
+
+    Args:
+        model: The model.
+        cfg: Task config.
+        library: Systems (the test library).
+        suite: ``nih``, ``ood`` or ``uninterleaved``.
+        n_traces: Traces; with ``trials``, examples (each of ``trials`` traces).
+        n_haystack: Haystack systems.
+        seg_len: Observations per segment.
+        seed: Seed of the traces.
+        protocol: NiH construction (``nih``/``ood``): ``"uniform"`` or ``"study"``.
+        trials: None (median and quartiles over traces) or initial-state trials per
+            example (``nih``/``ood``: :func:`summarize_per_example`).
+    """
     g = torch.Generator().manual_seed(seed)
+    nih_protocol(protocol)  # validate before any work
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
+        raise ValueError(f"trials must be a positive integer or None, got {trials!r}")
+    n_total = n_traces * (trials or 1)
+    head = {"n_haystack": n_haystack, "seg_len": seg_len, "n_traces": n_traces}
+    if protocol != "uniform":
+        head["protocol"] = protocol
+    if trials is not None:
+        head["trials"] = trials
     if suite == "nih":
-        errs = nih_errors(model, cfg, library, n_traces, n_haystack, seg_len, g)
-        return {"n_haystack": n_haystack, "seg_len": seg_len, "n_traces": n_traces,
-                "offsets": {str(j): summarize(e) for j, e in errs.items()}}
+        errs = nih_errors(model, cfg, library, n_total, n_haystack, seg_len, g, protocol=protocol,
+                          trials=trials or 1)
+        return {**head, "offsets": {str(j): _summarize(e, trials) for j, e in errs.items()}}
     if suite == "ood":
-        out: dict[str, Any] = {"n_haystack": n_haystack, "seg_len": seg_len, "n_traces": n_traces, "probes": {}}
+        out: dict[str, Any] = {**head, "probes": {}}
         for probe in (None, *PROBES):
             # The same generator seed for every probe: the traces differ only by the probe.
-            errs = nih_errors(model, cfg, library, n_traces, n_haystack, seg_len,
-                              torch.Generator().manual_seed(seed), probe=probe)
-            out["probes"][probe or "clean"] = {str(j): summarize(e) for j, e in errs.items()}
+            errs = nih_errors(model, cfg, library, n_total, n_haystack, seg_len,
+                              torch.Generator().manual_seed(seed), probe=probe, protocol=protocol,
+                              trials=trials or 1)
+            out["probes"][probe or "clean"] = {str(j): _summarize(e, trials) for j, e in errs.items()}
         return out
     if suite == "uninterleaved":
+        if trials is not None:
+            raise ValueError("trials (per-example aggregation) applies to the nih and ood suites, not 'uninterleaved'")
         model_err, ls_err = uninterleaved_errors(model, cfg, library, min(n_traces, 500), generator=g)
         return {
             "n_traces": model_err.shape[0],
@@ -155,11 +219,18 @@ def dynamics(
     seg_len: int = 10,
     seed: int = 0,
     progress: bool = True,
+    protocol: str = "uniform",
 ) -> dict[str, Any]:
     """Every checkpoint of a run through the NiH suite: error vs examples seen.
 
     Args:
         run_dir: A training run directory (``checkpoints/step_*.pt``).
+        n_traces: Traces per checkpoint.
+        n_haystack: Haystack systems.
+        seg_len: Observations per segment.
+        seed: Seed of the traces (the same traces for every checkpoint).
+        progress: Show a progress bar.
+        protocol: NiH construction, ``"uniform"`` or ``"study"``.
 
     Returns:
         ``{"examples": [...], "steps": [...], "offsets": {offset: [median per checkpoint]},
@@ -180,7 +251,7 @@ def dynamics(
         if task_cfg != cfg:
             task_cfg, test_lib = cfg, make_libraries(cfg)[1]
         errs = nih_errors(ckpt.model, task_cfg, test_lib, n_traces, n_haystack, seg_len,
-                          torch.Generator().manual_seed(seed))
+                          torch.Generator().manual_seed(seed), protocol=protocol)
         batch = ckpt.metadata.get("train_cfg", {}).get("batch_size", 1)
         out["steps"].append(ckpt.step)
         out["examples"].append(ckpt.step * batch)
@@ -209,15 +280,22 @@ def run_suite(
     n_haystack: int | None = None,
     seg_len: int | None = None,
     seed: int = 0,
+    protocol: str = "uniform",
+    trials: int | None = None,
 ) -> dict[str, Any]:
     """Run a suite on a checkpoint (``dynamics``: on the run directory the checkpoint is in).
 
-    ``n_haystack``/``seg_len`` default to the training run's evaluation settings.
+    ``n_haystack``/``seg_len`` default to the training run's evaluation settings;
+    ``protocol`` and ``trials`` are as in :func:`evaluate_model` (``dynamics`` takes
+    ``protocol`` only).
     """
     from mechlab.checkpoint import load_checkpoint
 
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose one of {list(SUITES)}")
+    nih_protocol(protocol)  # validate before loading anything
+    if trials is not None and suite in ("dynamics", "uninterleaved"):
+        raise ValueError(f"trials (per-example aggregation) applies to the nih and ood suites, not {suite!r}")
     ckpt = load_checkpoint(ckpt_path)
     train_cfg = ckpt.metadata.get("train_cfg", {})
     n_haystack = n_haystack or train_cfg.get("eval_haystack", 7)
@@ -227,8 +305,9 @@ def run_suite(
         run_dir = Path(ckpt_path).resolve().parent
         if run_dir.name == "checkpoints":
             run_dir = run_dir.parent
-        result = dynamics(run_dir, min(n_traces, 500), n_haystack, seg_len, seed)
+        result = dynamics(run_dir, min(n_traces, 500), n_haystack, seg_len, seed, protocol=protocol)
     else:
-        result = evaluate_model(ckpt.model, cfg, make_libraries(cfg)[1], suite, n_traces, n_haystack, seg_len, seed)
+        result = evaluate_model(ckpt.model, cfg, make_libraries(cfg)[1], suite, n_traces, n_haystack, seg_len,
+                                seed, protocol=protocol, trials=trials)
     return {"suite": suite, "checkpoint": str(ckpt_path), "sha256": ckpt.sha256, "step": ckpt.step,
             "seed": seed, "result": result}

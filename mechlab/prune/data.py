@@ -14,6 +14,8 @@ interchange ablation therefore replaces a writer's output by what it would be ha
 label pointed to the wrong system, and the pruned circuit is what carries the
 *label-dependent* part of the prediction. Other corruptions: the other probes of
 :data:`mechlab.tasks.lds_evals.PROBES`, and ``"shuffle"`` (another trace of the batch).
+``protocol="study"`` builds the study's NiH instead: the oldest haystack system is
+queried and the misdirection shows the next one's label.
 
 Targets (:func:`target_mask`): ``"k-after"`` (``k >= 1``) is target index
 ``p + k - 1`` of each trace, ``p`` the query label's token index (``1-after`` is
@@ -33,7 +35,7 @@ import torch
 from torch import Tensor
 
 from mechlab.tasks.lds import LDSConfig, make_libraries
-from mechlab.tasks.lds_evals import PROBES, needle_in_haystack
+from mechlab.tasks.lds_evals import PROBES, needle_in_haystack, nih_protocol
 from mechlab.tasks.nih import default_haystack
 
 CORRUPTIONS = (*PROBES, "shuffle")
@@ -214,10 +216,12 @@ def _nih_traces(
     seg_len: int,
     seed: int,
     corruption: str,
+    protocol: str = "uniform",
 ) -> Traces:
+    construction = nih_protocol(protocol)
     clean = needle_in_haystack(
         cfg, library, n_traces, n_haystack=n_haystack, seg_len=seg_len,
-        generator=torch.Generator().manual_seed(seed), offsets=(1,),
+        generator=torch.Generator().manual_seed(seed), offsets=(1,), **construction,
     )  # fmt: skip
     batch = clean.batch
     if corruption == "shuffle":
@@ -227,6 +231,7 @@ def _nih_traces(
         probe = needle_in_haystack(
             cfg, library, n_traces, n_haystack=n_haystack, seg_len=seg_len,
             generator=torch.Generator().manual_seed(seed), probe=corruption, offsets=(1,),
+            **construction,
         )  # fmt: skip
         corrupted = probe.batch.inputs
     return Traces(
@@ -247,6 +252,7 @@ def nih_prune_data(
     seg_len: int | None = None,
     corruption: str = DEFAULT_CORRUPTION,
     seed: int = 0,
+    protocol: str = "uniform",
 ) -> PruneData:
     """Needle-in-a-haystack traces for pruning a model of the interleaved-systems task.
 
@@ -263,10 +269,13 @@ def nih_prune_data(
         corruption: ``misdirect_incorrect`` (default), another probe of
             :data:`~mechlab.tasks.lds_evals.PROBES`, or ``shuffle``.
         seed: Seed of the traces.
+        protocol: NiH construction: ``"uniform"`` (query and misdirection drawn
+            uniformly) or ``"study"`` (oldest system queried, misdirection to the next).
 
     Returns:
         The :class:`PruneData`.
     """
+    nih_protocol(protocol)  # validate before any work
     if corruption not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {corruption!r}; choose one of {CORRUPTIONS}")
     for name, value in (("n_train", n_train), ("n_test", n_test)):
@@ -276,11 +285,13 @@ def nih_prune_data(
     n_haystack = default_n if n_haystack is None else n_haystack
     seg_len = default_s if seg_len is None else seg_len
     library = make_libraries(cfg)[1]
-    train = _nih_traces(cfg, library, n_train, n_haystack, seg_len, seed, corruption)
-    test = _nih_traces(cfg, library, n_test, n_haystack, seg_len, seed + 7919, corruption)
+    train = _nih_traces(cfg, library, n_train, n_haystack, seg_len, seed, corruption, protocol)
+    test = _nih_traces(cfg, library, n_test, n_haystack, seg_len, seed + 7919, corruption, protocol)
     info = {
         "task": "lds-nih", "n_haystack": n_haystack, "seg_len": seg_len, "corruption": corruption,
         "n_train": n_train, "n_test": n_test, "data_seed": seed, "n_pos": train.n_pos,
         "query_position": train.query_position,
     }  # fmt: skip
+    if protocol != "uniform":  # the uniform circuits' metadata stays as committed
+        info["nih_protocol"] = protocol
     return PruneData(train=train, test=test, info=info)

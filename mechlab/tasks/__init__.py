@@ -22,10 +22,12 @@ from mechlab.tasks.lds import (
 )
 from mechlab.tasks.lds_evals import (
     NIH_OFFSETS,
+    NIH_PROTOCOLS,
     PROBES,
     EvalTraces,
     least_squares_predict,
     needle_in_haystack,
+    nih_protocol,
     uninterleaved,
 )
 from mechlab.tasks.nih import NiH, default_haystack, nih
@@ -69,8 +71,10 @@ __all__ = [
     "NiH",
     "default_haystack",
     "nih",
+    "nih_protocol",
     "task_config",
     "NIH_OFFSETS",
+    "NIH_PROTOCOLS",
     "OBS",
     "OPEN",
     "PROBES",

@@ -43,6 +43,29 @@ from mechlab.tasks.lds import (
 
 PROBES = ("misdirect_incorrect", "sync_rotations", "misdirect_unseen", "misdirect_restart")
 NIH_OFFSETS = (1, 2, 3, 7, 8)
+QUERY_CHOICES = ("uniform", "oldest")
+MISDIRECT_CHOICES = ("uniform", "next")
+NIH_PROTOCOLS: dict[str, dict[str, str]] = {
+    "uniform": {"query": "uniform", "misdirect": "uniform"},
+    "study": {"query": "oldest", "misdirect": "next"},
+}
+"""Named NiH constructions: ``uniform`` (mechlab's default: query and misdirection drawn
+uniformly) and ``study`` (the recall study's code: the query is the oldest haystack system,
+the misdirection shows the label of the next one)."""
+
+
+def nih_protocol(protocol: str) -> dict[str, str]:
+    """The ``query`` / ``misdirect`` options of a named NiH protocol.
+
+    Args:
+        protocol: ``"uniform"`` or ``"study"`` (see :data:`NIH_PROTOCOLS`).
+
+    Returns:
+        ``{"query": ..., "misdirect": ...}`` for :func:`needle_in_haystack`.
+    """
+    if protocol not in NIH_PROTOCOLS:
+        raise ValueError(f"unknown NiH protocol {protocol!r}; choose one of {list(NIH_PROTOCOLS)}")
+    return dict(NIH_PROTOCOLS[protocol])
 
 
 @dataclass
@@ -170,6 +193,9 @@ def needle_in_haystack(
     probe: str | None = None,
     offsets: tuple[int, ...] = NIH_OFFSETS,
     fresh_x0: bool = True,
+    query: str = "uniform",
+    misdirect: str = "uniform",
+    trials: int = 1,
 ) -> EvalTraces:
     """Needle in a haystack: ``N`` systems shown once each, then one of them resumes.
 
@@ -179,7 +205,8 @@ def needle_in_haystack(
               | open_q y^q_S .. y^q_{2S-1} close_q
 
     Haystack segment ``h`` shows the first ``S`` states (trajectory indices ``0..S-1``)
-    of system ``h``; then the query system ``q`` (uniform among the ``N``) reappears with
+    of system ``h``; then the query system ``q`` (uniform among the ``N``, or the oldest,
+    ``q = 0``, with ``query="oldest"`` as in the study's code) reappears with
     its open label, and its continuation (indices ``S..2S-1``, where its haystack segment
     stopped) and close label. The query open label is token ``p = 1 + N (S + 2)``;
     scored positions are ``p + j - 1`` for ``j`` in ``offsets`` (default 1, 2, 3, 7, 8).
@@ -187,10 +214,19 @@ def needle_in_haystack(
     Each trace draws: ``N + 1`` distinct systems from ``library`` (slots ``0..N-1`` are
     the haystack, slot ``N`` is an extra system used only by ``misdirect_restart``),
     ``N + 1`` distinct labels (slot ``N``'s label never appears unless a probe uses it),
-    the query ``q``, another haystack slot ``o != q`` (for ``misdirect_incorrect``), the
-    initial states and a common state ``z ~ N(0, I/d)`` (for ``sync_rotations``). All of
-    them are drawn whatever the probe, in this order, so the clean traces and each
-    probe's traces built from the same generator state differ only by the probe.
+    the query ``q``, another haystack slot ``o != q`` (for ``misdirect_incorrect``;
+    uniform among the other ``N - 1``, or the next one, ``o = (q + 1) mod N``, with
+    ``misdirect="next"`` as in the study's code), the initial states and a common state
+    ``z ~ N(0, I/d)`` (for ``sync_rotations``). All of them are drawn whatever the probe
+    and the ``query``/``misdirect`` options, in this order, so the clean traces and each
+    probe's traces built from the same generator state differ only by the probe, and
+    ``query="oldest"`` changes nothing but the query.
+
+    With ``trials = K > 1`` the traces come in ``n_traces / K`` *examples* of ``K``
+    consecutive traces: the systems, labels, query and misdirection are drawn once per
+    example, the initial states (and ``z``) once per trace, as in the study's evaluation
+    (50 examples x 1000 initial-state trials; see
+    :func:`mechlab.evals.recall.summarize_per_example`). ``trials=1`` is the plain draw.
 
     Probes (``probe=``):
 
@@ -221,9 +257,19 @@ def needle_in_haystack(
         probe: None (clean) or one of :data:`PROBES`.
         offsets: Offsets after the query label to score, each in ``1..S``.
         fresh_x0: Fresh initial states per trace (else the library's).
+        query: ``"uniform"`` or ``"oldest"`` (the study's): which haystack slot is queried.
+        misdirect: ``"uniform"`` or ``"next"`` (the study's): the slot whose label
+            ``misdirect_incorrect`` shows.
+        trials: Initial-state trials per example (must divide ``n_traces``).
     """
     _check_traces(n_traces)
     N, S = n_haystack, seg_len
+    if query not in QUERY_CHOICES:
+        raise ValueError(f"unknown query choice {query!r}; choose one of {list(QUERY_CHOICES)}")
+    if misdirect not in MISDIRECT_CHOICES:
+        raise ValueError(f"unknown misdirect choice {misdirect!r}; choose one of {list(MISDIRECT_CHOICES)}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1 or n_traces % trials:
+        raise ValueError(f"trials must be a positive integer dividing n_traces={n_traces}, got {trials!r}")
     if not isinstance(N, int) or N < 1:
         raise ValueError(f"n_haystack must be a positive integer, got {N!r}")
     if not isinstance(S, int) or S < 1:
@@ -249,12 +295,21 @@ def needle_in_haystack(
     _check_library(cfg, library, N + 1)
 
     B, d, dev, g = n_traces, cfg.d_state, library.U.device, generator
-    # --- random choices (all of them, whatever the probe) ---
-    systems = distinct_ids(library.n_systems, B, N + 1, g, dev)  # [B, N+1]
-    slot_labels = torch.rand(B, cfg.n_pairs, generator=g, device=dev).argsort(1)[:, : N + 1]
-    query = torch.randint(0, N, (B,), generator=g, device=dev)  # [B]
-    other_u = torch.rand(B, generator=g, device=dev)
-    other = (query + 1 + (other_u * (N - 1)).long()) % N  # uniform among the other N-1
+    E = B // trials  # examples
+    # --- random choices (all of them, whatever the probe and options) ---
+    systems = distinct_ids(library.n_systems, E, N + 1, g, dev)  # [E, N+1]
+    slot_labels = torch.rand(E, cfg.n_pairs, generator=g, device=dev).argsort(1)[:, : N + 1]
+    q_uniform = torch.randint(0, N, (E,), generator=g, device=dev)  # [E]
+    other_u = torch.rand(E, generator=g, device=dev)
+    query = torch.zeros_like(q_uniform) if query == "oldest" else q_uniform
+    if misdirect == "next":
+        other = (query + 1) % N
+    else:
+        other = (query + 1 + (other_u * (N - 1)).long()) % N  # uniform among the other N-1
+    if trials > 1:  # every example's choices repeated over its trials
+        systems, slot_labels, query, other = (
+            t.repeat_interleave(trials, dim=0) for t in (systems, slot_labels, query, other)
+        )
     x0 = _initial_states(library, systems, fresh_x0, g).double()  # [B, N+1, d]
     z = torch.randn(B, d, generator=g, device=dev, dtype=torch.float64) / math.sqrt(d)
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mechlab.tasks.lds import LDSBatch, LDSConfig, SystemLibrary, make_libraries
-from mechlab.tasks.lds_evals import NIH_OFFSETS, PROBES, needle_in_haystack
+from mechlab.tasks.lds_evals import NIH_OFFSETS, PROBES, needle_in_haystack, nih_protocol
 
 
 def default_haystack(cfg: LDSConfig, train_cfg: dict[str, Any] | None = None) -> tuple[int, int]:
@@ -84,6 +84,7 @@ class NiH:
         seg_len: Observations per segment ``S``.
         task_config: The task config the traces follow.
         library: The system library (the task's test library) the ids refer to.
+        protocol: The NiH construction (``"uniform"`` or ``"study"``).
     """
 
     clean: Tensor  # [batch, pos, d_in]
@@ -105,6 +106,7 @@ class NiH:
     seg_len: int
     task_config: LDSConfig
     library: SystemLibrary
+    protocol: str = "uniform"
 
     def __len__(self) -> int:
         return self.clean.shape[0]
@@ -167,6 +169,7 @@ def nih(
     offsets: tuple[int, ...] | None = None,
     seed: int = 0,
     fresh_x0: bool = True,
+    protocol: str = "uniform",
 ) -> NiH:
     """Needle-in-a-haystack traces and their probe twins, on a checkpoint's own task.
 
@@ -184,6 +187,9 @@ def nih(
             that fit ``seg_len``.
         seed: Seed of the traces (the same seed gives the same traces).
         fresh_x0: Fresh initial states per trace (else the library's fixed ones).
+        protocol: ``"uniform"`` (query and misdirection drawn uniformly) or ``"study"``
+            (the study's code: the oldest haystack system is queried and
+            ``misdirect_incorrect`` shows the next one's label).
 
     Returns:
         The :class:`NiH` traces, on the CPU.
@@ -203,6 +209,7 @@ def nih(
         )
     if probe is not None and probe not in PROBES:
         raise ValueError(f"unknown probe {probe!r}; choose one of {list(PROBES)} or None")
+    construction = nih_protocol(protocol)
     default_n, default_s = default_haystack(cfg, train_cfg if isinstance(train_cfg, dict) else None)
     n_haystack = default_n if n_haystack is None else n_haystack
     seg_len = default_s if seg_len is None else seg_len
@@ -214,7 +221,7 @@ def nih(
         return needle_in_haystack(
             cfg, library, n_traces, n_haystack=n_haystack, seg_len=seg_len,
             generator=torch.Generator().manual_seed(seed), probe=which, offsets=tuple(offsets),
-            fresh_x0=fresh_x0,
+            fresh_x0=fresh_x0, **construction,
         )  # fmt: skip
 
     clean = build(None)
@@ -240,4 +247,5 @@ def nih(
         seg_len=seg_len,
         task_config=cfg,
         library=library,
+        protocol=protocol,
     )

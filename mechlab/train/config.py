@@ -13,8 +13,9 @@ import yaml
 
 TASKS = ("lds",)
 LR_SCHEDULES = ("constant", "cosine")
+LOSS_REDUCTIONS = ("sum", "mean")
 _INT_FIELDS = (
-    "steps", "batch_size", "warmup_steps", "seed", "log_every", "eval_every", "eval_traces",
+    "steps", "batch_size", "grad_accum", "warmup_steps", "seed", "log_every", "eval_every", "eval_traces",
     "eval_haystack", "eval_seg_len", "n_checkpoints", "save_every",
 )
 _FLOAT_FIELDS = ("lr", "weight_decay", "grad_clip", "min_lr_ratio")
@@ -31,10 +32,16 @@ class TrainConfig:
             ``{"arch": "lstm", "d_model": 64}``, ...). ``d_in``, ``d_out`` and ``n_ctx`` are
             filled in from the task.
         steps: Optimiser steps in total.
-        batch_size: Traces per step.
+        batch_size: Traces per optimiser step (all micro-batches together).
+        grad_accum: Micro-batches each step's batch is split into (gradients accumulated;
+            ``batch_size`` must be a multiple): the same step with less memory.
         lr: Peak learning rate (AdamW).
         weight_decay: AdamW weight decay.
         grad_clip: Gradient-norm clipping (0 disables).
+        loss_reduction: How the squared error is reduced over the state dims: ``"sum"``
+            (the study's; the zero predictor scores ``E||y||^2 = 1``) or ``"mean"`` (``1/d``
+            of that; the bundled ``recall-cpu`` run's). Either way it is averaged over the
+            scored positions. It sets the gradient's scale, hence how often clipping acts.
         warmup_steps: Linear learning-rate warm-up.
         lr_schedule: ``"constant"`` (the study's) or ``"cosine"`` decay after warm-up.
         min_lr_ratio: Floor of the cosine schedule, as a fraction of ``lr``.
@@ -54,9 +61,11 @@ class TrainConfig:
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
     steps: int = 1000
     batch_size: int = 64
+    grad_accum: int = 1
     lr: float = 1e-3
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    loss_reduction: str = "sum"
     warmup_steps: int = 0
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.1
@@ -84,9 +93,18 @@ class TrainConfig:
             raise ValueError(f"unknown task {self.task!r}; choose one of {list(TASKS)}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of {list(LR_SCHEDULES)}")
-        for name in ("steps", "batch_size", "log_every", "eval_traces", "save_every"):
+        if self.loss_reduction not in LOSS_REDUCTIONS:
+            raise ValueError(
+                f"unknown loss_reduction {self.loss_reduction!r}; choose one of {list(LOSS_REDUCTIONS)}"
+            )
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_traces", "save_every"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"batch_size={self.batch_size} is not a multiple of grad_accum={self.grad_accum}; "
+                "choose a batch_size that grad_accum divides"
+            )
         for name in ("eval_every", "warmup_steps", "n_checkpoints"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -109,13 +127,19 @@ class TrainConfig:
         return cls(**copy.deepcopy(values))
 
 
-# The recall study's presets (papers.md) and the CPU-sized configuration whose
-# checkpoints are bundled. A preset is a partial TrainConfig dict.
+# The recall study's presets (papers.md): the loss summed over the state dims, as in the
+# study's code. Its medium run took 3 GPUs x 512 = 1536 traces per step; here that is one
+# step of 3 accumulated micro-batches of 512 (the micro-batch the study fit in memory).
+# A preset is a partial TrainConfig dict; the CPU-sized bundled ones are in bundled.py.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"model": {"preset": "tiny"}, "batch_size": 2048, "lr": 1.268e-4, "steps": 200_000},
-    "small": {"model": {"preset": "small"}, "batch_size": 1024, "lr": 4.48e-5, "steps": 200_000},
-    "medium": {"model": {"preset": "medium"}, "batch_size": 512, "lr": 1.585e-5, "steps": 200_000},
-    "big": {"model": {"preset": "big"}, "batch_size": 640, "lr": 1.477e-5, "steps": 200_000},
+    "tiny": {"model": {"preset": "tiny"}, "batch_size": 2048, "lr": 1.268e-4, "steps": 200_000,
+             "loss_reduction": "sum"},
+    "small": {"model": {"preset": "small"}, "batch_size": 1024, "lr": 4.48e-5, "steps": 200_000,
+              "loss_reduction": "sum"},
+    "medium": {"model": {"preset": "medium"}, "batch_size": 1536, "grad_accum": 3, "lr": 1.585e-5,
+               "steps": 200_000, "loss_reduction": "sum"},
+    "big": {"model": {"preset": "big"}, "batch_size": 640, "lr": 1.477e-5, "steps": 200_000,
+            "loss_reduction": "sum"},
 }
 
 

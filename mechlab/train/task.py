@@ -24,24 +24,43 @@ class Task(Protocol):
 
     def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]: ...
 
-    def loss(self, pred: Tensor, targets: Tensor, mask: Tensor) -> Tensor: ...
+    def loss(
+        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
+        n_scored: Tensor | None = None,
+    ) -> Tensor: ...
 
     def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]: ...
 
 
-def masked_mse(pred: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
-    """Mean squared error over the positions where ``mask`` is True, averaged over dims.
+def masked_mse(
+    pred: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    reduction: str = "mean",
+    n_scored: Tensor | None = None,
+) -> Tensor:
+    """Squared error averaged over the positions where ``mask`` is True.
 
     Args:
         pred: ``[batch, pos, d]`` predictions.
         targets: ``[batch, pos, d]`` targets.
         mask: ``[batch, pos]`` True where the target counts.
+        reduction: Over the ``d`` dims: ``"mean"`` or ``"sum"`` (the study's, ``d`` times
+            larger).
+        n_scored: The number of scored positions to divide by (default ``mask.sum()``);
+            a micro-batch of an accumulated step passes the whole batch's count, so that
+            the micro-batch losses add up to the batch's.
 
     Returns:
-        A scalar: ``sum(mask * ||pred - target||^2) / (mask.sum() * d)``.
+        A scalar: ``sum(mask * ||pred - target||^2) / (n_scored * d)`` (``mean``) or
+        ``sum(mask * ||pred - target||^2) / n_scored`` (``sum``).
     """
-    sq = (pred - targets).pow(2).mean(-1)  # [batch, pos]
-    return (sq * mask).sum() / mask.sum().clamp(min=1)
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"unknown reduction {reduction!r}; choose 'mean' or 'sum'")
+    diff = (pred - targets).pow(2)
+    sq = diff.mean(-1) if reduction == "mean" else diff.sum(-1)  # [batch, pos]
+    n_scored = mask.sum() if n_scored is None else n_scored
+    return (sq * mask).sum() / n_scored.clamp(min=1)
 
 
 class LDSTask:
@@ -61,8 +80,11 @@ class LDSTask:
         b = sample_batch(self.cfg, self.train_lib, batch_size, generator)
         return b.inputs, b.targets, b.mask
 
-    def loss(self, pred: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
-        return masked_mse(pred, targets, mask)
+    def loss(
+        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
+        n_scored: Tensor | None = None,
+    ) -> Tensor:
+        return masked_mse(pred, targets, mask, reduction, n_scored)
 
     def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
         from mechlab.evals.recall import nih_errors
@@ -75,7 +97,8 @@ class LDSTask:
         b = sample_batch(self.cfg, self.test_lib, cfg.eval_traces, generator)
         device = next(model.parameters()).device
         pred = model(b.inputs.to(device)).cpu()
-        out["test_loss"] = float(masked_mse(pred, b.targets, b.mask))
+        reduction = getattr(cfg, "loss_reduction", "mean")  # the run's own loss, on test systems
+        out["test_loss"] = float(masked_mse(pred, b.targets, b.mask, reduction))
         return out
 
 

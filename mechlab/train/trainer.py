@@ -1,5 +1,5 @@
-"""The training loop: AdamW, clipping, a progress bar, JSONL metrics, periodic
-evaluation, log-spaced checkpoints, exact resume and a NaN guard.
+"""The training loop: AdamW, clipping, gradient accumulation, a progress bar, JSONL
+metrics, periodic evaluation, log-spaced checkpoints, exact resume and a NaN guard.
 
 Every batch is drawn from a generator seeded by ``(seed, step)``, so a run
 resumed at step ``k`` sees exactly the batches the uninterrupted run saw.
@@ -138,10 +138,15 @@ class Trainer:
             raise ValueError(f"nothing to resume: {str(self.last_path)!r} does not exist")
         ckpt = load_checkpoint(self.last_path, map_location=self.device)
         saved = ckpt.metadata.get("train_cfg", {})
-        for key in ("task", "task_cfg", "model", "batch_size", "seed", "lr", "lr_schedule", "warmup_steps"):
+        # Runs saved before loss_reduction existed were trained with the mean over dims.
+        saved = {"loss_reduction": "mean", **saved} if saved else saved
+        keys = ("task", "task_cfg", "model", "batch_size", "seed", "lr", "lr_schedule", "warmup_steps",
+                "loss_reduction")
+        for key in keys:
             if key in saved and saved[key] != getattr(self.cfg, key):
                 raise ValueError(
                     f"cannot resume: setting {key!r} was {saved[key]!r} in the run, now {getattr(self.cfg, key)!r}"
+                    + (f" (add --set loss_reduction={saved[key]})" if key == "loss_reduction" else "")
                 )
         self.model.load_state_dict(ckpt.model.state_dict())
         if ckpt.optimizer_state is not None:
@@ -153,18 +158,38 @@ class Trainer:
         self._stop_signal = signum
 
     def train_step(self, step: int) -> float:
-        """One optimiser step on the batch of ``step``; returns the loss."""
-        inputs, targets, mask = self.task.batch(self.cfg.batch_size, batch_generator(self.cfg.seed, step))
+        """One optimiser step on the batch of ``step``; returns the loss.
+
+        The batch is drawn whole and, with ``grad_accum = k``, run as ``k`` micro-batches
+        whose losses are each divided by the whole batch's count of scored positions:
+        their gradients add up to the whole batch's (up to float rounding), so clipping
+        and the update see the same step as without accumulation.
+        """
+        cfg = self.cfg
+        inputs, targets, mask = self.task.batch(cfg.batch_size, batch_generator(cfg.seed, step))
         inputs, targets, mask = inputs.to(self.device), targets.to(self.device), mask.to(self.device)
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.cfg, step)
-        pred = self.model(inputs)
-        loss = self.task.loss(pred, targets, mask)
-        if not torch.isfinite(loss):
-            return float("nan")
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.grad_clip > 0:
+            group["lr"] = learning_rate(cfg, step)
+        if cfg.grad_accum == 1:
+            # One batch: the plain step (kept exactly as before accumulation existed).
+            pred = self.model(inputs)
+            loss = self.task.loss(pred, targets, mask, cfg.loss_reduction)
+            if not torch.isfinite(loss):
+                return float("nan")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        else:
+            n_scored = mask.sum()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = torch.zeros((), device=self.device)
+            for part in zip(*(t.chunk(cfg.grad_accum) for t in (inputs, targets, mask)), strict=True):
+                micro = self.task.loss(self.model(part[0]), part[1], part[2], cfg.loss_reduction, n_scored)
+                if not torch.isfinite(micro):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    return float("nan")
+                micro.backward()
+                loss = loss + micro.detach()
+        if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         return float(loss.detach())

@@ -17,7 +17,7 @@ from mechlab.train.trainer import learning_rate
 STUDY = {
     "tiny": (2048, 1.268e-4),
     "small": (1024, 4.48e-5),
-    "medium": (512, 1.585e-5),
+    "medium": (1536, 1.585e-5),  # 3 x 512 (the study's 3 GPUs), as grad_accum=3
     "big": (640, 1.477e-5),
 }
 
