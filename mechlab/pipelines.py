@@ -10,18 +10,47 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mechlab.checkpoint import load_checkpoint
+from mechlab.checkpoint import Checkpoint, load_checkpoint
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import Target, check_target, nih_prune_data
-from mechlab.prune.engine import _check_unit, prune
+from mechlab.prune.data import PruneData, Target, check_target, nih_prune_data
+from mechlab.prune.engine import _check_unit, check_prune_args, check_sparsity, prune
+from mechlab.prune.graph import build_graph
 from mechlab.tasks import default_haystack
 from mechlab.tasks.lds import LDSConfig
+from mechlab.tasks.lds_evals import nih_protocol
+
+PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
+    "uniform": {"sparsity": 0.95},
+    "study": {
+        "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth", "loss_scale": 1000.0,
+        "steps": 3000,
+    },
+}  # fmt: skip
+"""Pruning settings of each protocol. ``uniform``: mechlab's defaults on uniformly drawn
+NiH traces; ``study``: the recall study's (99% edge sparsity, node masks at 80%, loss
+1000 x MSE to the ground truth, 3000 steps) on the study's NiH (oldest system queried,
+misdirection to the next)."""
 
 
-def prune_checkpoint(
+def prune_protocol(protocol: str, **given: Any) -> dict[str, Any]:
+    """The settings a protocol prunes with, explicit settings on top.
+
+    Args:
+        protocol: A key of :data:`PRUNE_PROTOCOLS`.
+        **given: Settings asked for explicitly (``sparsity`` or any :func:`prune` keyword);
+            ``None`` means "not given".
+
+    Returns:
+        ``sparsity`` and the :func:`prune` keywords to use.
+    """
+    nih_protocol(protocol)
+    if protocol not in PRUNE_PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+    return {**PRUNE_PROTOCOLS[protocol], **{k: v for k, v in given.items() if v is not None}}
+
+
+def checkpoint_prune_data(
     path: str | Path,
-    target: Target,
-    sparsity: float = 0.95,
     *,
     n_train: int = 256,
     n_test: int = 512,
@@ -29,7 +58,57 @@ def prune_checkpoint(
     seg_len: int | None = None,
     corruption: str = "misdirect_incorrect",
     data_seed: int = 0,
+    protocol: str = "uniform",
     device: str | None = None,
+) -> tuple[Checkpoint, PruneData]:
+    """A checkpoint of the interleaved-systems task and NiH pruning traces on its own task.
+
+    Args:
+        path: Checkpoint file.
+        n_train: Training traces.
+        n_test: Held-out traces.
+        n_haystack: Haystack systems (default: the run's evaluation setting).
+        seg_len: Observations per haystack segment (default: the run's).
+        corruption: How interchange-ablation traces are corrupted.
+        data_seed: Seed of the traces.
+        protocol: NiH construction, ``"uniform"`` or ``"study"``.
+        device: Where the model goes (default: CPU).
+
+    Returns:
+        ``(checkpoint, data)``; the model is on ``device``.
+
+    Raises:
+        ValueError: A checkpoint without the lds task's metadata, or settings that do not
+            fit the task.
+    """
+    ckpt = load_checkpoint(path, map_location=device or "cpu")
+    cfg = ckpt.task_config
+    if not isinstance(cfg, LDSConfig):
+        raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; NiH traces need it")
+    default_n, default_s = default_haystack(cfg, ckpt.metadata.get("train_cfg"))
+    data = nih_prune_data(
+        cfg, n_train=n_train, n_test=n_test,
+        n_haystack=default_n if n_haystack is None else n_haystack,
+        seg_len=default_s if seg_len is None else seg_len,
+        corruption=corruption, seed=data_seed, protocol=protocol,
+    )  # fmt: skip
+    return ckpt, data
+
+
+def prune_checkpoint(
+    path: str | Path,
+    target: Target,
+    sparsity: float | None = None,
+    *,
+    n_train: int = 256,
+    n_test: int = 512,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    corruption: str = "misdirect_incorrect",
+    data_seed: int | None = None,
+    device: str | None = None,
+    protocol: str = "uniform",
+    loss_scale: float | None = None,
     **prune_kwargs: Any,
 ) -> Circuit:
     """Prune a checkpoint of the interleaved-systems task on needle-in-a-haystack traces.
@@ -40,40 +119,79 @@ def prune_checkpoint(
     Args:
         path: Checkpoint file.
         target: ``"k-after"``, ``"all"`` or a callable.
-        sparsity: Edge sparsity in (0, 1).
+        sparsity: Edge sparsity in (0, 1); default the protocol's (0.95, study 0.99).
         n_train: Training traces.
         n_test: Held-out traces for the metrics.
         n_haystack: Haystack systems.
         seg_len: Observations per haystack segment.
         corruption: How interchange-ablation traces are corrupted
             (:data:`mechlab.prune.data.CORRUPTIONS`).
-        data_seed: Seed of the traces.
+        data_seed: Seed of the traces; default the pruning ``seed``, so that a seed
+            baseline varies the data as well as the optimiser.
         device: Where to run (default: CPU).
+        protocol: ``"uniform"`` or ``"study"`` (:data:`PRUNE_PROTOCOLS`): the NiH
+            construction and the pruning settings that ``sparsity`` and ``prune_kwargs``
+            do not set (``None`` values count as not set).
+        loss_scale: Multiplies the task loss (default the protocol's: 1, study 1000).
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...).
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`; its metadata records the
-        checkpoint's path and sha256.
+        checkpoint's path and sha256, the pruning ``seed`` and the ``data_seed``.
 
     Raises:
-        ValueError: Missing task metadata, unknown target, sparsity outside (0, 1), ...
+        ValueError: Missing task metadata, unknown target, bad sparsity (or one that
+            keeps no edge), learning rate or batch size: all before any pruning work.
     """
-    sparsity = _check_unit("sparsity", sparsity)
+    settings = prune_protocol(protocol, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
+    sparsity = _check_unit("sparsity", settings.pop("sparsity"))
+    check_prune_args(sparsity, **settings)
+    data_seed = settings.get("seed", 0) if data_seed is None else data_seed
     ckpt = load_checkpoint(path, map_location=device or "cpu")
+    if not isinstance(ckpt.task_config, LDSConfig):
+        raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; NiH traces need it")
+    check_sparsity(build_graph(ckpt.model), settings.get("ablation", "interchange"), sparsity)
+    ckpt, data = checkpoint_prune_data(
+        path, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+        corruption=corruption, data_seed=data_seed, protocol=protocol, device=device,
+    )  # fmt: skip
+    check_target(target, data.train)
+    circuit = prune(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **settings)
+    circuit.metadata["checkpoint"] = str(path)
+    circuit.metadata["checkpoint_step"] = ckpt.step
+    if protocol != "uniform":
+        circuit.metadata["protocol"] = protocol
+    return circuit
+
+
+def check_prune_targets(
+    path: str | Path,
+    targets: list[Target],
+    *,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    protocol: str = "uniform",
+) -> None:
+    """Raise ValueError unless every target is valid for the checkpoint's NiH traces.
+
+    Cheap (a few traces are drawn), so a command can check all its targets before it
+    starts pruning the first.
+
+    Args:
+        path: Checkpoint file.
+        targets: Targets.
+        n_haystack: Haystack systems (default: the run's evaluation setting).
+        seg_len: Observations per haystack segment (bounds ``k`` of ``k-after``).
+        protocol: NiH construction.
+    """
+    ckpt = load_checkpoint(path, map_location="cpu")
     cfg = ckpt.task_config
     if not isinstance(cfg, LDSConfig):
         raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; pruning needs NiH traces")
     default_n, default_s = default_haystack(cfg, ckpt.metadata.get("train_cfg"))
     data = nih_prune_data(
-        cfg, n_train=n_train, n_test=n_test,
-        n_haystack=default_n if n_haystack is None else n_haystack,
-        seg_len=default_s if seg_len is None else seg_len,
-        corruption=corruption, seed=data_seed,
+        cfg, n_train=1, n_test=1, n_haystack=default_n if n_haystack is None else n_haystack,
+        seg_len=default_s if seg_len is None else seg_len, protocol=protocol,
     )  # fmt: skip
-    check_target(target, data.train)
-    circuit = prune(
-        ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **prune_kwargs
-    )
-    circuit.metadata["checkpoint"] = str(path)
-    circuit.metadata["checkpoint_step"] = ckpt.step
-    return circuit
+    for target in targets:
+        check_target(target, data.train)

@@ -4,8 +4,12 @@ import pytest
 import torch
 
 from mechlab.checkpoint import save_checkpoint
+from mechlab.cli import main
 from mechlab.models import build_model
 from mechlab.pipelines import prune_checkpoint
+from mechlab.prune import Circuit
+
+torch.set_num_threads(1)
 
 TASK_CFG = {"d_state": 3, "n_pairs": 6, "n_ctx": 40, "n_train_systems": 50, "n_test_systems": 20,
             "max_systems": 4}  # fmt: skip
@@ -46,3 +50,48 @@ def test_prune_checkpoint_errors(lds_checkpoint):
         prune_checkpoint(path, "6-after", 0.9, steps=1, progress=False)  # seg_len is 5
     with pytest.raises(ValueError, match="sparsity"):
         prune_checkpoint(path, "1-after", 1.0, steps=1, progress=False)
+
+
+def test_prune_checkpoint_seed_sets_the_data_seed_and_loss_scale_passes(lds_checkpoint):
+    path, _ = lds_checkpoint
+    kw = {"n_train": 8, "n_test": 8, "steps": 2, "progress": False}
+    a = prune_checkpoint(path, "1-after", 0.9, seed=1, loss_scale=1000.0, **kw)
+    assert (a.metadata["seed"], a.metadata["data_seed"]) == (1, 1)
+    assert a.metadata["data"]["data_seed"] == 1 and a.metadata["loss_scale"] == 1000.0
+    b = prune_checkpoint(path, "1-after", 0.9, seed=1, data_seed=5, **kw)
+    assert (b.metadata["seed"], b.metadata["data_seed"]) == (1, 5)
+
+
+def test_prune_checkpoint_refuses_bad_settings_before_loading(lds_checkpoint, tmp_path):
+    missing = tmp_path / "nothing.pt"  # never opened: the arguments are checked first
+    for bad in ({"lr": float("nan")}, {"lambda_lr": 0.0}, {"batch_size": 0}, {"loss_scale": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            prune_checkpoint(missing, "1-after", 0.9, **bad)
+    path, _ = lds_checkpoint
+    with pytest.raises(ValueError, match="keeps no edge"):
+        prune_checkpoint(path, "1-after", 0.999, steps=1, progress=False)
+
+
+def test_cli_checks_every_target_before_pruning(lds_checkpoint, tmp_path, capsys):
+    path, _ = lds_checkpoint
+    out = tmp_path / "circuits"
+    argv = ["prune", "--ckpt", str(path), "--target", "1-after", "--target", "6-after",
+            "--traces", "8", "--test-traces", "8", "--steps", "2", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "6-after" in err and len(err.splitlines()) == 1
+    assert not out.exists() or not any(out.iterdir())  # nothing was pruned
+    assert main([*argv[:5], *argv[7:]]) == 0  # the same with only the good target
+    assert len(list(out.glob("*.json"))) == 1
+
+
+def test_cli_prune_seeds_draw_their_own_traces(lds_checkpoint, tmp_path):
+    path, _ = lds_checkpoint
+    out = tmp_path / "c"
+    argv = ["prune", "--ckpt", str(path), "--seed", "0", "--seed", "1", "--traces", "8",
+            "--test-traces", "8", "--steps", "2", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    seeds = sorted(
+        (c.metadata["seed"], c.metadata["data_seed"]) for c in map(Circuit.from_json, out.glob("*.json"))
+    )
+    assert seeds == [(0, 0), (1, 1)]

@@ -1,21 +1,30 @@
 """The search for a circuit: optimising hard-concrete masks, then choosing the edges.
 
 Optimisation (:func:`prune`): hard-concrete masks on every edge (and optionally every
-writer node), the task loss at the target positions plus, per mask kind, the
-Lagrangian ``lambda1 (s - t) + lambda2 (s - t)^2`` (``s`` the expected sparsity in
-closed form, ``t`` the target ramped linearly from 0 during the warm-up), minimised in
-the masks with Adam and maximised in the lambdas with a separate Adam. The lambdas are
+writer node), the task loss at the target positions (times ``loss_scale``) plus, per
+mask kind, the Lagrangian ``lambda1 (s - t) + lambda2 (s - t)^2`` (``s`` the expected
+sparsity in closed form over the countable edges, ``t`` the target ramped linearly from
+0 during the first half of the steps). One Adam optimiser minimises in the masks (lr 0.1,
+constant) and maximises in the lambdas (lr 1.0, rising linearly over the first tenth of
+the steps, then decaying linearly towards 0, so they cannot wind up late in the run and
+push the expected sparsity past its target). ``normalize_loss=True`` divides the task
+loss by the fully ablated model's (:func:`ablated_loss`). Measurements behind these
+choices: docs/pruning.md, "Optimisation". The lambdas are
 created at zero by every call, and the model is put in eval mode with its parameters
-frozen for the duration (both restored afterwards). The final circuit keeps the edges
-whose deterministic mask passes a threshold found by bisection so that the requested
-sparsity is met.
+frozen for the duration (both restored afterwards).
+
+The circuit (:func:`binarize`) keeps only open edges (deterministic mask > 0), the
+``round((1 - sparsity) n)`` of highest mask among the ``n`` countable edges (those not
+from a writer that cannot matter under the ablation, :func:`~mechlab.prune.graph.countable_edges`),
+fewer when fewer are open; a sparsity that keeps no edge is refused before any work.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +45,13 @@ from mechlab.prune.forward import (
     masked_forward,
     truth_error,
 )
-from mechlab.prune.graph import EdgeGraph, build_graph
+from mechlab.prune.graph import EdgeGraph, build_graph, countable_edges, inert_writers
 
 LOSSES = ("model", "truth")
+LR = 0.1  # learning rate of the masks (constant)
+LAMBDA_LR = 1.0  # peak learning rate of the Lagrange multipliers
+WARN_FAITHFULNESS = 0.1  # warn below this faithfulness ...
+WARN_COMPLEMENT = 0.9  # ... or above this complement faithfulness
 
 
 # ---------------------------------------------------------------------------------------
@@ -84,6 +97,28 @@ def _check_unit(name: str, value: float, allow_zero: bool = False) -> float:
     return float(value)
 
 
+def _check_positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return float(value)
+
+
+def _check_count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Multiplier of the multipliers' learning rate at (0-based) ``step``: linear warm-up
+    over ``warmup`` steps, then linear decay to ``1 / (steps - warmup)`` at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return (steps - step) / max(1, steps - warmup)
+
+
 def optimise_masks(
     model: nn.Module,
     graph: EdgeGraph,
@@ -95,14 +130,22 @@ def optimise_masks(
     node_sparsity: float | None = None,
     steps: int = 500,
     warmup: int | None = None,
-    lr: float = 0.1,
-    lambda_lr: float = 1.0,
+    lr: float = LR,
+    lambda_lr: float = LAMBDA_LR,
     batch_size: int = 64,
     seed: int = 0,
     progress: bool = True,
     init_mean: float = hc.INIT_MEAN,
+    countable: Tensor | None = None,
+    loss_scale: float = 1.0,
+    lambda_warmup: int | None = None,
+    loss_norm: float = 1.0,
 ) -> MaskResult:
     """Optimise hard-concrete edge (and node) masks; the model must be frozen and in eval mode.
+
+    One Adam optimiser holds the masks (minimised, constant learning rate) and the
+    Lagrange multipliers (maximised, their own learning rate, which warms up linearly
+    over ``lambda_warmup`` steps and then decays linearly; see the module docstring).
 
     Args:
         model: The model.
@@ -112,16 +155,20 @@ def optimise_masks(
         reference: ``[batch, pos, d_output]`` what the circuit should output there (the
             full model's predictions or the truth; token ids for a truth loss on tokens).
         ablated: ``[n_writers, batch | 1, pos, d]`` ablated writer outputs.
-        sparsity: Target edge sparsity in (0, 1).
+        sparsity: Target edge sparsity in (0, 1), over the ``countable`` edges.
         node_sparsity: Target writer-node sparsity, or None for no node masks.
         steps: Optimiser steps.
         warmup: Steps over which the target rises linearly from 0 (default ``steps // 2``).
         lr: Adam learning rate of the masks.
-        lambda_lr: Adam learning rate of the lambdas.
+        lambda_lr: Peak Adam learning rate of the multipliers.
         batch_size: Traces per step (all of them if fewer).
         seed: Seeds the initial masks, the noise and the batches.
         progress: Show a tqdm bar.
         init_mean: Mean of the initial ``log_alpha`` (see :mod:`mechlab.prune.masks`).
+        countable: ``[n_edges]`` bool, the edges the sparsity counts (default: all).
+        loss_scale: Multiplies the task loss.
+        lambda_warmup: Warm-up steps of the multipliers' learning rate (default ``steps // 10``).
+        loss_norm: The task loss is divided by it (see :func:`ablated_loss`).
 
     Returns:
         The :class:`MaskResult`.
@@ -129,6 +176,7 @@ def optimise_masks(
     device = ablated.device
     io = model.cfg.io
     warmup = steps // 2 if warmup is None else warmup
+    lambda_warmup = max(1, steps // 10) if lambda_warmup is None else lambda_warmup
     gen = torch.Generator().manual_seed(seed)
     edge_la = nn.Parameter(hc.init_log_alpha(graph.n_edges, gen, init_mean).to(device))
     node_la = None
@@ -136,11 +184,18 @@ def optimise_masks(
     if node_sparsity is not None:
         node_la = nn.Parameter(hc.init_log_alpha(graph.n_writers, gen, init_mean).to(device))
         params.append(node_la)
+    counted = (
+        torch.ones(graph.n_edges, dtype=torch.bool) if countable is None else countable
+    ).to(device)
     edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges], device=device)
     lag_edge, lag_node = _Lagrangian().to(device), _Lagrangian().to(device)  # fresh lambdas
-    opt = torch.optim.Adam(params, lr=lr)
     lambdas = [*lag_edge.parameters(), *lag_node.parameters()]
-    opt_lambda = torch.optim.Adam(lambdas, lr=lambda_lr, maximize=True)
+    opt = torch.optim.Adam(
+        [{"params": params, "lr": lr}, {"params": lambdas, "lr": lambda_lr, "maximize": True}]
+    )
+    # masks: constant rate; multipliers: warm-up, then linear decay (no late wind-up)
+    factors = [lambda i: 1.0, lambda i: _lr_factor(i, steps, lambda_warmup)]
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, factors)
     n = len(traces)
     per_trace_ablation = ablated.shape[1] != 1
     order, cursor = torch.randperm(n, generator=gen), 0
@@ -174,17 +229,18 @@ def optimise_masks(
 
         target = hc.target_schedule(step, sparsity, warmup)
         weight = hc.prob_nonzero(node_la)[edge_writer] if node_la is not None else None
-        s_edge = hc.expected_sparsity(edge_la, weight)
-        total = task + lag_edge(s_edge, target)
+        if weight is not None:
+            weight = weight[counted]
+        s_edge = hc.expected_sparsity(edge_la[counted], weight)
+        total = loss_scale * task / loss_norm + lag_edge(s_edge, target)
         if node_la is not None:
             node_target = hc.target_schedule(step, node_sparsity, warmup)
             total = total + lag_node(hc.expected_sparsity(node_la), node_target)
 
         opt.zero_grad(set_to_none=True)
-        opt_lambda.zero_grad(set_to_none=True)
         total.backward()
         opt.step()
-        opt_lambda.step()
+        schedule.step()
 
         if step == 1 or step % 10 == 0 or step == steps:
             record = {
@@ -201,38 +257,189 @@ def optimise_masks(
     )
 
 
+@torch.no_grad()
+def ablated_loss(
+    model: nn.Module, graph: EdgeGraph, traces: Traces, positions: Tensor, reference: Tensor,
+    ablated: Tensor, batch_size: int = 128,
+) -> float:
+    """The task loss of the model with every edge ablated (the loss an empty circuit has).
+
+    Dividing the task loss by it makes the search indifferent to the scale of the
+    model's outputs: the loss becomes ``1 - faithfulness`` of the batch, so a circuit
+    whose effect is small in absolute terms is found as readily as a large one.
+
+    Returns:
+        The mean loss at the target positions (1.0 when it is 0, so it can divide).
+    """
+    io = model.cfg.io
+    per_trace_ablation = ablated.shape[1] != 1
+    zeros = torch.zeros(graph.n_edges, device=ablated.device)
+    losses = []
+    for start in range(0, len(traces), batch_size):
+        index = torch.arange(start, min(start + batch_size, len(traces)), device=ablated.device)
+        abl = ablated[:, index] if per_trace_ablation else ablated
+        pred = masked_forward(model, graph, traces.inputs[index], abl, zeros)
+        mask, ref = positions[index], reference[index][positions[index]]
+        if io == "tokens" and ref.dtype == torch.long:
+            losses.append(truth_error(pred[mask], ref, io))
+        else:
+            losses.append(divergence(pred[mask], ref, io))
+    value = float(torch.cat(losses).double().mean())
+    return value if value > 0 else 1.0
+
+
 @dataclass
 class BinaryMasks:
-    """The circuit as masks: kept edges and nodes, and the thresholds that chose them."""
+    """The circuit as masks: kept edges and nodes, and how they were chosen.
 
-    edges: Tensor  # [n_edges] bool
-    nodes: Tensor  # [n_writers] bool
-    edge_threshold: float  # on log_alpha
+    Attributes:
+        edges: ``[n_edges]`` bool, the kept edges (all open: deterministic mask > 0).
+        nodes: ``[n_writers]`` bool, the kept writers.
+        edge_threshold: On ``log_alpha`` (``inf`` when no edge is kept).
+        node_threshold: On the nodes' ``log_alpha``, or None without node masks.
+        n_countable: Edges the sparsity counts (those not from an inert writer).
+        n_open: Countable edges that are open (and whose writer is kept).
+        n_wanted: Edges the asked sparsity keeps; more than ``n_open`` when limited.
+    """
+
+    edges: Tensor
+    nodes: Tensor
+    edge_threshold: float
     node_threshold: float | None
+    n_countable: int
+    n_open: int
+    n_wanted: int
+
+    @property
+    def limited_by_open_edges(self) -> bool:
+        """Whether fewer edges than asked are kept because too few are open."""
+        return self.n_open < self.n_wanted
 
 
 def binarize(
-    graph: EdgeGraph, result: MaskResult, sparsity: float, node_sparsity: float | None
+    graph: EdgeGraph,
+    result: MaskResult,
+    sparsity: float,
+    node_sparsity: float | None,
+    countable: Tensor | None = None,
 ) -> BinaryMasks:
-    """Choose the circuit: thresholds found by bisection so the requested sparsities are met.
+    """Choose the circuit: the open edges of highest mask, as many as the sparsity asks.
 
     Nodes first (when node masks were trained): keep the ``round((1 - node_sparsity) n)``
-    writers of highest deterministic mask. Then edges: among the edges whose writer is
-    kept, keep the ``round((1 - sparsity) n_edges)`` of highest deterministic mask (ties
-    of the clamped mask broken by ``log_alpha``, which orders them the same way).
+    writers of highest ``log_alpha`` among the open ones. Then edges: among the
+    countable, open edges (deterministic mask > 0) whose writer is kept, keep the
+    ``round((1 - sparsity) n_countable)`` of highest ``log_alpha`` (which orders them as
+    the deterministic mask does, without the ties of its clamp), threshold found by
+    bisection; fewer when fewer are open (:attr:`BinaryMasks.limited_by_open_edges`).
+
+    Args:
+        graph: The edge graph.
+        result: The optimised masks.
+        sparsity: Edge sparsity over the countable edges.
+        node_sparsity: Writer sparsity, or None.
+        countable: ``[n_edges]`` bool, the edges the sparsity counts (default: all).
+
+    Returns:
+        The :class:`BinaryMasks`.
     """
     nodes = torch.ones(graph.n_writers, dtype=torch.bool)
     node_threshold = None
     if result.node_log_alpha is not None and node_sparsity is not None:
         node_la = result.node_log_alpha.cpu()
-        node_threshold = hc.bisect_threshold(node_la, hc.keep_count(graph.n_writers, node_sparsity))
-        nodes = node_la.double() >= node_threshold
+        open_nodes = hc.deterministic_mask(node_la) > 0
+        n_nodes = min(hc.keep_count(graph.n_writers, node_sparsity), int(open_nodes.sum()))
+        node_threshold = hc.bisect_threshold(node_la, n_nodes, open_nodes)
+        nodes = (node_la.double() >= node_threshold) & open_nodes
+    countable = torch.ones(graph.n_edges, dtype=torch.bool) if countable is None else countable
     edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges])
-    eligible = nodes[edge_writer]
     edge_la = result.edge_log_alpha.cpu()
-    edge_threshold = hc.bisect_threshold(edge_la, hc.keep_count(graph.n_edges, sparsity), eligible)
+    eligible = nodes[edge_writer] & countable & (hc.deterministic_mask(edge_la) > 0)
+    n_countable, n_open = int(countable.sum()), int(eligible.sum())
+    n_wanted = hc.keep_count(n_countable, sparsity)
+    edge_threshold = hc.bisect_threshold(edge_la, min(n_wanted, n_open), eligible)
     edges = (edge_la.double() >= edge_threshold) & eligible
-    return BinaryMasks(edges, nodes, edge_threshold, node_threshold)
+    return BinaryMasks(
+        edges, nodes, edge_threshold, node_threshold, n_countable, n_open, n_wanted
+    )
+
+
+def check_sparsity(graph: EdgeGraph, ablation: str, sparsity: float) -> int:
+    """Raise ValueError unless ``sparsity`` keeps at least one countable edge; returns how many.
+
+    Args:
+        graph: The edge graph.
+        ablation: The ablation (it decides which edges count, see
+            :func:`mechlab.prune.graph.countable_edges`).
+        sparsity: Edge sparsity in (0, 1).
+
+    Returns:
+        The number of edges the sparsity keeps.
+    """
+    n = int(countable_edges(graph, ablation).sum())
+    n_keep = hc.keep_count(n, sparsity)
+    if n_keep < 1:
+        possible = ", ".join(f"{1 - k / n:.4g}" for k in range(1, min(n, 3) + 1))
+        raise ValueError(
+            f"sparsity {sparsity} keeps no edge of this {graph.arch} graph's {n} countable edges "
+            f"(of {graph.n_edges}); use at most {1 - 0.5 / n:.4g} (1 - k/{n} keeps k: {possible}, ...)"
+        )
+    return n_keep
+
+
+def faithfulness_warning(metrics: dict[str, Any]) -> str | None:
+    """A one-line warning when a circuit explains nothing or its complement explains all.
+
+    Args:
+        metrics: The metrics of :func:`mechlab.prune.evaluate.evaluate_masks`.
+
+    Returns:
+        The warning, or None when faithfulness >= 0.1 and complement faithfulness <= 0.9.
+    """
+    faith = metrics.get("faithfulness", float("nan"))
+    complement = metrics.get("complement_faithfulness", float("nan"))
+    problems = []
+    if faith < WARN_FAITHFULNESS:
+        problems.append(f"faithfulness {faith:.3f} < {WARN_FAITHFULNESS}")
+    if complement > WARN_COMPLEMENT:
+        problems.append(f"complement faithfulness {complement:.3f} > {WARN_COMPLEMENT}")
+    if not problems:
+        return None
+    return (
+        f"circuit for {metrics.get('target')!r}: {' and '.join(problems)}; the search likely "
+        "failed (try more steps, a lower sparsity or another seed)"
+    )
+
+
+def check_prune_args(
+    sparsity: float,
+    *,
+    ablation: str = "interchange",
+    loss: str = "model",
+    steps: int = 500,
+    lr: float = LR,
+    lambda_lr: float = LAMBDA_LR,
+    batch_size: int = 64,
+    node_sparsity: float | None = None,
+    loss_scale: float = 1.0,
+    **_: Any,
+) -> None:
+    """Validate :func:`prune`'s scalar arguments (one-line ValueError), before any work.
+
+    Other keyword arguments are accepted and ignored, so a caller can pass on all of
+    :func:`prune`'s.
+    """
+    _check_unit("sparsity", sparsity)
+    if node_sparsity is not None:
+        _check_unit("node_sparsity", node_sparsity, allow_zero=True)
+    if ablation not in ABLATIONS:
+        raise ValueError(f"unknown ablation {ablation!r}; choose one of {ABLATIONS}")
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
+    _check_count("steps", steps)
+    _check_count("batch_size", batch_size)
+    _check_positive("lr", lr)
+    _check_positive("lambda_lr", lambda_lr)
+    _check_positive("loss_scale", loss_scale)
 
 
 def prune(
@@ -244,11 +451,14 @@ def prune(
     ablation: str = "interchange",
     steps: int = 500,
     seed: int = 0,
-    lr: float = 0.1,
-    lambda_lr: float = 1.0,
+    lr: float = LR,
+    lambda_lr: float = LAMBDA_LR,
     warmup: int | None = None,
+    lambda_warmup: int | None = None,
     batch_size: int = 64,
     loss: str = "model",
+    loss_scale: float = 1.0,
+    normalize_loss: bool = False,
     node_sparsity: float | None = None,
     init_mean: float = hc.INIT_MEAN,
     progress: bool = True,
@@ -256,23 +466,37 @@ def prune(
 ) -> Circuit:
     """Find the circuit of ``model`` for a target by edge pruning.
 
+    Edges from writers that cannot matter under the ablation (the position table under
+    interchange or mean ablation, :func:`mechlab.prune.graph.inert_writers`) are left
+    out of the sparsity count and out of the circuit; the circuit holds only open edges
+    (deterministic mask > 0), fewer than asked when fewer are open (recorded in the
+    metadata as ``sparsity_limited_by_open_edges``). A ``UserWarning`` is issued when
+    the held-out faithfulness is below 0.1 or the complement's above 0.9.
+
     Args:
         model: A mechlab model (transformer, LSTM, dense SSM, Mamba).
         data: Training and held-out traces (:func:`mechlab.prune.data.nih_prune_data`).
         target: ``"k-after"``, ``"all"`` or a callable (:func:`mechlab.prune.data.target_mask`).
-        sparsity: Fraction of edges to remove, in (0, 1).
+        sparsity: Fraction of the countable edges to remove, in (0, 1); it must keep
+            at least one edge.
         ablation: ``"interchange"`` (corrupted traces), ``"mean"`` or ``"zero"``.
         steps: Optimiser steps.
         seed: Seed of the masks' initialisation, noise and batches.
-        lr: Adam learning rate of the masks.
-        lambda_lr: Adam learning rate of the Lagrange multipliers (maximised).
+        lr: Adam learning rate of the masks (constant).
+        lambda_lr: Peak Adam learning rate of the Lagrange multipliers (maximised).
         warmup: Steps of the linear sparsity ramp (default ``steps // 2``).
+        lambda_warmup: Steps of the multipliers' learning-rate warm-up before its
+            linear decay (default ``steps // 10``).
         batch_size: Traces per step.
         loss: ``"model"`` (match the full model's predictions: MSE, or KL for token
             models) or ``"truth"`` (match the ground truth).
+        loss_scale: Multiplies the task loss (the study uses 1000 x MSE, with
+            ``normalize_loss=False``).
+        normalize_loss: Divide the task loss by that of the fully ablated model on the
+            training traces (:func:`ablated_loss`), so the search does not depend on
+            the scale of the outputs.
         node_sparsity: Also mask writer nodes, at this target sparsity (None: no node masks).
-        init_mean: Mean of the initial ``log_alpha`` (5 by default; the paper's 10
-            is ``init_mean=10``; see :mod:`mechlab.prune.masks`).
+        init_mean: Mean of the initial ``log_alpha`` (see :mod:`mechlab.prune.masks`).
         progress: Show a progress bar.
         checkpoint_sha256: Recorded in the circuit's metadata.
 
@@ -280,26 +504,22 @@ def prune(
         The :class:`~mechlab.prune.circuit.Circuit`, with its metrics on the held-out traces.
 
     Raises:
-        ValueError: Bad target, sparsity, ablation, loss or data.
+        ValueError: Bad target, sparsity (or one that keeps no edge), ablation, loss,
+            learning rate, batch size or data.
     """
-    sparsity = _check_unit("sparsity", sparsity)
-    if node_sparsity is not None:
-        node_sparsity = _check_unit("node_sparsity", node_sparsity, allow_zero=True)
-    if ablation not in ABLATIONS:
-        raise ValueError(f"unknown ablation {ablation!r}; choose one of {ABLATIONS}")
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be positive, got {lr!r}")
+    check_prune_args(
+        sparsity, ablation=ablation, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
+        batch_size=batch_size, node_sparsity=node_sparsity, loss_scale=loss_scale,
+    )  # fmt: skip
     check_target(target, data.train)
     if loss == "truth" and (data.train.truth is None or data.test.truth is None):
         raise ValueError("loss 'truth' needs traces with ground truth (Traces.truth)")
     if ablation == "interchange" and (data.train.corrupted is None or data.test.corrupted is None):
         raise ValueError("ablation 'interchange' needs corrupted traces (Traces.corrupted)")
-
     graph = build_graph(model)
+    check_sparsity(graph, ablation, sparsity)
+    countable = countable_edges(graph, ablation)
+
     device = next(model.parameters()).device
     train = data.train.to(device)
     started = time.perf_counter()
@@ -307,13 +527,18 @@ def prune(
         positions = target_mask(target, train)
         ablated = make_ablation(model, ablation, train)
         reference = train.truth if loss == "truth" else predict_in_chunks(model, train.inputs)
+        loss_norm = (
+            ablated_loss(model, graph, train, positions, reference, ablated)
+            if normalize_loss else 1.0
+        )  # fmt: skip
     with frozen_eval(model):
         result = optimise_masks(
             model, graph, train, positions, reference, ablated, sparsity, node_sparsity,
             steps=steps, warmup=warmup, lr=lr, lambda_lr=lambda_lr, batch_size=batch_size,
-            seed=seed, progress=progress, init_mean=init_mean,
+            seed=seed, progress=progress, init_mean=init_mean, countable=countable,
+            loss_scale=loss_scale, lambda_warmup=lambda_warmup, loss_norm=loss_norm,
         )  # fmt: skip
-        binary = binarize(graph, result, sparsity, node_sparsity)
+        binary = binarize(graph, result, sparsity, node_sparsity, countable)
         mean_reference = data.train.inputs.to(device) if ablation == "mean" else None
         metrics = evaluate_masks(
             model, graph, data.test.to(device), target, ablation, binary.edges, binary.nodes,
@@ -323,21 +548,40 @@ def prune(
     det = hc.deterministic_mask(result.edge_log_alpha.cpu())
     kept = binary.edges.nonzero().flatten().tolist()
     n_kept = len(kept)
+    node_det = (
+        None if result.node_log_alpha is None else hc.deterministic_mask(result.node_log_alpha.cpu())
+    )
+    warning = faithfulness_warning(metrics)
     metadata = {
         "checkpoint_sha256": checkpoint_sha256,
         "target": target_name(target),
         "ablation": ablation,
         "loss": loss,
+        "loss_scale": loss_scale,
+        "loss_normalized_by": loss_norm,  # the fully ablated model's training loss (or 1)
         "sparsity_asked": sparsity,
-        "sparsity_reached": 1.0 - n_kept / graph.n_edges,
+        "sparsity_reached": 1.0 - n_kept / binary.n_countable,
         "n_edges_kept": n_kept,
+        "n_edges_asked": binary.n_wanted,
+        "n_open_edges": binary.n_open,
+        "sparsity_limited_by_open_edges": binary.limited_by_open_edges,
+        "n_edges_countable": binary.n_countable,
+        "n_edges_excluded_inert": graph.n_edges - binary.n_countable,
+        "inert_writers": inert_writers(graph, ablation),
         "node_sparsity_asked": node_sparsity,
         "node_sparsity_reached": 1.0 - float(binary.nodes.float().mean()),
         "edge_threshold_log_alpha": binary.edge_threshold,
-        "edge_threshold_mask": float(hc.stretched_mean(torch.tensor(binary.edge_threshold))),
+        # the smallest kept deterministic mask, in (0, 1]; None when nothing is kept
+        "edge_threshold_mask": float(det[kept].min()) if kept else None,
+        "node_threshold_mask": (
+            float(node_det[binary.nodes].min()) if node_det is not None and binary.nodes.any()
+            else None
+        ),
         "seed": seed,
+        "data_seed": data.info.get("data_seed"),
         "steps": steps,
         "warmup": steps // 2 if warmup is None else warmup,
+        "lambda_warmup": max(1, steps // 10) if lambda_warmup is None else lambda_warmup,
         "lr": lr,
         "lambda_lr": lambda_lr,
         "init_mean": init_mean,
@@ -345,10 +589,13 @@ def prune(
         "graph": graph.summary(),
         "data": dict(data.info),
         "metrics": metrics,
+        "warnings": [warning] if warning else [],
         "final_expected_sparsity": result.history[-1]["sparsity"],
         "history": result.history,  # every 10th step: loss, expected sparsity, target, lambdas
         "seconds": seconds,
     }
+    if warning:
+        warnings.warn(warning, UserWarning, stacklevel=2)
     edges = {graph.edges[i]: float(det[i]) for i in kept}
     log_alpha = {edge: float(result.edge_log_alpha[i]) for i, edge in enumerate(graph.edges)}
     return Circuit.from_edges(edges, metadata=metadata, log_alpha=log_alpha)
@@ -356,16 +603,20 @@ def prune(
 
 def prune_seeds(
     model: nn.Module,
-    data: PruneData,
+    data: PruneData | Callable[[int], PruneData],
     targets: Sequence[Target],
     seeds: Sequence[int],
     **prune_kwargs: Any,
 ) -> dict[str, list[Circuit]]:
     """Prune every target with every seed (the input of :func:`seed_stability`).
 
+    A seed baseline should vary the data as well as the optimiser: pass ``data`` as a
+    function of the seed (e.g. ``lambda s: nih_prune_data(cfg, seed=s)``) and seed ``s``
+    draws its own traces; its circuits record both seeds (``seed``, ``data_seed``).
+
     Args:
         model: The model.
-        data: Traces.
+        data: Traces, the same for every seed, or a function seed -> traces.
         targets: Targets.
         seeds: Seeds (at least two for a stability estimate).
         **prune_kwargs: Passed to :func:`prune`.
@@ -373,7 +624,15 @@ def prune_seeds(
     Returns:
         Target name -> circuits, in the order of ``seeds``.
     """
-    return {
-        target_name(t): [prune(model, data, t, seed=s, **prune_kwargs) for s in seeds]
-        for t in targets
-    }
+    check_prune_args(**{"sparsity": 0.95, **prune_kwargs})
+    found: dict[str, list[Circuit]] = {target_name(t): [] for t in targets}
+    for s in seeds:
+        seed_data = data(s) if callable(data) else data
+        for t in targets:
+            check_target(t, seed_data.train)
+        for t in targets:
+            circuit = prune(model, seed_data, t, seed=s, **prune_kwargs)
+            if callable(data):
+                circuit.metadata["data_seed"] = s
+            found[target_name(t)].append(circuit)
+    return found

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
+import torch
 
 from mechlab.models.base import ModelConfig
 
@@ -273,3 +274,37 @@ def parse_component(name: str) -> tuple[str, int, int]:
     if m := _LAYER.fullmatch(name):
         return "mixer", int(m.group(1)), -1
     raise ValueError(f"not a component name: {name!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# Edges that cannot matter under an ablation
+# ---------------------------------------------------------------------------------------
+
+# A writer whose ablated output equals its clean output on every trace: the position
+# table does not depend on the input, so its output on a corrupted trace (interchange)
+# and its mean over traces at each position (mean) are its clean output.
+_INERT_KINDS = {"interchange": ("pos",), "mean": ("pos",), "zero": ()}
+
+
+def inert_writers(graph: EdgeGraph, ablation: str) -> list[str]:
+    """Writers whose edges cannot matter under ``ablation`` (clean and ablated outputs agree).
+
+    Args:
+        graph: The edge graph.
+        ablation: ``"interchange"``, ``"mean"`` or ``"zero"``.
+
+    Returns:
+        Writer names (``["pos"]`` for a transformer under interchange or mean ablation).
+    """
+    if ablation not in _INERT_KINDS:
+        raise ValueError(f"unknown ablation {ablation!r}; choose one of {tuple(_INERT_KINDS)}")
+    return [w.name for w in graph.writers if w.kind in _INERT_KINDS[ablation]]
+
+
+def countable_edges(graph: EdgeGraph, ablation: str) -> torch.Tensor:
+    """``[n_edges]`` bool: the edges that can matter under ``ablation`` (not from an inert writer).
+
+    These are the edges a sparsity counts and a circuit may hold.
+    """
+    inert = set(inert_writers(graph, ablation))
+    return torch.tensor([w not in inert for w, _ in graph.edges], dtype=torch.bool)

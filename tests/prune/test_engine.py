@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from mechlab.models import build_model
-from mechlab.models.dense_ssm import DenseSSM, DenseSSMConfig
 from mechlab.models.transformer import Transformer, TransformerConfig
+from mechlab.prune import engine
 from mechlab.prune.data import PruneData, Traces
-from mechlab.prune.engine import prune
+from mechlab.prune.engine import MaskResult, binarize, faithfulness_warning, prune, prune_seeds
+from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import make_ablation, masked_forward, writer_outputs
-from mechlab.prune.graph import build_graph
+from mechlab.prune.graph import build_graph, countable_edges
 
 FAMILIES = {
     "transformer": {"n_heads": 2},
@@ -223,63 +224,24 @@ def planted_transformer() -> Transformer:
     return model.eval()
 
 
-def planted_dense_ssm() -> DenseSSM:
-    """Only read-in -> layer 0 -> read-out matters: layer 1 writes zero, the read-out reads
-    dims 4-5, where only layer 0 writes."""
-    torch.manual_seed(0)
-    cfg = DenseSSMConfig(d_model=8, n_layers=2, d_state=3, d_in=2, d_out=2, n_ctx=8)
-    model = DenseSSM(cfg)
-    with torch.no_grad():
-        constant_norm_read_in(model)
-        W = torch.zeros(8, 3)
-        W[4, 0], W[5, 1], W[6, 0], W[7, 1] = 1.0, 1.0, -1.0, -1.0
-        model.blocks[0].ssm.W_out.weight.copy_(W)
-        model.blocks[1].ssm.W_out.weight.zero_()
-        model.read_out.proj.weight.zero_()
-        model.read_out.proj.bias.zero_()
-        model.read_out.proj.weight[0, 4], model.read_out.proj.weight[1, 5] = 1.0, 1.0
-    return model.eval()
-
-
 def planted_data(n_pos: int = 6) -> PruneData:
     train = Traces(inputs=unit_vectors(32, n_pos, 1), corrupted=unit_vectors(32, n_pos, 2))
     test = Traces(inputs=unit_vectors(64, n_pos, 3), corrupted=unit_vectors(64, n_pos, 4))
     return PruneData(train, test)
 
 
-def test_planted_transformer_circuit_is_recovered_exactly():
-    model = planted_transformer()
-    graph = build_graph(model)
-    expected = {("embed", "a1.h0.v"), ("a1.h0", "out")}
-    data = planted_data()
-    sparsity = 1 - len(expected) / graph.n_edges
-    circuit = prune(model, data, "all", sparsity, steps=200, lr=0.2, batch_size=32, progress=False)
-    assert set(circuit.edges) == expected
-    m = circuit.metadata["metrics"]
-    assert m["faithfulness"] > 0.999
-    assert m["complement_faithfulness"] < 0.01  # the rest of the model cannot do it
-    assert circuit.metadata["sparsity_reached"] == pytest.approx(sparsity)
-    assert set(circuit.nodes) == {"embed", "a1.h0", "out"}
-
-
-def test_planted_dense_ssm_circuit_is_recovered_exactly():
-    model = planted_dense_ssm()
-    data = planted_data()
-    circuit = prune(model, data, "all", 4 / 6, steps=200, lr=0.2, batch_size=32, progress=False)
-    assert set(circuit.edges) == {("embed", "l0.in"), ("l0", "out")}
-    assert circuit.metadata["metrics"]["faithfulness"] > 0.999
-
-
 def test_node_masks_prune_the_dead_writers():
     model = planted_transformer()
     data = planted_data()
     graph = build_graph(model)
+    n_countable = int(countable_edges(graph, "interchange").sum())
     circuit = prune(
-        model, data, "all", 1 - 2 / graph.n_edges, node_sparsity=1 - 2 / graph.n_writers,
-        steps=200, lr=0.2, batch_size=32, progress=False,
+        model, data, "all", 1 - 2 / n_countable, node_sparsity=1 - 2 / graph.n_writers,
+        steps=200, batch_size=32, progress=False,
     )  # fmt: skip
     assert set(circuit.edges) == {("embed", "a1.h0.v"), ("a1.h0", "out")}
     assert circuit.metadata["node_sparsity_reached"] == pytest.approx(1 - 2 / graph.n_writers)
+    assert 0 < circuit.metadata["node_threshold_mask"] <= 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -315,7 +277,7 @@ def test_sparsity_reached_within_half_a_percent(sparsity):
     model = build_model(
         "transformer", d_model=16, n_layers=3, n_heads=4, d_in=5, d_out=3, n_ctx=16
     ).eval()
-    n_edges = build_graph(model).n_edges
+    n_edges = int(countable_edges(build_graph(model), "interchange").sum())
     assert n_edges > 200
     circuit = prune(
         model, random_data(model), "all", sparsity, steps=20, batch_size=16, progress=False
@@ -361,3 +323,125 @@ def test_bad_arguments_raise_value_errors():
         prune(model, no_corrupt, "all", 0.5, steps=1, progress=False)
     with pytest.raises(ValueError, match="steps"):
         prune(model, data, "all", 0.5, steps=0, progress=False)
+    for name, bad in (("lr", 0.0), ("lr", -1.0), ("lr", float("nan")), ("lr", float("inf")),
+                      ("lambda_lr", 0.0), ("lambda_lr", float("inf")), ("loss_scale", 0.0),
+                      ("batch_size", 0), ("batch_size", 2.5)):  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            prune(model, data, "all", 0.5, steps=1, progress=False, **{name: bad})
+
+
+# ---------------------------------------------------------------------------------------
+# Honest circuits: open edges only, inert writers, sparsities that keep nothing, warnings
+# ---------------------------------------------------------------------------------------
+
+
+def test_binarize_keeps_only_open_edges_and_says_so():
+    graph = build_graph(small_model("lstm", n_layers=3))  # 10 edges
+    # deterministic mask > 0 iff log_alpha > log(1/11) = -2.398: edges 0, 3, 7 are open
+    la = torch.full((10,), -5.0)
+    la[[0, 3, 7]] = torch.tensor([0.5, 3.0, -2.0])
+    result = MaskResult(la, None, [])
+    b = binarize(graph, result, 0.5, None)  # asks for 5 edges
+    assert b.n_wanted == 5 and b.n_open == 3 and b.limited_by_open_edges
+    assert b.edges.nonzero().flatten().tolist() == [0, 3, 7]
+    b = binarize(graph, result, 0.8, None)  # asks for 2: the two highest open masks
+    assert b.edges.nonzero().flatten().tolist() == [0, 3] and not b.limited_by_open_edges
+    countable = torch.ones(10, dtype=torch.bool)
+    countable[3] = False  # an inert edge is never kept, and not counted
+    b = binarize(graph, result, 0.8, None, countable)
+    assert b.n_countable == 9 and b.edges.nonzero().flatten().tolist() == [0, 7]
+
+
+def test_pos_edges_are_excluded_under_interchange_and_mean_only():
+    model = small_model("transformer")  # L = 2, H = 2
+    graph = build_graph(model)
+    n_pos_edges = 2 * (3 * 2 + 1) + 1  # q, k, v of every head and the MLP input per layer, out
+    for ablation, excluded in (("interchange", n_pos_edges), ("mean", n_pos_edges), ("zero", 0)):
+        countable = countable_edges(graph, ablation)
+        assert graph.n_edges - int(countable.sum()) == excluded
+        assert all(graph.edges[i][0] == "pos" for i in (~countable).nonzero().flatten())
+    data = random_data(model)
+    circuit = prune(model, data, "all", 0.5, steps=20, batch_size=16, progress=False)
+    meta = circuit.metadata
+    assert meta["n_edges_excluded_inert"] == n_pos_edges and meta["inert_writers"] == ["pos"]
+    assert meta["n_edges_countable"] == graph.n_edges - n_pos_edges
+    assert not any(w == "pos" for w, _ in circuit.edges)
+    assert all(score > 0 for score in circuit.edges.values())  # open edges only
+    assert 0 < meta["edge_threshold_mask"] <= 1
+    assert meta["edge_threshold_mask"] == pytest.approx(min(circuit.edges.values()))
+    assert meta["n_edges_kept"] == min(meta["n_edges_asked"], meta["n_open_edges"])
+    zero = prune(model, data, "all", 0.5, ablation="zero", steps=2, progress=False)
+    assert zero.metadata["n_edges_excluded_inert"] == 0
+
+
+def test_a_sparsity_that_keeps_no_edge_is_refused_before_any_work(monkeypatch):
+    model = small_model("lstm", n_layers=1)  # 3 edges
+    data = random_data(model)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("optimisation started")
+
+    monkeypatch.setattr(engine, "optimise_masks", no_work)
+    with pytest.raises(ValueError, match=r"keeps no edge .* 3 countable edges") as info:
+        prune(model, data, "all", 0.95, progress=False)
+    assert "\n" not in str(info.value) and "0.8333" in str(info.value)
+    with pytest.raises(AssertionError, match="optimisation started"):
+        prune(model, data, "all", 0.8, progress=False)  # keeps round(0.6) = 1 edge: accepted
+
+
+def test_faithfulness_warning(monkeypatch):
+    assert faithfulness_warning({"faithfulness": 0.5, "complement_faithfulness": 0.2}) is None
+    low = faithfulness_warning({"target": "all", "faithfulness": 0.05, "complement_faithfulness": 0.2})
+    assert "faithfulness 0.050 < 0.1" in low
+    high = faithfulness_warning({"faithfulness": 0.5, "complement_faithfulness": 0.95})
+    assert "complement faithfulness 0.950 > 0.9" in high
+    model = small_model("lstm")
+    metrics = {"target": "all", "faithfulness": 0.01, "complement_faithfulness": 0.97}
+    monkeypatch.setattr(engine, "evaluate_masks", lambda *a, **k: dict(metrics))
+    with pytest.warns(UserWarning, match="faithfulness 0.010 < 0.1 and complement"):
+        circuit = prune(model, random_data(model), "all", 0.5, steps=2, progress=False)
+    assert len(circuit.metadata["warnings"]) == 1
+
+
+def test_learning_rate_schedule():
+    # warm-up over 10 steps, then linear decay that never reaches 0
+    factors = [engine._lr_factor(i, 100, 10) for i in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert factors[10] == pytest.approx(1.0) and factors[99] == pytest.approx(1 / 90)
+    assert all(a >= b for a, b in zip(factors[9:], factors[10:], strict=False))
+
+
+def test_loss_scale_acts_and_is_recorded():
+    model = small_model("transformer")
+    data = random_data(model)
+    a = prune(model, data, "all", 0.8, steps=10, batch_size=16, progress=False)
+    b = prune(model, data, "all", 0.8, steps=10, batch_size=16, loss_scale=1000.0, progress=False)
+    assert b.metadata["loss_scale"] == 1000.0
+    assert a.log_alpha != b.log_alpha
+
+
+def test_prune_seeds_varies_data_and_optimiser_seeds():
+    model = small_model("lstm")
+    drawn = []
+
+    def data_for(seed: int) -> PruneData:
+        drawn.append(seed)
+        return random_data(model, seed=10 * seed)
+
+    found = prune_seeds(model, data_for, ["all"], [0, 1], sparsity=0.5, steps=2, progress=False)
+    assert drawn == [0, 1]
+    assert [(c.metadata["seed"], c.metadata["data_seed"]) for c in found["all"]] == [(0, 0), (1, 1)]
+    with pytest.raises(ValueError, match="lr"):
+        prune_seeds(model, data_for, ["all"], [0], lr=0.0)
+
+
+def test_normalized_loss_divides_by_the_fully_ablated_loss():
+    model = small_model("transformer")
+    data = random_data(model)
+    circuit = prune(model, data, "all", 0.8, steps=2, normalize_loss=True, progress=False)
+    graph = build_graph(model)
+    by_hand = evaluate_masks(model, graph, data.train, "all", "interchange",
+                             torch.zeros(graph.n_edges, dtype=torch.bool))["ablated_vs_full"]  # fmt: skip
+    assert circuit.metadata["loss_normalized_by"] == pytest.approx(by_hand, rel=1e-5)
+    plain = prune(model, data, "all", 0.8, steps=2, progress=False)
+    assert plain.metadata["loss_normalized_by"] == 1.0
