@@ -1,7 +1,9 @@
 """A GPT-2 style decoder-only transformer with TransformerLens hook points.
 
 Pre-LayerNorm blocks, a learned position table of ``n_ctx`` rows, causal
-softmax attention, a GELU MLP, a final LayerNorm, no dropout::
+softmax attention, a GELU MLP, a final LayerNorm, no dropout (the defaults; the
+``normalization``, ``act_fn`` and ``causal`` options give the no-LayerNorm, ReLU,
+bidirectional layout of Tracr's compiled programs, see :mod:`mechlab.models.tracr`)::
 
     resid_pre  = embed + pos_embed                        (block 0)
     resid_mid  = resid_pre + attn(ln1(resid_pre))
@@ -35,7 +37,8 @@ from transformer_lens.hook_points import HookPoint
 
 from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
 
-ACT_FNS = ("gelu_new", "gelu")
+ACT_FNS = ("gelu_new", "gelu", "relu")
+NORMALIZATIONS = ("LN", "none")
 
 # The recall study's models (Daniels et al. 2025): 57-dim tokens in, 5-dim states
 # out, 251 positions. Parameter counts: 212,189 / 701,381 / 2,419,717 / 10,737,413.
@@ -58,7 +61,11 @@ class TransformerConfig(ModelConfig):
             then divide evenly).
         d_mlp: Hidden width of the MLP; defaults to ``4 * d_model``.
         act_fn: ``"gelu_new"`` (tanh approximation, GPT-2's and Hugging Face's
-            default) or ``"gelu"`` (exact erf form).
+            default), ``"gelu"`` (exact erf form) or ``"relu"``.
+        normalization: ``"LN"`` (a LayerNorm before attention, MLP and read-out) or
+            ``"none"`` (no normalisation: those three read the residual stream as is).
+        causal: Each position attends to itself and earlier positions only (True), or
+            to the whole sequence (False, as in Tracr's compiled programs).
         layer_norm_eps: Epsilon of every LayerNorm.
         init_std: Standard deviation of the normal init of weight matrices,
             embeddings and the position table. As in GPT-2, the two projections
@@ -75,6 +82,8 @@ class TransformerConfig(ModelConfig):
     d_head: int | None = None
     d_mlp: int | None = None
     act_fn: str = "gelu_new"
+    normalization: str = "LN"
+    causal: bool = True
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
 
@@ -97,6 +106,12 @@ class TransformerConfig(ModelConfig):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.act_fn not in ACT_FNS:
             raise ValueError(f"act_fn must be one of {ACT_FNS}, got {self.act_fn!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
+            )
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal must be True or False, got {self.causal!r}")
         if self.layer_norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("layer_norm_eps and init_std must be positive")
 
@@ -107,9 +122,10 @@ class TransformerConfig(ModelConfig):
         return False
 
     @property
-    def normalization_type(self) -> str:
-        """``"LN"``: LayerNorms with their weight and bias not folded into the next layer."""
-        return "LN"
+    def normalization_type(self) -> str | None:
+        """``"LN"``: LayerNorms with their weight and bias not folded into the next layer;
+        None without normalisation."""
+        return "LN" if self.normalization == "LN" else None
 
     @property
     def final_rms(self) -> bool:
@@ -140,8 +156,26 @@ class LayerNorm(nn.Module):
         return x * self.w + self.b
 
 
+class NoNorm(nn.Module):
+    """The identity in place of a LayerNorm (``normalization="none"``), with ``hook_normalized``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.hook_normalized(x)
+
+
+def make_norm(cfg: TransformerConfig) -> nn.Module:
+    """The block's normalisation: a :class:`LayerNorm` or, with ``normalization="none"``,
+    a :class:`NoNorm`."""
+    return LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.normalization == "LN" else NoNorm()
+
+
 class Attention(nn.Module):
-    """Causal multi-head softmax attention, per-head outputs summed into ``d_model``."""
+    """Multi-head softmax attention (causal unless ``cfg.causal`` is False), per-head
+    outputs summed into ``d_model``."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -156,6 +190,7 @@ class Attention(nn.Module):
         self.b_O = nn.Parameter(torch.zeros(m))
         causal = torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool))
         self.register_buffer("causal_mask", causal, persistent=False)
+        self.causal = cfg.causal
         self.scale = math.sqrt(d)
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
@@ -175,7 +210,8 @@ class Attention(nn.Module):
         # The [batch, head, query_pos, key_pos] tensors dominate the memory traffic, so
         # allocate only two of them: scale q rather than the scores, mask in place.
         scores = torch.einsum("bqhd,bkhd->bhqk", q / self.scale, k)
-        scores.masked_fill_(~self.causal_mask[:n_pos, :n_pos], float("-inf"))
+        if self.causal:
+            scores.masked_fill_(~self.causal_mask[:n_pos, :n_pos], float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(F.softmax(scores, dim=-1))
 
@@ -193,13 +229,17 @@ class MLP(nn.Module):
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
-        self.approximate = "tanh" if cfg.act_fn == "gelu_new" else "none"
+        self.act_fn = cfg.act_fn
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         pre = self.hook_pre(x @ self.W_in + self.b_in)
-        post = self.hook_post(F.gelu(pre, approximate=self.approximate))
+        if self.act_fn == "relu":
+            post = self.hook_post(F.relu(pre))
+        else:
+            approximate = "tanh" if self.act_fn == "gelu_new" else "none"
+            post = self.hook_post(F.gelu(pre, approximate=approximate))
         return post @ self.W_out + self.b_out
 
 
@@ -208,9 +248,9 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
-        self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.ln2 = make_norm(cfg)
         self.mlp = MLP(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
@@ -226,6 +266,12 @@ class TransformerBlock(nn.Module):
         resid = self.hook_resid_mid(resid + attn_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid)))
         return self.hook_resid_post(resid + mlp_out)
+
+
+def _reset_norm(norm: nn.Module) -> None:
+    if isinstance(norm, LayerNorm):
+        nn.init.ones_(norm.w)
+        nn.init.zeros_(norm.b)
 
 
 _D = ("batch", "pos", "d_model")
@@ -269,7 +315,7 @@ class Transformer(MechModel):
         self.read_in = ReadIn(cfg)
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
-        self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.ln_final = make_norm(cfg)
         self.read_out = ReadOut(cfg)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
@@ -285,8 +331,7 @@ class Transformer(MechModel):
         nn.init.normal_(self.W_pos, std=std)
         for block in self.blocks:
             for ln in (block.ln1, block.ln2):
-                nn.init.ones_(ln.w)
-                nn.init.zeros_(ln.b)
+                _reset_norm(ln)
             attn, mlp = block.attn, block.mlp
             for w in (attn.W_Q, attn.W_K, attn.W_V, mlp.W_in):
                 nn.init.normal_(w, std=std)
@@ -294,8 +339,7 @@ class Transformer(MechModel):
                 nn.init.normal_(w, std=resid_std)
             for b in (attn.b_Q, attn.b_K, attn.b_V, attn.b_O, mlp.b_in, mlp.b_out):
                 nn.init.zeros_(b)
-        nn.init.ones_(self.ln_final.w)
-        nn.init.zeros_(self.ln_final.b)
+        _reset_norm(self.ln_final)
         if self.cfg.io == "tokens":
             nn.init.normal_(self.read_in.embed.weight, std=std)
             nn.init.normal_(self.read_out.proj.weight, std=std)
@@ -330,7 +374,10 @@ class Transformer(MechModel):
                 f"tokens must be an output index or a tensor of them, not {type(tokens).__name__} "
                 "(mechlab models have no tokenizer)"
             )
-        folded = self.W_U * self.ln_final.w[:, None]  # [d_model, d_output]
+        if isinstance(self.ln_final, LayerNorm):
+            folded = self.W_U * self.ln_final.w[:, None]  # [d_model, d_output]
+        else:
+            folded = self.W_U
         return folded[:, tokens].movedim(0, -1)
 
     def accumulated_bias(

@@ -12,7 +12,9 @@ the *ablated residual*, the same for every reader of a layer, kept as a running 
 the second is computed from the writers' differences ``D_w = n_w (X_w - X~_w)``
 (``n_w`` the optional node mask). Every reader then applies its own copy of the norm
 that precedes its component (``ln1`` for q/k/v, ``ln2`` for an MLP, the block norm of a
-recurrent layer, ``ln_final`` for the read-out) to its own mixed input.
+recurrent layer, ``ln_final`` for the read-out) to its own mixed input; a transformer
+with ``normalization="none"`` has none, and one with ``causal=False`` attends over the
+whole sequence, as its own forward does.
 
 Memory. The differences are stored once, as they are produced, one tensor per writer
 group (the embeddings, then each layer's heads, then its MLP; ``n_writers x [B, T, d]``
@@ -209,7 +211,8 @@ def _attention(
     )  # [3, batch, pos, head, d_head]
     q, k, v = qkv.unbind(0)
     scores = torch.einsum("bqhd,bkhd->bhqk", q / attn.scale, k)  # [batch, head, q, k]
-    scores = scores.masked_fill(~attn.causal_mask[:n_pos, :n_pos], float("-inf"))
+    if attn.causal:
+        scores = scores.masked_fill(~attn.causal_mask[:n_pos, :n_pos], float("-inf"))
     pattern = F.softmax(scores, dim=-1)
     z = torch.einsum("bhqk,bkhd->bqhd", pattern, v)  # [batch, pos, head, d_head]
     return torch.einsum("bqhd,hdm->hbqm", z, attn.W_O)  # [head, batch, pos, d_model]
@@ -217,7 +220,11 @@ def _attention(
 
 def _layer_norm(ln: nn.Module, x: Tensor) -> Tensor:
     """The transformer's LayerNorm ``ln`` (same function: biased variance, eps inside the
-    root, affine ``w, b``) as PyTorch's fused kernel, on any number of leading axes."""
+    root, affine ``w, b``) as PyTorch's fused kernel, on any number of leading axes; ``x``
+    itself when the model has no normalisation (``normalization="none"``: ``ln`` is a
+    ``NoNorm``, which has no weights)."""
+    if not hasattr(ln, "w"):
+        return x
     return F.layer_norm(x, (x.shape[-1],), ln.w, ln.b, ln.eps)
 
 

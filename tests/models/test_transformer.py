@@ -117,7 +117,7 @@ def test_config_defaults_and_validation():
     with pytest.raises(ValueError, match="n_heads"):
         TransformerConfig(n_heads=0)
     with pytest.raises(ValueError, match="act_fn"):
-        TransformerConfig(act_fn="relu")
+        TransformerConfig(act_fn="tanh")
     round_trip = TransformerConfig.from_dict(cfg.to_dict())
     assert round_trip == cfg and cfg.to_dict()["arch"] == "transformer"
 
