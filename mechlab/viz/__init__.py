@@ -1,6 +1,7 @@
 """Plotly figures: inline in Jupyter (``fig.show()``), offline HTML via :func:`write_html`."""
 
+from mechlab.viz.curves import faithfulness_curves_figure
 from mechlab.viz.figures import figure_for_suite, write_html
 from mechlab.viz.recall import recall_dynamics_figure, recall_figure
 
-__all__ = ["figure_for_suite", "recall_dynamics_figure", "recall_figure", "write_html"]
+__all__ = ["faithfulness_curves_figure", "figure_for_suite", "recall_dynamics_figure", "recall_figure", "write_html"]
