@@ -26,6 +26,7 @@ from mechlab.prune.circuit import (
     overlap,
     seed_stability,
 )
+from mechlab.prune.curves import FaithfulnessCurve, faithfulness_curve
 from mechlab.prune.data import CORRUPTIONS, PruneData, Traces, nih_prune_data, target_mask
 from mechlab.prune.engine import prune, prune_seeds
 from mechlab.prune.evaluate import evaluate_circuit, evaluate_masks
@@ -33,25 +34,35 @@ from mechlab.prune.forward import ABLATIONS, make_ablation, masked_forward, writ
 from mechlab.prune.graph import (
     EdgeGraph,
     build_graph,
+    countable_edges,
+    inert_writers,
     recurrent_edge_count,
     transformer_edge_count,
 )
+from mechlab.prune.stats import bootstrap_overlap, cross_evaluate, null_model
 
 __all__ = [
     "ABLATIONS",
     "CORRUPTIONS",
     "Circuit",
     "EdgeGraph",
+    "FaithfulnessCurve",
     "Overlap",
     "PruneData",
     "Stability",
     "Traces",
+    "bootstrap_overlap",
     "build_graph",
+    "countable_edges",
+    "cross_evaluate",
     "evaluate_circuit",
     "evaluate_masks",
+    "faithfulness_curve",
+    "inert_writers",
     "make_ablation",
     "masked_forward",
     "nih_prune_data",
+    "null_model",
     "overlap",
     "prune",
     "prune_seeds",
