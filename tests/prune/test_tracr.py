@@ -116,3 +116,28 @@ def test_masked_forward_invariants_no_ln_relu(causal):
         off = masked_forward(model, graph, x, ablated, torch.zeros(graph.n_edges))
         torch.testing.assert_close(on, model(x), atol=1e-10, rtol=0)
         torch.testing.assert_close(off, model(corrupted), atol=1e-10, rtol=0)
+
+
+def _recover(name: str, seed: int) -> dict:
+    """Prune a compiled program at its defaults, told only the ground truth's size."""
+    from mechlab.prune.engine import prune
+    from mechlab.prune.graph import countable_edges
+
+    model, info = load_tracr(compile_program(name))
+    data = tracr_prune_data(name, info, n_train=64, n_test=128)
+    truth = ablation_edges(model, data.train)
+    n = int(countable_edges(build_graph(model), "interchange").sum())
+    circuit = prune(model, data, "all", sparsity=1 - len(truth) / n, seed=seed, progress=False)
+    return edge_recovery(list(circuit.edges), truth)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_default_search_recovers_hist_exactly(seed):
+    result = _recover("hist", seed)
+    assert result["exact"] and result["precision"] == 1.0 and result["recall"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_default_search_recovers_reverse_exactly(seed):
+    assert _recover("reverse", seed)["exact"]
