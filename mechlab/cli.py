@@ -83,6 +83,8 @@ def train(
     config: Path | None = typer.Option(None, help="YAML file of training settings."),
     set_: list[str] = typer.Option([], "--set", help="Override a setting: key=value (model.d_model=64, task_cfg.n_pairs=8)."),
     resume: Path | None = typer.Option(None, help="Continue the run in this directory from its last.pt."),
+    grad_accum: int | None = typer.Option(None, help="Micro-batches per step (gradient accumulation; divides the batch)."),
+    loss_reduction: str | None = typer.Option(None, help="Loss over the state dims: sum (the study's) or mean (recall-cpu's)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Train a model on a task; checkpoints at log-spaced steps plus last.pt."""
@@ -97,12 +99,14 @@ def train(
         saved = resume / "config.yaml"
         if not saved.is_file():
             raise UsageProblem(f"nothing to resume: {str(saved)!r} does not exist")
-        cfg = resolve_config(config_file=saved, overrides=set_, steps=steps, device=device)
+        cfg = resolve_config(config_file=saved, overrides=set_, steps=steps, device=device,
+                             grad_accum=grad_accum, loss_reduction=loss_reduction)
         out = resume
     else:
         if out is None:
             raise UsageProblem("give --out DIR for the run (or --resume DIR to continue one)")
-        cfg = resolve_config(preset=preset, config_file=config, overrides=set_, task=task, steps=steps, device=device)
+        cfg = resolve_config(preset=preset, config_file=config, overrides=set_, task=task, steps=steps, device=device,
+                             grad_accum=grad_accum, loss_reduction=loss_reduction)
     typer.echo(f"training {cfg.model} on {cfg.task} for {cfg.steps} steps -> {out}")
     typer.echo(yaml.safe_dump({"task_cfg": cfg.task_cfg}, default_flow_style=True).strip())
     try:
@@ -124,6 +128,8 @@ def eval_(
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
     seed: int = typer.Option(0),
+    protocol: str = typer.Option("uniform", help="NiH construction: uniform (query and misdirection drawn uniformly) or study (oldest system queried, misdirection to the next)."),
+    trials: int | None = typer.Option(None, min=1, help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples."),
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
     import json
@@ -141,7 +147,8 @@ def eval_(
     out = out or ckpt.resolve().parent / "eval"
     out.mkdir(parents=True, exist_ok=True)
     for name in suites:
-        report = run_suite(ckpt, name, n_traces=traces, n_haystack=haystack, seg_len=seg_len, seed=seed)
+        report = run_suite(ckpt, name, n_traces=traces, n_haystack=haystack, seg_len=seg_len, seed=seed,
+                           protocol=protocol, trials=trials if name in ("nih", "ood") else None)
         json_path = atomic_write_text(out / f"{name}.json", json.dumps(report, indent=1))
         write_html(figure_for_suite(report), out / f"{name}.html")
         typer.echo(f"{name}: {json_path}, {out / (name + '.html')}")
@@ -249,6 +256,7 @@ def _print_recall_dynamics(d: dict) -> None:
 
 @app.command()
 def prune(
+    ctx: typer.Context,
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable."),
     sparsity: float = typer.Option(0.95, help="Fraction of edges removed, in (0, 1)."),
@@ -258,8 +266,8 @@ def prune(
     node_sparsity: float | None = typer.Option(None, help="Also mask writer nodes, at this sparsity."),
     steps: int = typer.Option(500, min=1, help="Optimiser steps."),
     lr: float = typer.Option(0.1, help="Adam learning rate of the masks."),
-    lambda_lr: float = typer.Option(1.0, help="Adam learning rate of the Lagrange multipliers (maximised)."),
-    seed: list[int] = typer.Option([0], help="Pruning seed; repeat for a seed-stability estimate."),
+    lambda_lr: float = typer.Option(1.0, help="Peak Adam learning rate of the Lagrange multipliers (maximised; warm-up, then linear decay)."),
+    seed: list[int] = typer.Option([0], help="Pruning and data seed (seed k draws its own traces); repeat for a seed-stability estimate."),
     traces: int = typer.Option(256, min=1, help="Training traces."),
     test_traces: int = typer.Option(512, min=1, help="Held-out traces for the metrics."),
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
@@ -267,24 +275,37 @@ def prune(
     out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: beside the checkpoint, circuits/)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    protocol: str = typer.Option("uniform", help="uniform, or study: the study's NiH (oldest system queried, misdirection to the next), sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps; options given explicitly override it."),
 ) -> None:
     """Find circuits by edge pruning on needle-in-a-haystack traces: JSON + offline HTML per circuit."""
-    from mechlab.pipelines import prune_checkpoint
+    import warnings
+
+    from mechlab.pipelines import PRUNE_PROTOCOLS, check_prune_targets, prune_checkpoint
     from mechlab.prune import overlap, seed_stability
 
+    if protocol not in PRUNE_PROTOCOLS:
+        raise UsageProblem(f"unknown protocol {protocol!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+    # A protocol's setting applies unless the option was given on the command line.
+    settings = {"sparsity": sparsity, "loss": loss, "node_sparsity": node_sparsity, "steps": steps}
+    for key in PRUNE_PROTOCOLS[protocol]:
+        source = ctx.get_parameter_source(key)  # typer may bundle its own click: compare names
+        if key in settings and getattr(source, "name", None) == "DEFAULT":
+            settings[key] = None
     if not ckpt.exists():
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
+    check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len, protocol=protocol)  # all, before any work
     out = out or ckpt.resolve().parent / "circuits"
     out.mkdir(parents=True, exist_ok=True)
     found: dict[str, list] = {}
     for name in target:
         for s in seed:
-            circuit = prune_checkpoint(
-                ckpt, name, sparsity, n_train=traces, n_test=test_traces, n_haystack=haystack,
-                seg_len=seg_len, corruption=corruption, device=device, ablation=ablation, loss=loss,
-                node_sparsity=node_sparsity, steps=steps, lr=lr, lambda_lr=lambda_lr, seed=s,
-                progress=progress,
-            )
+            with warnings.catch_warnings():  # printed below, as one line on stderr
+                warnings.filterwarnings("ignore", message="circuit for", category=UserWarning)
+                circuit = prune_checkpoint(
+                    ckpt, name, n_train=traces, n_test=test_traces, n_haystack=haystack,
+                    seg_len=seg_len, corruption=corruption, device=device, ablation=ablation,
+                    lr=lr, lambda_lr=lambda_lr, seed=s, progress=progress, protocol=protocol, **settings,
+                )
             found.setdefault(name, []).append(circuit)
             stem = f"{name}_seed{s}"
             circuit.to_json(out / f"{stem}.json")
@@ -295,6 +316,14 @@ def prune(
             typer.echo(f"  faithfulness {m['faithfulness']:.3f} (mse to full {m['circuit_vs_full']:.4f}, all ablated {m['ablated_vs_full']:.4f})")
             typer.echo(f"  error vs truth: circuit {m['error_circuit']:.4f}  full {m['error_full']:.4f}  "
                        f"all ablated {m['error_ablated']:.4f}  complement {m['error_complement']:.4f}")
+            if meta["n_edges_excluded_inert"]:
+                typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_inert']} edges of "
+                           f"{', '.join(meta['inert_writers'])} excluded (they cannot matter under {meta['ablation']} ablation)")
+            if meta["sparsity_limited_by_open_edges"]:
+                typer.echo(f"mechlab: {stem}: only {meta['n_open_edges']} edges are open: kept {circuit.n_edges} "
+                           f"of the {meta['n_edges_asked']} the sparsity asks", err=True)
+            for line in meta["warnings"]:
+                typer.echo(f"mechlab: warning: {stem}: {line}", err=True)
     names = list(found)
     for a, b in zip(names, names[1:], strict=False):
         o = overlap(found[a][0], found[b][0])
@@ -307,21 +336,39 @@ def prune(
 @app.command("overlap")
 def overlap_(
     circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
+    ckpt: Path | None = typer.Option(None, help="Checkpoint the circuits come from: adds cross-evaluation (each circuit scored on every target)."),
+    boot: int = typer.Option(2000, min=1, help="Bootstrap resamples (each target's circuits resampled with replacement)."),
+    null_samples: int = typer.Option(1000, "--null", min=1, help="Monte Carlo samples of each null model."),
+    level: float = typer.Option(0.95, help="Coverage of the bootstrap intervals, in (0, 1)."),
+    exclude_writer: list[str] = typer.Option([], help="Leave this writer's edges out of the null models' edge pool (e.g. pos); repeatable."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap and the null models."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write everything as JSON here."),
+    device: str = typer.Option("cpu"),
 ) -> None:
-    """Shared edges, Jaccard and overlap coefficient of circuits; seed stability when a target has several seeds."""
+    """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
+    uniform and degree-preserving null models, cross-evaluation with --ckpt."""
+    import json
+
+    from mechlab.io import atomic_write_text
+    from mechlab.pipelines import checkpoint_prune_data
     from mechlab.prune import Circuit, overlap, seed_stability
+    from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
 
     if len(circuits) < 2:
         raise UsageProblem("give at least two circuit files")
+    if not 0 < level < 1:
+        raise UsageProblem(f"--level must be in (0, 1), got {level}")
     loaded = []
     for path in circuits:
         if not path.exists():
             raise UsageProblem(f"circuit {str(path)!r} not found")
         loaded.append(Circuit.from_json(path))
     rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
+    pairs = []
     for i in range(len(loaded)):
         for j in range(i + 1, len(loaded)):
             o = overlap(loaded[i], loaded[j])
+            pairs.append({"a": str(circuits[i]), "b": str(circuits[j]), **o.to_dict()})
             rows.append((circuits[i].name, circuits[j].name, str(o.n_edges_a), str(o.n_edges_b),
                          str(o.n_shared_edges), f"{o.jaccard:.3f}", f"{o.overlap_coefficient:.3f}",
                          str(len(o.shared_nodes))))
@@ -332,6 +379,123 @@ def overlap_(
     multi = {t: g for t, g in by_target.items() if len(g) >= 2}
     if multi:
         typer.echo(seed_stability(multi).summary())
+    edges = [e for e in graph_edges(loaded[0]) if e[0] not in set(exclude_writer)]
+    report = overlap_report(loaded, edges, n_boot=boot, n_null=null_samples, level=level, seed=seed)
+    pct = f"{100 * level:g}%"
+    for name, ci in report["within"].items():
+        typer.echo(f"within {name}: Jaccard {ci['value']:.3f} [{pct} CI {ci['low']:.3f}, {ci['high']:.3f}]")
+    for key, entry in report["across"].items():
+        typer.echo(f"{key}:")
+        for stat in ("jaccard", "overlap_coefficient"):
+            ci = entry[stat]
+            if ci is not None:
+                typer.echo(f"  {stat}: {ci['value']:.3f} [{pct} CI {ci['low']:.3f}, {ci['high']:.3f}] "
+                           f"({ci['n_boot']} resamples of each target's circuits)")
+        for kind in ("uniform", "degree"):
+            nm = entry[f"null_{kind}"]
+            exact = "" if nm["expected_exact"] is None else f", exact {nm['expected_exact']:.3f}"
+            typer.echo(f"  null ({kind}, {nm['n_universe']} edges): Jaccard {nm['mc_mean']:.3f} +- "
+                       f"{nm['mc_std']:.3f}{exact}; observed at percentile {100 * nm['percentile']:.1f}, "
+                       f"P(null >= obs) {nm['p_greater']:.4f}, P(null <= obs) {nm['p_less']:.4f}")
+    result = {"circuits": [str(p) for p in circuits], "pairs": pairs, **report,
+              "excluded_writers": list(exclude_writer)}  # fmt: skip
+    if ckpt is not None:
+        if not ckpt.exists():
+            raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
+        info = loaded[0].metadata.get("data", {})
+        checkpoint, data = checkpoint_prune_data(
+            ckpt, n_train=int(info.get("n_train", 256)), n_test=int(info.get("n_test", 512)),
+            n_haystack=info.get("n_haystack"), seg_len=info.get("seg_len"),
+            corruption=info.get("corruption", "misdirect_incorrect"),
+            data_seed=int(info.get("data_seed", 0)), protocol=info.get("protocol", "uniform"),
+            device=device,
+        )  # fmt: skip
+        model = checkpoint.model
+        cross = cross_evaluate(model, data, loaded)
+        result["cross_evaluation"] = cross
+        table = [("circuit", "seed", "evaluated on", "faithfulness", "complement faithfulness")]
+        for r in cross:
+            table.append((r["circuit_target"], str(r["seed"]), r["evaluated_on"] + (" (own)" if r["own"] else ""),
+                          f"{r['faithfulness']:.3f}", f"{r['complement_faithfulness']:.3f}"))
+        typer.echo("cross-evaluation (held-out traces):")
+        _echo_table(table)
+    if json_out is not None:
+        atomic_write_text(json_out, json.dumps(result, indent=1, allow_nan=True))
+        typer.echo(f"wrote {json_out}")
+
+
+@app.command("curve")
+def curve(
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
+    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable."),
+    ablation: list[str] = typer.Option(["interchange"], help="interchange, mean, zero (repeatable) or all."),
+    budgets: str = typer.Option(",".join(f"{b:g}" for b in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)),
+                                help="Comma-separated edge budgets in (0, 1] (default MIB's 0.1%..50%; 100% is always added)."),
+    rank: str = typer.Option("log_alpha", help="log_alpha (one pruning run ranks the edges) or reprune (one run per budget, slower)."),
+    sparsity: float = typer.Option(0.95, help="Sparsity of the pruning run whose log_alpha ranks the edges."),
+    steps: int = typer.Option(500, min=1, help="Optimiser steps of each pruning run."),
+    seed: int = typer.Option(0, help="Pruning seed."),
+    corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation."),
+    traces: int = typer.Option(256, min=1, help="Training traces (pruning; the mean ablation's reference)."),
+    test_traces: int = typer.Option(512, min=1, help="Held-out traces the curve is scored on."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    out: Path | None = typer.Option(None, help="Directory for curve_<target>.json/.html (default: beside the checkpoint, curves/)."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    device: str = typer.Option("cpu"),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Faithfulness and complement faithfulness across edge budgets (MIB's CPR, CMD): JSON + HTML per target."""
+    import time
+
+    import torch
+
+    from mechlab.pipelines import checkpoint_prune_data
+    from mechlab.prune.curves import RANKINGS, check_budgets, sweep, write_curves
+    from mechlab.prune.data import check_target
+    from mechlab.prune.forward import ABLATIONS
+    from mechlab.viz import faithfulness_curves_figure, write_html
+
+    try:
+        grid = check_budgets([float(b) for b in budgets.split(",") if b.strip()])
+    except ValueError as exc:
+        raise UsageProblem(f"--budgets {budgets!r}: {exc}") from None
+    ablations = list(ABLATIONS) if ablation == ["all"] else ablation
+    for name in ablations:
+        if name not in ABLATIONS:
+            raise UsageProblem(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)} or all")
+    if rank not in RANKINGS:
+        raise UsageProblem(f"unknown --rank {rank!r}; choose {' or '.join(RANKINGS)}")
+    if not ckpt.is_file():
+        raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    loaded, data = checkpoint_prune_data(
+        ckpt, n_train=traces, n_test=test_traces, n_haystack=haystack, seg_len=seg_len,
+        corruption=corruption, device=device,
+    )  # fmt: skip
+    for name in target:  # every target checked before any pruning
+        check_target(name, data.train)
+    out = out or ckpt.resolve().parent / "curves"
+    for name in target:
+        started = time.perf_counter()
+        curves = sweep(
+            loaded.model, data, name, ablations, grid, ranking=rank, sparsity=sparsity, seed=seed,
+            steps=steps, progress=progress, checkpoint_sha256=loaded.sha256,
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+        info = {"checkpoint": str(ckpt), "checkpoint_sha256": loaded.sha256, "target": name,
+                "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed,
+                "threads": torch.get_num_threads(), "seconds": seconds}
+        json_path = write_curves(curves, out / f"curve_{name}.json", info=info)
+        html_path = write_html(faithfulness_curves_figure(curves), out / f"curve_{name}.html")
+        typer.echo(f"{name}: {json_path}, {html_path} ({seconds:.0f} s)")
+        for c in curves.values():
+            typer.echo(f"  {c.summary()}")
+            typer.echo("    budget  " + " ".join(f"{100 * b:>6g}%" for b in c.budgets))
+            typer.echo("    edges   " + " ".join(f"{k:>7d}" for k in c.n_kept))
+            typer.echo("    f       " + " ".join(f"{v:>7.3f}" for v in c.faithfulness))
+            typer.echo("    compl.  " + " ".join(f"{v:>7.3f}" for v in c.complement_faithfulness))
 
 
 @bench_app.command("prune")
