@@ -440,6 +440,7 @@ def curve(
     test_traces: int = typer.Option(512, min=1, help="Held-out traces the curve is scored on."),
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    protocol: str = typer.Option("uniform", help="NiH construction: uniform, or study (oldest system queried, misdirection to the next)."),
     out: Path | None = typer.Option(None, help="Directory for curve_<target>.json/.html (default: beside the checkpoint, curves/)."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
@@ -472,7 +473,7 @@ def curve(
         torch.set_num_threads(threads)
     loaded, data = checkpoint_prune_data(
         ckpt, n_train=traces, n_test=test_traces, n_haystack=haystack, seg_len=seg_len,
-        corruption=corruption, device=device,
+        corruption=corruption, protocol=protocol, device=device,
     )  # fmt: skip
     for name in target:  # every target checked before any pruning
         check_target(name, data.train)
@@ -485,7 +486,7 @@ def curve(
         )  # fmt: skip
         seconds = time.perf_counter() - started
         info = {"checkpoint": str(ckpt), "checkpoint_sha256": loaded.sha256, "target": name,
-                "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed,
+                "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "protocol": protocol,
                 "threads": torch.get_num_threads(), "seconds": seconds}
         json_path = write_curves(curves, out / f"curve_{name}.json", info=info)
         html_path = write_html(faithfulness_curves_figure(curves), out / f"curve_{name}.html")

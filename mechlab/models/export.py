@@ -79,9 +79,24 @@ def gpt2_config(model: Transformer) -> GPT2Config:
 
     Raises:
         ValueError: When the model has no GPT-2 equivalent (``n_heads * d_head !=
-            d_model``).
+            d_model``, no LayerNorm, ReLU or non-causal attention, as loaded Tracr
+            programs have).
     """
     cfg = model.cfg
+    unlike_gpt2 = [
+        what
+        for what, differs in (
+            ("normalization='none'", cfg.normalization != "LN"),
+            ("act_fn='relu'", cfg.act_fn == "relu"),
+            ("causal=False", not cfg.causal),
+        )
+        if differs
+    ]
+    if unlike_gpt2:
+        raise ValueError(
+            f"GPT-2 has LayerNorms, GELU and causal attention; this model has "
+            f"{', '.join(unlike_gpt2)} and cannot be exported"
+        )
     if cfg.n_heads * cfg.d_head != cfg.d_model:
         raise ValueError(
             f"GPT-2 needs n_heads * d_head == d_model, got {cfg.n_heads} * {cfg.d_head} "

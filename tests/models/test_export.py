@@ -195,3 +195,15 @@ def test_bridge_with_a_local_tokenizer_reads_strings():
     assert ids.tolist() == [[3, 1, 4, 1, 5]]
     with torch.no_grad():
         torch.testing.assert_close(bridge(ids), model(ids), **TOL)
+
+
+@pytest.mark.parametrize(
+    "fields, named",
+    [({"normalization": "none"}, "normalization='none'"), ({"act_fn": "relu"}, "act_fn='relu'"),
+     ({"causal": False}, "causal=False")],
+)
+def test_models_gpt2_cannot_hold_are_refused_with_one_line(fields, named):
+    model = make_model(zero_read_out_bias=True, **fields)
+    with pytest.raises(ValueError, match="cannot be exported") as err:
+        to_hf_gpt2(model)
+    assert named in str(err.value) and "\n" not in str(err.value)

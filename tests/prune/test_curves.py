@@ -347,6 +347,7 @@ def test_json_round_trip_and_figure(swept, tmp_path):
         (["--ablation", "resample"], "ablation"),
         (["--target", "0-after"], "target"),
         (["--rank", "greedy"], "rank"),
+        (["--protocol", "paper"], "protocol"),
     ],
 )
 def test_cli_bad_input_exit_2(capsys, args, message):
