@@ -109,6 +109,12 @@ class Checkpoint:
         return task if isinstance(task, str) else None
 
     @property
+    def examples_seen(self) -> int:
+        """Training examples seen at save time: ``step`` x the run's ``batch_size`` (1 if
+        the metadata records no training settings)."""
+        return self.step * int(self.metadata.get("train_cfg", {}).get("batch_size", 1))
+
+    @property
     def task_config(self) -> Any:
         """The task config of the run (an :class:`~mechlab.tasks.LDSConfig` for ``lds``).
 

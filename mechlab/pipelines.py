@@ -13,7 +13,7 @@ from typing import Any
 from mechlab.checkpoint import Checkpoint, load_checkpoint
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.data import PruneData, Target, check_target, nih_prune_data
-from mechlab.prune.engine import _check_unit, check_prune_args, check_sparsity, prune
+from mechlab.prune.engine import check_prune_args, check_sparsity, prune
 from mechlab.prune.graph import build_graph
 from mechlab.tasks import default_haystack
 from mechlab.tasks.lds import LDSConfig
@@ -82,17 +82,43 @@ def checkpoint_prune_data(
             fit the task.
     """
     ckpt = load_checkpoint(path, map_location=device or "cpu")
+    data = _nih_data(
+        ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+        corruption=corruption, data_seed=data_seed, protocol=protocol,
+    )  # fmt: skip
+    return ckpt, data
+
+
+def _lds_config(ckpt: Checkpoint) -> LDSConfig:
+    """The checkpoint's task config; a one-line ValueError unless it is the lds task's."""
     cfg = ckpt.task_config
     if not isinstance(cfg, LDSConfig):
-        raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; NiH traces need it")
+        raise ValueError(
+            f"checkpoint {str(ckpt.path)!r} was not trained on the lds task; NiH traces need it"
+        )
+    return cfg
+
+
+def _nih_data(
+    ckpt: Checkpoint,
+    *,
+    n_train: int,
+    n_test: int,
+    n_haystack: int | None,
+    seg_len: int | None,
+    corruption: str = "misdirect_incorrect",
+    data_seed: int = 0,
+    protocol: str = "uniform",
+) -> PruneData:
+    """NiH pruning traces on a loaded checkpoint's task, with the run's haystack by default."""
+    cfg = _lds_config(ckpt)
     default_n, default_s = default_haystack(cfg, ckpt.metadata.get("train_cfg"))
-    data = nih_prune_data(
+    return nih_prune_data(
         cfg, n_train=n_train, n_test=n_test,
         n_haystack=default_n if n_haystack is None else n_haystack,
         seg_len=default_s if seg_len is None else seg_len,
         corruption=corruption, seed=data_seed, protocol=protocol,
     )  # fmt: skip
-    return ckpt, data
 
 
 def prune_checkpoint(
@@ -144,16 +170,15 @@ def prune_checkpoint(
             keeps no edge), learning rate or batch size: all before any pruning work.
     """
     settings = prune_protocol(protocol, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
-    sparsity = _check_unit("sparsity", settings.pop("sparsity"))
+    sparsity = settings.pop("sparsity")
     check_prune_args(sparsity, **settings)
     data_seed = settings.get("seed", 0) if data_seed is None else data_seed
     ckpt = load_checkpoint(path, map_location=device or "cpu")
-    if not isinstance(ckpt.task_config, LDSConfig):
-        raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; NiH traces need it")
+    _lds_config(ckpt)
     check_sparsity(build_graph(ckpt.model), settings.get("ablation", "interchange"), sparsity)
-    ckpt, data = checkpoint_prune_data(
-        path, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-        corruption=corruption, data_seed=data_seed, protocol=protocol, device=device,
+    data = _nih_data(
+        ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+        corruption=corruption, data_seed=data_seed, protocol=protocol,
     )  # fmt: skip
     check_target(target, data.train)
     circuit = prune(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **settings)
@@ -184,14 +209,9 @@ def check_prune_targets(
         seg_len: Observations per haystack segment (bounds ``k`` of ``k-after``).
         protocol: NiH construction.
     """
-    ckpt = load_checkpoint(path, map_location="cpu")
-    cfg = ckpt.task_config
-    if not isinstance(cfg, LDSConfig):
-        raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; pruning needs NiH traces")
-    default_n, default_s = default_haystack(cfg, ckpt.metadata.get("train_cfg"))
-    data = nih_prune_data(
-        cfg, n_train=1, n_test=1, n_haystack=default_n if n_haystack is None else n_haystack,
-        seg_len=default_s if seg_len is None else seg_len, protocol=protocol,
+    data = _nih_data(
+        load_checkpoint(path, map_location="cpu"), n_train=1, n_test=1,
+        n_haystack=n_haystack, seg_len=seg_len, protocol=protocol,
     )  # fmt: skip
     for target in targets:
         check_target(target, data.train)

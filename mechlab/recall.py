@@ -440,15 +440,18 @@ def recall_analysis(
         pred = {"clean": _predict(model, t.clean, batch_size)}
         for probe, traces in probed.items():
             pred[probe] = _predict(model, traces.corrupted, batch_size)
-        pred_label = _predict(model, patch_token(t.clean, t.corrupted, p), batch_size)
-        pred_obs = _predict(model, patch_token(t.clean, restart.corrupted, p + 1), batch_size)
+        # the label patch (token p from the misdirected twin) is the misdirected trace
+        # itself: the twins differ only at p within the model's inputs (tested)
+        pred_label = pred["misdirect_incorrect"]
+        obs_patched = patch_token(t.clean, restart.corrupted, p + 1)  # first observation swapped
+        pred_obs = _predict(model, obs_patched, batch_size)
         sweep = pd.DataFrame()
         if components:
             parts = [
                 component_sweep(model, t.clean, t.corrupted, p, pos, offsets, d, progress).assign(patch="label")
                 for d in DIRECTIONS
             ] + [
-                component_sweep(model, t.clean, patch_token(t.clean, restart.corrupted, p + 1), p + 1,
+                component_sweep(model, t.clean, obs_patched, p + 1,
                                 pos, offsets, "noise", progress).assign(patch="observation")
             ]  # fmt: skip
             sweep = pd.concat(parts, ignore_index=True)
@@ -506,9 +509,8 @@ def recall_checkpoint(path: str | Path, device: str = "cpu", **kwargs: Any) -> d
     """
     ckpt = _load(path)
     report = recall_analysis(ckpt, model=ckpt.model.to(device), **kwargs)
-    batch = ckpt.metadata.get("train_cfg", {}).get("batch_size", 1)
     return {"checkpoint": str(path), "sha256": ckpt.sha256, "step": ckpt.step,
-            "examples": ckpt.step * batch, "result": report.to_dict()}  # fmt: skip
+            "examples": ckpt.examples_seen, "result": report.to_dict()}  # fmt: skip
 
 
 def recall_dynamics(
@@ -535,9 +537,8 @@ def recall_dynamics(
     out: dict[str, Any] = {"run": str(run_dir), "steps": [], "examples": [], "per_offset": {}, "errors": {}}
     for ckpt in tqdm(ckpts, disable=not progress, desc="checkpoints"):
         r = recall_analysis(ckpt, model=ckpt.model.to(device), progress=False, **kwargs).to_dict()
-        batch = ckpt.metadata.get("train_cfg", {}).get("batch_size", 1)
         out["steps"].append(ckpt.step)
-        out["examples"].append(ckpt.step * batch)
+        out["examples"].append(ckpt.examples_seen)
         out.update({k: r[k] for k in ("offsets", "n_traces", "n_haystack", "seg_len", "seed", "rule")})
         for j, values in r["per_offset"].items():
             for key, v in values.items():

@@ -252,9 +252,8 @@ def dynamics(
             task_cfg, test_lib = cfg, make_libraries(cfg)[1]
         errs = nih_errors(ckpt.model, task_cfg, test_lib, n_traces, n_haystack, seg_len,
                           torch.Generator().manual_seed(seed), protocol=protocol)
-        batch = ckpt.metadata.get("train_cfg", {}).get("batch_size", 1)
         out["steps"].append(ckpt.step)
-        out["examples"].append(ckpt.step * batch)
+        out["examples"].append(ckpt.examples_seen)
         for j, e in errs.items():
             s = summarize(e)
             out["offsets"].setdefault(str(j), []).append(s["median"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,19 +43,19 @@ class Patch:
     step: int | None = None
 
 
-class Backend:
+class Backend(ABC):
     """Runs a model with patches and returns its output and some saved activations."""
 
     def __init__(self, model):
         self.model = model
 
+    @abstractmethod
     def run(
         self, x: Tensor, patches: Sequence[Patch] = (), save: Sequence[str] = ()
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Run ``x`` with ``patches``; return the output and the (patched) activations of ``save``."""
-        raise NotImplementedError
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- a hook-based backend holds nothing to free
         """Free what the backend holds between runs."""
 
 

@@ -15,6 +15,7 @@ scaler folded in), so ``X @ coef_.T + intercept_`` is the probe's decision funct
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -45,11 +46,12 @@ def _check_flag(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-class _LinearProbe(BaseEstimator):
+class _LinearProbe(BaseEstimator, ABC):
     """Shared machinery: a scaler + linear model pipeline, coefficients in input space."""
 
+    @abstractmethod
     def _make_model(self) -> BaseEstimator:
-        raise NotImplementedError
+        """The unfitted linear model (LogisticRegression, Ridge) with this probe's settings."""
 
     def _check_params(self) -> None:
         _check_flag("standardize", self.standardize)
