@@ -14,8 +14,9 @@ interchange ablation therefore replaces a writer's output by what it would be ha
 label pointed to the wrong system, and the pruned circuit is what carries the
 *label-dependent* part of the prediction. Other corruptions: the other probes of
 :data:`mechlab.tasks.lds_evals.PROBES`, and ``"shuffle"`` (another trace of the batch).
-``protocol="study"`` builds the study's NiH instead: the oldest haystack system is
-queried and the misdirection shows the next one's label.
+By default (``protocol="study"``) the NiH is the study's: the oldest haystack system is
+queried and the misdirection shows the next one's label; ``protocol="uniform"`` draws
+both uniformly.
 
 Targets (:func:`target_mask`): ``"k-after"`` (``k >= 1``) is target index
 ``p + k - 1`` of each trace, ``p`` the query label's token index (``1-after`` is
@@ -216,7 +217,7 @@ def _nih_traces(
     seg_len: int,
     seed: int,
     corruption: str,
-    protocol: str = "uniform",
+    protocol: str = "study",
 ) -> Traces:
     construction = nih_protocol(protocol)
     clean = needle_in_haystack(
@@ -252,7 +253,7 @@ def nih_prune_data(
     seg_len: int | None = None,
     corruption: str = DEFAULT_CORRUPTION,
     seed: int = 0,
-    protocol: str = "uniform",
+    protocol: str = "study",
 ) -> PruneData:
     """Needle-in-a-haystack traces for pruning a model of the interleaved-systems task.
 
@@ -292,6 +293,5 @@ def nih_prune_data(
         "n_train": n_train, "n_test": n_test, "data_seed": seed, "n_pos": train.n_pos,
         "query_position": train.query_position,
     }  # fmt: skip
-    if protocol != "uniform":  # the uniform circuits' metadata stays as committed
-        info["nih_protocol"] = protocol
+    info["nih_protocol"] = protocol
     return PruneData(train=train, test=test, info=info)
