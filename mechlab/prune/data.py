@@ -270,8 +270,8 @@ def nih_prune_data(
         corruption: ``misdirect_incorrect`` (default), another probe of
             :data:`~mechlab.tasks.lds_evals.PROBES`, or ``shuffle``.
         seed: Seed of the traces.
-        protocol: NiH construction: ``"uniform"`` (query and misdirection drawn
-            uniformly) or ``"study"`` (oldest system queried, misdirection to the next).
+        protocol: NiH construction: ``"study"`` (default: oldest system queried,
+            misdirection to the next) or ``"uniform"`` (both drawn uniformly).
 
     Returns:
         The :class:`PruneData`.
