@@ -128,7 +128,7 @@ def eval_(
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
     seed: int = typer.Option(0),
-    protocol: str = typer.Option("uniform", help="NiH construction: uniform (query and misdirection drawn uniformly) or study (oldest system queried, misdirection to the next)."),
+    protocol: str = typer.Option("study", help="NiH construction: study (the default: oldest system queried, misdirection to the next) or uniform (query and misdirection drawn uniformly)."),
     trials: int | None = typer.Option(None, min=1, help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples."),
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
@@ -184,6 +184,7 @@ def recall(
     offset: list[int] = typer.Option([], help="Offset j of j-after (repeatable; default every one of 1..seg_len)."),
     seed: int = typer.Option(0),
     components: bool = typer.Option(True, help="Also patch each head / layer at the patched position (--ckpt)."),
+    protocol: str = typer.Option("study", help="NiH construction: study (the default: oldest system queried, misdirection to the next) or uniform."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
@@ -207,7 +208,7 @@ def recall(
         torch.set_num_threads(threads)
     out = out or (ckpt.resolve().parent if ckpt is not None else checkpoints.resolve()) / "recall"
     kwargs = {"n_traces": traces, "n_haystack": haystack, "seg_len": seg_len, "seed": seed,
-              "offsets": tuple(offset) or None, "device": device}
+              "protocol": protocol, "offsets": tuple(offset) or None, "device": device}
     # Everything is computed before anything is written: bad input leaves no file behind.
     files: dict[str, tuple[dict, object]] = {}
     if ckpt is not None:
@@ -275,7 +276,7 @@ def prune(
     out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: beside the checkpoint, circuits/)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
-    protocol: str = typer.Option("uniform", help="uniform, or study: the study's NiH (oldest system queried, misdirection to the next), sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps; options given explicitly override it."),
+    protocol: str = typer.Option("default", help="default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. Options given explicitly override it."),
 ) -> None:
     """Find circuits by edge pruning on needle-in-a-haystack traces: JSON + offline HTML per circuit."""
     import warnings
@@ -293,7 +294,8 @@ def prune(
             settings[key] = None
     if not ckpt.exists():
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
-    check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len, protocol=protocol)  # all, before any work
+    check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len,
+                        protocol=PRUNE_PROTOCOLS[protocol]["nih"])  # all, before any work
     out = out or ckpt.resolve().parent / "circuits"
     out.mkdir(parents=True, exist_ok=True)
     found: dict[str, list] = {}
@@ -319,6 +321,9 @@ def prune(
             if meta["n_edges_excluded_inert"]:
                 typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_inert']} edges of "
                            f"{', '.join(meta['inert_writers'])} excluded (they cannot matter under {meta['ablation']} ablation)")
+            if meta.get("n_edges_excluded_unreachable"):
+                typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_unreachable']} edges "
+                           f"excluded (they reach no read-out of the target windows: {', '.join(meta['target_windows'])})")
             if meta["sparsity_limited_by_open_edges"]:
                 typer.echo(f"mechlab: {stem}: only {meta['n_open_edges']} edges are open: kept {circuit.n_edges} "
                            f"of the {meta['n_edges_asked']} the sparsity asks", err=True)
@@ -407,7 +412,8 @@ def overlap_(
             ckpt, n_train=int(info.get("n_train", 256)), n_test=int(info.get("n_test", 512)),
             n_haystack=info.get("n_haystack"), seg_len=info.get("seg_len"),
             corruption=info.get("corruption", "misdirect_incorrect"),
-            data_seed=int(info.get("data_seed", 0)), protocol=info.get("protocol", "uniform"),
+            data_seed=int(info.get("data_seed", 0)),
+            protocol=info.get("nih_protocol", "uniform"),  # circuits that predate it were uniform
             device=device,
         )  # fmt: skip
         model = checkpoint.model
@@ -440,7 +446,7 @@ def curve(
     test_traces: int = typer.Option(512, min=1, help="Held-out traces the curve is scored on."),
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
-    protocol: str = typer.Option("uniform", help="NiH construction: uniform, or study (oldest system queried, misdirection to the next)."),
+    protocol: str = typer.Option("study", help="NiH construction: study (the default: oldest system queried, misdirection to the next) or uniform."),
     out: Path | None = typer.Option(None, help="Directory for curve_<target>.json/.html (default: beside the checkpoint, curves/)."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),

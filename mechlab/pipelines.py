@@ -12,24 +12,26 @@ from typing import Any
 
 from mechlab.checkpoint import Checkpoint, load_checkpoint
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData, Target, check_target, nih_prune_data
+from mechlab.prune.data import PruneData, Target, check_target, nih_prune_data, target_positions
 from mechlab.prune.engine import check_prune_args, check_sparsity, prune
-from mechlab.prune.graph import build_graph
+from mechlab.prune.graph import pruning_graph
 from mechlab.tasks import default_haystack
 from mechlab.tasks.lds import LDSConfig
-from mechlab.tasks.lds_evals import nih_protocol
 
 PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
-    "uniform": {"sparsity": 0.95},
+    "default": {"nih": "study", "sparsity": 0.95},
+    "uniform": {"nih": "uniform", "sparsity": 0.95},
     "study": {
-        "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth", "loss_scale": 1000.0,
-        "steps": 3000,
+        "nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
+        "loss_scale": 1000.0, "steps": 3000,
     },
 }  # fmt: skip
-"""Pruning settings of each protocol. ``uniform``: mechlab's defaults on uniformly drawn
-NiH traces; ``study``: the recall study's (99% edge sparsity, node masks at 80%, loss
-1000 x MSE to the ground truth, 3000 steps) on the study's NiH (oldest system queried,
-misdirection to the next)."""
+"""Pruning settings of each protocol, with the NiH construction (``nih``) they prune on.
+``default``: mechlab's pruning settings (:func:`~mechlab.prune.prune`'s defaults, 95%
+edge sparsity) on the study's NiH (oldest system queried, misdirection to the next);
+``uniform``: the same settings on uniformly drawn NiH traces; ``study``: the recall study's
+settings (99% edge sparsity, node masks at 80%, loss 1000 x MSE to the ground truth, 3000
+steps) on the study's NiH."""
 
 
 def prune_protocol(protocol: str, **given: Any) -> dict[str, Any]:
@@ -41,9 +43,8 @@ def prune_protocol(protocol: str, **given: Any) -> dict[str, Any]:
             ``None`` means "not given".
 
     Returns:
-        ``sparsity`` and the :func:`prune` keywords to use.
+        ``nih`` (the NiH construction), ``sparsity`` and the :func:`prune` keywords to use.
     """
-    nih_protocol(protocol)
     if protocol not in PRUNE_PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {list(PRUNE_PROTOCOLS)}")
     return {**PRUNE_PROTOCOLS[protocol], **{k: v for k, v in given.items() if v is not None}}
@@ -58,7 +59,7 @@ def checkpoint_prune_data(
     seg_len: int | None = None,
     corruption: str = "misdirect_incorrect",
     data_seed: int = 0,
-    protocol: str = "uniform",
+    protocol: str = "study",
     device: str | None = None,
 ) -> tuple[Checkpoint, PruneData]:
     """A checkpoint of the interleaved-systems task and NiH pruning traces on its own task.
@@ -108,7 +109,7 @@ def _nih_data(
     seg_len: int | None,
     corruption: str = "misdirect_incorrect",
     data_seed: int = 0,
-    protocol: str = "uniform",
+    protocol: str = "study",
 ) -> PruneData:
     """NiH pruning traces on a loaded checkpoint's task, with the run's haystack by default."""
     cfg = _lds_config(ckpt)
@@ -133,7 +134,7 @@ def prune_checkpoint(
     corruption: str = "misdirect_incorrect",
     data_seed: int | None = None,
     device: str | None = None,
-    protocol: str = "uniform",
+    protocol: str = "default",
     loss_scale: float | None = None,
     **prune_kwargs: Any,
 ) -> Circuit:
@@ -145,7 +146,7 @@ def prune_checkpoint(
     Args:
         path: Checkpoint file.
         target: ``"k-after"``, ``"all"`` or a callable.
-        sparsity: Edge sparsity in (0, 1); default the protocol's (0.95, study 0.99).
+        sparsity: Edge sparsity in (0, 1); default the protocol's (0.95; study 0.99).
         n_train: Training traces.
         n_test: Held-out traces for the metrics.
         n_haystack: Haystack systems.
@@ -155,9 +156,9 @@ def prune_checkpoint(
         data_seed: Seed of the traces; default the pruning ``seed``, so that a seed
             baseline varies the data as well as the optimiser.
         device: Where to run (default: CPU).
-        protocol: ``"uniform"`` or ``"study"`` (:data:`PRUNE_PROTOCOLS`): the NiH
-            construction and the pruning settings that ``sparsity`` and ``prune_kwargs``
-            do not set (``None`` values count as not set).
+        protocol: ``"default"``, ``"uniform"`` or ``"study"`` (:data:`PRUNE_PROTOCOLS`):
+            the NiH construction and the pruning settings that ``sparsity`` and
+            ``prune_kwargs`` do not set (``None`` values count as not set).
         loss_scale: Multiplies the task loss (default the protocol's: 1, study 1000).
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...).
 
@@ -170,22 +171,24 @@ def prune_checkpoint(
             keeps no edge), learning rate or batch size: all before any pruning work.
     """
     settings = prune_protocol(protocol, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
-    sparsity = settings.pop("sparsity")
+    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
     check_prune_args(sparsity, **settings)
     data_seed = settings.get("seed", 0) if data_seed is None else data_seed
     ckpt = load_checkpoint(path, map_location=device or "cpu")
     _lds_config(ckpt)
-    check_sparsity(build_graph(ckpt.model), settings.get("ablation", "interchange"), sparsity)
     data = _nih_data(
         ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-        corruption=corruption, data_seed=data_seed, protocol=protocol,
+        corruption=corruption, data_seed=data_seed, protocol=nih,
     )  # fmt: skip
     check_target(target, data.train)
+    # the graph pruned (windowed for a recurrent model: its countable edges depend on the target)
+    graph = pruning_graph(ckpt.model, data.train.windows, settings.get("position_aware"))
+    scored = target_positions(target, data.train) if graph.windows else None
+    check_sparsity(graph, settings.get("ablation", "interchange"), sparsity, scored)
     circuit = prune(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **settings)
     circuit.metadata["checkpoint"] = str(path)
     circuit.metadata["checkpoint_step"] = ckpt.step
-    if protocol != "uniform":
-        circuit.metadata["protocol"] = protocol
+    circuit.metadata["protocol"] = protocol
     return circuit
 
 
@@ -195,7 +198,7 @@ def check_prune_targets(
     *,
     n_haystack: int | None = None,
     seg_len: int | None = None,
-    protocol: str = "uniform",
+    protocol: str = "study",
 ) -> None:
     """Raise ValueError unless every target is valid for the checkpoint's NiH traces.
 

@@ -279,6 +279,7 @@ class RecallReport:
     Attributes:
         offsets: The offsets ``j`` ("j-after").
         n_traces, n_haystack, seg_len, seed: The traces' settings.
+        protocol: The NiH construction (``"study"`` or ``"uniform"``).
         query_position: Token ``p`` of the query label.
         errors: Probe (``clean`` and the four probes) -> offset -> median/q1/q3/mean of
             the squared error against that trace's own truth.
@@ -312,6 +313,7 @@ class RecallReport:
     follows_label: list[float]
     rule: VerdictRule
     components: pd.DataFrame = field(default_factory=pd.DataFrame)
+    protocol: str = "study"
 
     def label_heads(self, offset: int = 1, direction: str = "noise", top: int = 5) -> list[tuple[str, float]]:
         """The attention heads that carry most of the label patch at ``offset``.
@@ -339,7 +341,8 @@ class RecallReport:
         }  # fmt: skip
         return {
             "offsets": list(self.offsets), "n_traces": self.n_traces, "n_haystack": self.n_haystack,
-            "seg_len": self.seg_len, "seed": self.seed, "query_position": self.query_position,
+            "seg_len": self.seg_len, "seed": self.seed, "protocol": self.protocol,
+            "query_position": self.query_position,
             "rule": {"min_effect": self.rule.min_effect, "label_at": self.rule.label_at,
                      "observation_at": self.rule.observation_at},
             "per_offset": per_offset,
@@ -378,6 +381,7 @@ def recall_analysis(
     seg_len: int | None = None,
     offsets: tuple[int, ...] | None = None,
     seed: int = 0,
+    protocol: str = "study",
     rule: VerdictRule | None = None,
     components: bool = True,
     batch_size: int = 256,
@@ -394,6 +398,8 @@ def recall_analysis(
         seg_len: Observations per segment (default: the run's evaluation setting).
         offsets: Offsets ``j`` to score; default every one of ``1..seg_len``.
         seed: Seed of the traces.
+        protocol: NiH construction: ``"study"`` (oldest system queried, misdirection to
+            the next) or ``"uniform"`` (both drawn uniformly).
         rule: Verdict thresholds (default :class:`VerdictRule`).
         components: Also patch each component (heads, layers) at the patched position.
         batch_size: Traces per forward pass of the whole-input runs.
@@ -423,7 +429,8 @@ def recall_analysis(
     if not isinstance(seg_len, int) or seg_len < 1:
         raise ValueError(f"seg_len must be a positive integer, got {seg_len!r}")
     offsets = _resolve_offsets(offsets, seg_len)
-    kw = {"n_haystack": n_haystack, "seg_len": seg_len, "offsets": offsets, "seed": seed}
+    kw = {"n_haystack": n_haystack, "seg_len": seg_len, "offsets": offsets, "seed": seed,
+          "protocol": protocol}
     probed = {probe: nih(cfg, n_traces, probe=probe, **kw) for probe in PROBE_NAMES}
     t, restart = probed["misdirect_incorrect"], probed["misdirect_restart"]
     n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", t.n_pos)
@@ -481,7 +488,7 @@ def recall_analysis(
         verdict=[verdict(a, b, s, rule) for a, b, s in zip(el, eo, sc, strict=True)],
         score_all=[recall_score(a, b) for a, b in zip(el, ea, strict=True)],
         verdict_all=[verdict(a, b, s, rule) for a, b, s in zip(el, ea, sc, strict=True)],
-        follows_label=follows.tolist(), rule=rule, components=sweep,
+        follows_label=follows.tolist(), rule=rule, components=sweep, protocol=protocol,
     )  # fmt: skip
 
 
@@ -539,7 +546,7 @@ def recall_dynamics(
         r = recall_analysis(ckpt, model=ckpt.model.to(device), progress=False, **kwargs).to_dict()
         out["steps"].append(ckpt.step)
         out["examples"].append(ckpt.examples_seen)
-        out.update({k: r[k] for k in ("offsets", "n_traces", "n_haystack", "seg_len", "seed", "rule")})
+        out.update({k: r[k] for k in ("offsets", "n_traces", "n_haystack", "seg_len", "seed", "protocol", "rule")})
         for j, values in r["per_offset"].items():
             for key, v in values.items():
                 out["per_offset"].setdefault(j, {}).setdefault(key, []).append(v)

@@ -181,7 +181,7 @@ def test_train_from_a_yaml_file_then_eval_then_resume(capsys, tmp_path):
     report = json.loads((out / "eval" / "nih.json").read_text())
     assert set(report) == {"suite", "checkpoint", "sha256", "step", "seed", "result"}
     assert report["suite"] == "nih" and report["step"] == 3
-    assert set(report["result"]) == {"n_haystack", "seg_len", "n_traces", "offsets"}
+    assert set(report["result"]) == {"n_haystack", "seg_len", "n_traces", "offsets", "protocol"}
     assert report["result"]["n_traces"] == 20 and report["result"]["n_haystack"] == 2
     assert set(report["result"]["offsets"]) == {"1", "2", "3"}
     for j, s in report["result"]["offsets"].items():

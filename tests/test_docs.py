@@ -31,8 +31,9 @@ def test_the_custom_patching_experiment_is_short_uses_top_level_imports_and_runs
     assert [line for line in code_lines if "import" in line] == ["import mechlab"]
     namespace: dict = {}
     exec(compile(first, "docs/analysis.md", "exec"), namespace)
-    top = namespace["result"].top(5)
+    top = namespace["result"].top(6)
     labels = [cell for cell, _, _ in top]
+    assert labels[0] == "blocks.0.attn.hook_result[4]"
     assert "blocks.2.hook_mlp_out" in labels and "blocks.2.attn.hook_result[4]" in labels
     assert (in_tmp_with_examples / "patch.html").stat().st_size > 0
 

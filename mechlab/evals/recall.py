@@ -16,7 +16,8 @@ examples (draws of test systems, labels and query), each with ``K`` initial-stat
 the median over each example's trials, then the median and quartiles across examples.
 
 ``protocol`` picks the NiH construction (:data:`mechlab.tasks.lds_evals.NIH_PROTOCOLS`):
-``"uniform"`` (the default) or ``"study"`` (oldest system queried, misdirection to the next).
+``"study"`` (the default: oldest system queried, misdirection to the next, as in the
+study's code) or ``"uniform"`` (query and misdirection drawn uniformly).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def nih_errors(
     seg_len: int = 10,
     generator: torch.Generator | None = None,
     probe: str | None = None,
-    protocol: str = "uniform",
+    protocol: str = "study",
     trials: int = 1,
 ) -> dict[int, Tensor]:
     """Needle-in-a-haystack errors per offset after the query label.
@@ -157,7 +158,7 @@ def evaluate_model(
     n_haystack: int = 7,
     seg_len: int = 10,
     seed: int = 0,
-    protocol: str = "uniform",
+    protocol: str = "study",
     trials: int | None = None,
 ) -> dict[str, Any]:
     """Run one suite (not ``dynamics``) on a model; returns a JSON-ready dict.
@@ -181,8 +182,7 @@ def evaluate_model(
         raise ValueError(f"trials must be a positive integer or None, got {trials!r}")
     n_total = n_traces * (trials or 1)
     head = {"n_haystack": n_haystack, "seg_len": seg_len, "n_traces": n_traces}
-    if protocol != "uniform":
-        head["protocol"] = protocol
+    head["protocol"] = protocol
     if trials is not None:
         head["trials"] = trials
     if suite == "nih":
@@ -219,7 +219,7 @@ def dynamics(
     seg_len: int = 10,
     seed: int = 0,
     progress: bool = True,
-    protocol: str = "uniform",
+    protocol: str = "study",
 ) -> dict[str, Any]:
     """Every checkpoint of a run through the NiH suite: error vs examples seen.
 
@@ -279,7 +279,7 @@ def run_suite(
     n_haystack: int | None = None,
     seg_len: int | None = None,
     seed: int = 0,
-    protocol: str = "uniform",
+    protocol: str = "study",
     trials: int | None = None,
 ) -> dict[str, Any]:
     """Run a suite on a checkpoint (``dynamics``: on the run directory the checkpoint is in).

@@ -49,9 +49,9 @@ NIH_PROTOCOLS: dict[str, dict[str, str]] = {
     "uniform": {"query": "uniform", "misdirect": "uniform"},
     "study": {"query": "oldest", "misdirect": "next"},
 }
-"""Named NiH constructions: ``uniform`` (mechlab's default: query and misdirection drawn
-uniformly) and ``study`` (the recall study's code: the query is the oldest haystack system,
-the misdirection shows the label of the next one)."""
+"""Named NiH constructions: ``study`` (the default, the recall study's code: the query is the
+oldest haystack system, the misdirection shows the label of the next one) and ``uniform``
+(query and misdirection drawn uniformly)."""
 
 
 def nih_protocol(protocol: str) -> dict[str, str]:

@@ -84,7 +84,7 @@ class NiH:
         seg_len: Observations per segment ``S``.
         task_config: The task config the traces follow.
         library: The system library (the task's test library) the ids refer to.
-        protocol: The NiH construction (``"uniform"`` or ``"study"``).
+        protocol: The NiH construction (``"study"``, the default, or ``"uniform"``).
     """
 
     clean: Tensor  # [batch, pos, d_in]
@@ -106,7 +106,7 @@ class NiH:
     seg_len: int
     task_config: LDSConfig
     library: SystemLibrary
-    protocol: str = "uniform"
+    protocol: str = "study"
 
     def __len__(self) -> int:
         return self.clean.shape[0]
@@ -169,7 +169,7 @@ def nih(
     offsets: tuple[int, ...] | None = None,
     seed: int = 0,
     fresh_x0: bool = True,
-    protocol: str = "uniform",
+    protocol: str = "study",
 ) -> NiH:
     """Needle-in-a-haystack traces and their probe twins, on a checkpoint's own task.
 
@@ -187,9 +187,9 @@ def nih(
             that fit ``seg_len``.
         seed: Seed of the traces (the same seed gives the same traces).
         fresh_x0: Fresh initial states per trace (else the library's fixed ones).
-        protocol: ``"uniform"`` (query and misdirection drawn uniformly) or ``"study"``
-            (the study's code: the oldest haystack system is queried and
-            ``misdirect_incorrect`` shows the next one's label).
+        protocol: ``"study"`` (the default, the study's code: the oldest haystack system
+            is queried and ``misdirect_incorrect`` shows the next one's label) or
+            ``"uniform"`` (query and misdirection drawn uniformly).
 
     Returns:
         The :class:`NiH` traces, on the CPU.

@@ -92,7 +92,7 @@ def test_a_model_that_predicts_the_truth_scores_zero(cfg, test_lib):
                                 generator=torch.Generator().manual_seed(7), offsets=(1, 2, 3))
     oracle = Replay(traces.batch.inputs, traces.batch.targets)
     errs = nih_errors(oracle, cfg, test_lib, n_traces=n, n_haystack=2, seg_len=4,
-                      generator=torch.Generator().manual_seed(7))
+                      generator=torch.Generator().manual_seed(7), protocol="uniform")
     assert oracle.chunks == [256, 44]
     assert sorted(errs) == [1, 2, 3]  # offsets 7 and 8 do not fit a segment of 4
     for e in errs.values():
@@ -102,7 +102,7 @@ def test_a_model_that_predicts_the_truth_scores_zero(cfg, test_lib):
     shifted = traces.batch.targets.clone()
     shifted[0, traces.positions[1], 0] += 0.5
     errs = nih_errors(Replay(traces.batch.inputs, shifted), cfg, test_lib, n_traces=n, n_haystack=2,
-                      seg_len=4, generator=torch.Generator().manual_seed(7))
+                      seg_len=4, generator=torch.Generator().manual_seed(7), protocol="uniform")
     assert errs[2][0].item() == pytest.approx(0.25, abs=1e-6)
     assert errs[1].abs().max() < 1e-10 and errs[2][1:].abs().max() < 1e-10
 
@@ -138,7 +138,7 @@ def test_summarize_against_torch_quantiles():
 
 def test_evaluate_model_nih_and_ood_keys(cfg, test_lib, model):
     nih = evaluate_model(model, cfg, test_lib, "nih", n_traces=40, n_haystack=2, seg_len=4, seed=3)
-    assert set(nih) == {"n_haystack", "seg_len", "n_traces", "offsets"}
+    assert set(nih) == {"n_haystack", "seg_len", "n_traces", "offsets", "protocol"}
     assert (nih["n_haystack"], nih["seg_len"], nih["n_traces"]) == (2, 4, 40)
     assert list(nih["offsets"]) == ["1", "2", "3"]
     for s in nih["offsets"].values():
@@ -147,7 +147,7 @@ def test_evaluate_model_nih_and_ood_keys(cfg, test_lib, model):
     json.dumps(nih)  # JSON-ready
 
     ood = evaluate_model(model, cfg, test_lib, "ood", n_traces=40, n_haystack=2, seg_len=4, seed=3)
-    assert set(ood) == {"n_haystack", "seg_len", "n_traces", "probes"}
+    assert set(ood) == {"n_haystack", "seg_len", "n_traces", "probes", "protocol"}
     assert set(ood["probes"]) == {"clean", *PROBES}
     # Same seed: the clean probe is exactly the nih suite.
     assert ood["probes"]["clean"] == nih["offsets"]

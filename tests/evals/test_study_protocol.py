@@ -78,16 +78,18 @@ def test_per_example_suite_equals_the_hand_aggregation(cfg, model):
                          protocol="study", trials=K)
     assert ood["probes"]["clean"] == report["offsets"]
     plain = evaluate_model(model, cfg, lib, "nih", n_traces=E, n_haystack=2, seg_len=4, seed=3)
-    assert "protocol" not in plain and "trials" not in plain  # the default report is unchanged
+    assert plain["protocol"] == "study" and "trials" not in plain  # the study's NiH by default
 
 
 def test_study_protocol_changes_the_misdirection_errors(cfg, model):
     lib = make_libraries(cfg)[1]
     g = torch.Generator
-    uni = nih_errors(model, cfg, lib, 64, 2, 4, g().manual_seed(1), probe="misdirect_incorrect")
+    uni = nih_errors(model, cfg, lib, 64, 2, 4, g().manual_seed(1), probe="misdirect_incorrect",
+                     protocol="uniform")
     study = nih_errors(model, cfg, lib, 64, 2, 4, g().manual_seed(1), probe="misdirect_incorrect",
                        protocol="study")
-    assert not torch.equal(uni[1], study[1])
+    default = nih_errors(model, cfg, lib, 64, 2, 4, g().manual_seed(1), probe="misdirect_incorrect")
+    assert not torch.equal(uni[1], study[1]) and torch.equal(default[1], study[1])
 
 
 def test_run_suite_and_cli_validate_protocol_and_trials(ckpt_path, tmp_path, capsys):
@@ -106,12 +108,13 @@ def test_run_suite_and_cli_validate_protocol_and_trials(ckpt_path, tmp_path, cap
 
 def test_study_prune_protocol_resolves_to_the_studys_settings():
     study = pipelines.prune_protocol("study")
-    assert study == {"sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
+    assert study == {"nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
                      "loss_scale": 1000.0, "steps": 3000}
     mine = pipelines.prune_protocol("study", steps=20, sparsity=0.9, node_sparsity=None)
     assert mine["steps"] == 20 and mine["sparsity"] == 0.9 and mine["node_sparsity"] == 0.8
-    assert pipelines.prune_protocol("uniform") == {"sparsity": 0.95}
-    with pytest.raises(ValueError, match="unknown NiH protocol"):
+    assert pipelines.prune_protocol("uniform") == {"nih": "uniform", "sparsity": 0.95}
+    assert pipelines.prune_protocol("default") == {"nih": "study", "sparsity": 0.95}
+    with pytest.raises(ValueError, match="unknown protocol"):
         pipelines.prune_protocol("paper")
 
 
@@ -148,7 +151,11 @@ def test_prune_checkpoint_applies_the_protocol(ckpt_path, capture_prune):
         pipelines.prune_checkpoint(ckpt_path, "1-after", n_train=4, n_test=4)
     call = capture_prune[-1]
     assert call["sparsity"] == 0.95 and "loss_scale" not in call and "steps" not in call
-    assert "nih_protocol" not in call["data"].info
+    assert call["data"].info["nih_protocol"] == "study"  # the default: study NiH, mechlab's settings
+    with pytest.raises(Captured):
+        pipelines.prune_checkpoint(ckpt_path, "1-after", n_train=4, n_test=4, protocol="uniform")
+    call = capture_prune[-1]
+    assert call["sparsity"] == 0.95 and call["data"].info["nih_protocol"] == "uniform"
 
 
 def test_cli_prune_protocol_explicit_options_override(ckpt_path, tmp_path, capture_prune, capsys):

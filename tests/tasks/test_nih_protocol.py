@@ -108,8 +108,11 @@ def test_nih_and_prune_data_pass_the_protocol_through(cfg):
     assert t.protocol == "study" and (t.query == 0).all() and (t.other == 1).all()
     p = t.query_position
     assert (t.corrupted_batch.label[:, p] == t.slot_labels[:, 1]).all()
-    u = nih(cfg, 16, n_haystack=3, seg_len=5, seed=4)
+    u = nih(cfg, 16, n_haystack=3, seg_len=5, protocol="uniform", seed=4)
     assert u.protocol == "uniform" and torch.equal(u.systems, t.systems)
+    assert not (u.query == 0).all()  # uniform draws the queried slot
+    default = nih(cfg, 16, n_haystack=3, seg_len=5, seed=4)  # the study's NiH is the default
+    assert default.protocol == "study" and torch.equal(default.clean, t.clean)
 
     data = nih_prune_data(cfg, n_train=8, n_test=8, n_haystack=3, seg_len=5, protocol="study")
     assert data.info["nih_protocol"] == "study"
@@ -118,4 +121,8 @@ def test_nih_and_prune_data_pass_the_protocol_through(cfg):
     second = data.train.inputs[:, 1 + 7, : 2 * cfg.n_pairs].argmax(-1) // 2  # slot 1's
     bad = data.train.corrupted[:, p, : 2 * cfg.n_pairs].argmax(-1) // 2
     assert torch.equal(lab, first) and torch.equal(bad, second)
-    assert "nih_protocol" not in nih_prune_data(cfg, n_train=4, n_test=4, n_haystack=3, seg_len=5).info
+    default = nih_prune_data(cfg, n_train=8, n_test=8, n_haystack=3, seg_len=5)
+    assert default.info["nih_protocol"] == "study"
+    assert torch.equal(default.train.corrupted, data.train.corrupted)
+    uniform = nih_prune_data(cfg, n_train=8, n_test=8, n_haystack=3, seg_len=5, protocol="uniform")
+    assert uniform.info["nih_protocol"] == "uniform"
