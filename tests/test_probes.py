@@ -51,7 +51,8 @@ N, S = 3, 4  # haystack systems, observations per segment: (S + 2)(N + 1) = 24 p
 
 
 def traces(n: int = 200, seed: int = 0):
-    return mechlab.nih(CFG, n_traces=n, n_haystack=N, seg_len=S, probe=None, seed=seed)
+    return mechlab.nih(CFG, n_traces=n, n_haystack=N, seg_len=S, probe=None, seed=seed,
+                       protocol="uniform")  # the queried slot varies: query_system has classes
 
 
 def tiny_transformer(seed: int = 0):
@@ -404,7 +405,9 @@ def test_random_twin_is_seeded_and_leaves_the_global_rng_alone():
 
 def test_bundled_checkpoint_encodes_the_query_system_and_a_random_model_does_not():
     ckpt = mechlab.load_checkpoint(BUNDLED)
-    t = mechlab.nih(ckpt, n_traces=512, probe=None, seed=0)
+    with pytest.raises(ValueError, match="every trace queries haystack slot 0"):
+        recall_targets(mechlab.nih(ckpt, n_traces=8, probe=None), "query_system")  # study NiH
+    t = mechlab.nih(ckpt, n_traces=512, probe=None, seed=0, protocol="uniform")
     hook, p = f"blocks.{ckpt.config.n_layers - 1}.hook_resid_post", t.query_position
     sweep = probe_sweep(ckpt.model, t, "query_system", hooks=[hook], positions=[p], progress=False)
     row = sweep.to_dataframe().iloc[0]

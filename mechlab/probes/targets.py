@@ -128,9 +128,15 @@ def recall_targets(
         ``[batch, n_positions]`` long test-library system ids.
 
     Raises:
-        ValueError: Unknown target or positions where it is undefined.
+        ValueError: Unknown target, positions where it is undefined, or ``query_system``
+            on traces that all query the same slot (the study's NiH).
     """
     index = torch.tensor(target_positions(t, name, positions), dtype=torch.long)
+    if name == "query_system" and t.query.unique().numel() < 2 and len(t) > 1:
+        raise ValueError(
+            f"every trace queries haystack slot {int(t.query[0])} ({t.protocol!r} NiH), so "
+            "there is nothing to probe; build the traces with mechlab.nih(..., protocol='uniform')"
+        )
     batch = t.clean_batch
     d_state = t.truth.shape[-1]
     if name == "query_system":
