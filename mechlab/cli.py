@@ -174,6 +174,51 @@ def _print_report(report: dict) -> None:
 
 
 @app.command()
+def report(
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
+    out: Path = typer.Option(..., help="Directory for index.html and the JSON behind it."),
+    target: list[str] = typer.Option(["1-after", "2-after"], help="Pruning target (repeatable)."),
+    seed: list[int] = typer.Option([0, 1], help="Pruning seeds per target (repeatable; two or more give the seed baseline)."),
+    eval_traces: int = typer.Option(500, min=1, help="NiH traces of the evaluation."),
+    prune_traces: int = typer.Option(256, min=1, help="Training traces of each pruning run (held-out: twice as many)."),
+    recall_traces: int = typer.Option(256, min=1, help="NiH traces of the recall verdicts."),
+    components: bool = typer.Option(True, help="Patch each head / layer in the recall analysis."),
+    protocol: str = typer.Option("default", help="Pruning protocol: default, uniform or study (see mechlab prune --help)."),
+    steps: int | None = typer.Option(None, min=1, help="Optimiser steps of each pruning run (default: the protocol's)."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    device: str = typer.Option("cpu"),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
+    import torch
+
+    from mechlab.report import ReportConfig, make_report
+
+    if str(out) in ("", "."):
+        raise UsageProblem("give --out a folder of its own (the report writes several files)")
+    cfg = ReportConfig(targets=tuple(target), seeds=tuple(seed), eval_traces=eval_traces,
+                       prune_traces=prune_traces, recall_traces=recall_traces,
+                       components=components, protocol=protocol, steps=steps)  # fmt: skip
+    if threads is not None:
+        torch.set_num_threads(threads)
+    typer.echo(f"torch threads: {torch.get_num_threads()}", err=True)
+    result = make_report(ckpt, cfg, device=device, progress=progress,
+                         log=lambda line: typer.echo(line, err=True))  # fmt: skip
+    page = result.write(out)
+    s = result.summary()
+    typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
+    typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
+    for name, c in s["circuits"].items():
+        faith = ", ".join(_fmt(f) for f in c["faithfulness"])
+        typer.echo(f"circuit {name}: edges {c['edges']}, faithfulness {faith}")
+    for key, o in s["overlap"].items():
+        typer.echo(f"{key}: Jaccard {o['jaccard']:.3f} (null uniform {o['null_uniform']:.3f}, "
+                   f"degree {o['null_degree']:.3f}); within seeds "
+                   + ", ".join(f"{t} {v:.3f}" for t, v in s["within"].items()))  # fmt: skip
+    typer.echo(f"report: {page}")
+
+
+@app.command()
 def recall(
     ckpt: Path | None = typer.Option(None, help="Checkpoint of a run trained on the lds task."),
     checkpoints: Path | None = typer.Option(None, help="Run directory: the same scores across its checkpoints/step_*.pt."),

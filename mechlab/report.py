@@ -1,0 +1,389 @@
+"""The main job in one call: evaluate a recall checkpoint, find its circuits, explain them.
+
+:func:`make_report` runs, on one checkpoint of the interleaved-systems task,
+
+1. the needle-in-a-haystack evaluation and its out-of-distribution probes;
+2. edge pruning of each target (default ``1-after`` and ``2-after``), several seeds each;
+3. the overlap of the targets' circuits against their seed-to-seed baseline, with
+   bootstrap intervals and the uniform / degree-preserving null models, and each circuit
+   evaluated on the other target (cross-evaluation);
+4. the label- vs observation-based recall verdicts per offset;
+
+and writes one self-contained ``index.html`` (plotly.js embedded once, every figure and
+number) plus the JSON behind it into a folder::
+
+    DIR/index.html  DIR/report.json  DIR/eval/{nih,ood}.json  DIR/circuits/<target>_seed<k>.json
+    DIR/overlap.json  DIR/recall.json
+
+Everything is computed before anything is written, and every setting is checked before
+any work starts.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from mechlab.io import atomic_write_text
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class ReportConfig:
+    """What :func:`make_report` runs.
+
+    Attributes:
+        targets: Pruning targets (``"k-after"``); at least one.
+        seeds: Pruning seeds per target (each also draws its own traces); two or more give
+            the seed-to-seed baseline the overlap is judged against.
+        eval_traces: NiH traces of the evaluation and its probes.
+        prune_traces: Training traces of each pruning run (held-out: twice as many).
+        recall_traces: NiH traces of the recall verdicts.
+        components: Also patch each head / layer in the recall analysis (the head heatmap).
+        protocol: Pruning protocol (:data:`mechlab.pipelines.PRUNE_PROTOCOLS`); its NiH
+            construction is used everywhere.
+        steps: Optimiser steps of each pruning run (None: the protocol's).
+        n_boot: Bootstrap resamples of the overlap intervals.
+        n_null: Samples of each null model.
+    """
+
+    targets: tuple[str, ...] = ("1-after", "2-after")
+    seeds: tuple[int, ...] = (0, 1)
+    eval_traces: int = 500
+    prune_traces: int = 256
+    recall_traces: int = 256
+    components: bool = True
+    protocol: str = "default"
+    steps: int | None = None
+    n_boot: int = 1000
+    n_null: int = 500
+
+    def __post_init__(self) -> None:
+        from mechlab.pipelines import PRUNE_PROTOCOLS
+
+        self.targets, self.seeds = tuple(self.targets), tuple(int(s) for s in self.seeds)
+        if not self.targets:
+            raise ValueError("give at least one target (e.g. 1-after)")
+        if len(set(self.targets)) != len(self.targets) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("targets and seeds must not repeat")
+        if not self.seeds:
+            raise ValueError("give at least one seed")
+        for name in ("eval_traces", "prune_traces", "recall_traces", "n_boot", "n_null"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
+        if self.protocol not in PRUNE_PROTOCOLS:
+            raise ValueError(
+                f"unknown protocol {self.protocol!r}; choose one of {list(PRUNE_PROTOCOLS)}"
+            )
+
+    @property
+    def nih(self) -> str:
+        """The NiH construction of the protocol (``"study"`` or ``"uniform"``)."""
+        from mechlab.pipelines import PRUNE_PROTOCOLS
+
+        return PRUNE_PROTOCOLS[self.protocol]["nih"]
+
+
+@dataclass
+class Report:
+    """What :func:`make_report` computed (JSON-ready dicts) and the figures drawn from it.
+
+    Attributes:
+        checkpoint: Path of the checkpoint.
+        config: The :class:`ReportConfig`.
+        evals: Suite name -> :func:`mechlab.evals.run_suite` report.
+        circuits: Target -> circuits (one per seed).
+        overlap: Overlap statistics and cross-evaluation (see :func:`_overlap`).
+        recall: :func:`mechlab.recall.recall_checkpoint` report.
+        timings: Seconds per stage.
+    """
+
+    checkpoint: str
+    config: ReportConfig
+    evals: dict[str, dict[str, Any]]
+    circuits: dict[str, list[Any]]
+    overlap: dict[str, Any]
+    recall: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers (also ``report.json``'s ``summary``)."""
+        nih = self.evals["nih"]["result"]["offsets"]
+        per = self.recall["result"]["per_offset"]
+        out: dict[str, Any] = {
+            "nih_median": {f"{j}-after": v["median"] for j, v in nih.items()},
+            "verdict": {f"{j}-after": v["verdict"] for j, v in per.items()},
+            "circuits": {},
+        }
+        for target, found in self.circuits.items():
+            metrics = [c.metadata.get("metrics", {}) for c in found]
+            out["circuits"][target] = {
+                "edges": [len(c.edges) for c in found],
+                "faithfulness": [m.get("faithfulness") for m in metrics],
+                "complement_faithfulness": [m.get("complement_faithfulness") for m in metrics],
+            }
+        out["overlap"] = {
+            key: {"jaccard": entry["jaccard_observed"], "null_uniform": entry["null_uniform"]["mc_mean"],
+                  "null_degree": entry["null_degree"]["mc_mean"]}
+            for key, entry in self.overlap["across"].items()
+        }  # fmt: skip
+        out["within"] = {t: ci["value"] for t, ci in self.overlap["within"].items()}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """``report.json``: the settings, the timings and the headline numbers."""
+        return {"checkpoint": self.checkpoint, "config": asdict(self.config),
+                "timings_s": self.timings, "summary": self.summary()}  # fmt: skip
+
+    def figures(self) -> list[tuple[str, go.Figure]]:
+        """``(section title, figure)`` pairs, in the page's order."""
+        from mechlab.prune.circuit import plot_circuit
+        from mechlab.viz import figure_for_suite, recall_figure
+
+        figs = [("Needle in a haystack", figure_for_suite(self.evals["nih"])),
+                ("Out-of-distribution probes", figure_for_suite(self.evals["ood"]))]  # fmt: skip
+        for target, found in self.circuits.items():
+            c = found[0]
+            seed = c.metadata.get("seed")
+            figs.append(
+                (
+                    f"Circuit: {target} (seed {seed})",
+                    plot_circuit(c, f"{target} circuit, seed {seed}"),
+                )
+            )
+        figs.append(("Label- vs observation-based recall", recall_figure(self.recall)))
+        return figs
+
+    def to_html(self) -> str:
+        """One self-contained page: plotly.js once, then every table and figure."""
+        from plotly.offline import get_plotlyjs
+
+        parts = [f"<h1>mechlab report: {html.escape(self.checkpoint)}</h1>", self._tables_html()]
+        for title, fig in self.figures():
+            parts.append(f"<h2>{html.escape(title)}</h2>")
+            parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
+        style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
+                 "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
+                 "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+                 "th{background:#f4f4f4}td:first-child{text-align:left}")  # fmt: skip
+        return (
+            "<!DOCTYPE html><html><head><meta charset='utf-8'><title>mechlab report</title>"
+            f"<style>{style}</style><script type='text/javascript'>{get_plotlyjs()}</script>"
+            f"</head><body>{''.join(parts)}</body></html>"
+        )
+
+    def _tables_html(self) -> str:
+        s = self.summary()
+        rows = [["offset", "NiH median error", "recall verdict"]]
+        for key, value in s["nih_median"].items():
+            rows.append([key, f"{value:.4f}", s["verdict"].get(key, "")])
+        out = ["<h2>Numbers</h2>", _table(rows)]
+        rows = [["target", "seed", "edges", "faithfulness", "complement faithfulness"]]
+        for target, found in self.circuits.items():
+            for c in found:
+                m = c.metadata.get("metrics", {})
+                rows.append(
+                    [
+                        target,
+                        str(c.metadata.get("seed")),
+                        str(len(c.edges)),
+                        _fmt(m.get("faithfulness")),
+                        _fmt(m.get("complement_faithfulness")),
+                    ]
+                )
+        out.append(_table(rows))
+        rows = [["pair", "Jaccard", "95% CI", "uniform null", "degree null"]]
+        for key, entry in self.overlap["across"].items():
+            ci = entry["jaccard"]
+            interval = "" if ci is None else f"[{ci['low']:.3f}, {ci['high']:.3f}]"
+            rows.append(
+                [
+                    key,
+                    f"{entry['jaccard_observed']:.3f}",
+                    interval,
+                    f"{entry['null_uniform']['mc_mean']:.3f}",
+                    f"{entry['null_degree']['mc_mean']:.3f}",
+                ]
+            )
+        for target, ci in self.overlap["within"].items():
+            rows.append(
+                [
+                    f"{target} across seeds",
+                    f"{ci['value']:.3f}",
+                    f"[{ci['low']:.3f}, {ci['high']:.3f}]",
+                    "",
+                    "",
+                ]
+            )
+        out.append(_table(rows))
+        rows = [["circuit", "seed", "evaluated on", "faithfulness", "complement"]]
+        for r in self.overlap.get("cross_evaluation", []):
+            rows.append(
+                [
+                    r["circuit_target"],
+                    str(r["seed"]),
+                    r["evaluated_on"] + (" (own)" if r["own"] else ""),
+                    _fmt(r["faithfulness"]),
+                    _fmt(r["complement_faithfulness"]),
+                ]
+            )
+        out.append(_table(rows))
+        t = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
+        out.append(
+            f"<p>Timings: {html.escape(t)}. JSON: <a href='report.json'>report.json</a>, "
+            "<a href='eval/nih.json'>eval/</a>, <a href='circuits/'>circuits/</a>, "
+            "<a href='overlap.json'>overlap.json</a>, <a href='recall.json'>recall.json</a>.</p>"
+        )
+        return "".join(out)
+
+    def write(self, out: str | Path) -> Path:
+        """Write ``index.html`` and the JSON behind it into ``out``; returns the page's path."""
+        out = Path(out)
+        for name, rep in self.evals.items():
+            atomic_write_text(out / "eval" / f"{name}.json", json.dumps(rep, indent=1))
+        for found in self.circuits.values():
+            for c in found:
+                c.to_json(
+                    out / "circuits" / f"{c.metadata['target']}_seed{c.metadata['seed']}.json"
+                )
+        atomic_write_text(out / "overlap.json", json.dumps(self.overlap, indent=1, allow_nan=True))
+        atomic_write_text(out / "recall.json", json.dumps(self.recall, indent=1))
+        atomic_write_text(out / "report.json", json.dumps(self.to_dict(), indent=1, allow_nan=True))
+        return atomic_write_text(out / "index.html", self.to_html())
+
+
+def _fmt(x: Any) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:]
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _overlap(
+    path: Path, circuits: dict[str, list[Any]], cfg: ReportConfig, device: str
+) -> dict[str, Any]:
+    """Overlap statistics (pos edges excluded: they cannot matter) and cross-evaluation."""
+    from mechlab.pipelines import checkpoint_prune_data
+    from mechlab.prune.circuit import overlap
+    from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
+
+    flat = [c for found in circuits.values() for c in found]
+    first = flat[0]
+    inert = set(first.metadata.get("inert_writers", []))  # their edges cannot matter
+    edges = [e for e in graph_edges(first) if e[0] not in inert]
+    report = overlap_report(flat, edges, n_boot=cfg.n_boot, n_null=cfg.n_null)
+    for key, entry in report["across"].items():
+        a, b = key.split(" vs ")
+        pairs = [overlap(x, y).jaccard for x in circuits[a] for y in circuits[b]]
+        entry["jaccard_observed"] = sum(pairs) / len(pairs)
+    # cross-evaluation on the first seed's held-out traces
+    info = first.metadata.get("data", {})
+    checkpoint, data = checkpoint_prune_data(
+        path, n_train=int(info.get("n_train", cfg.prune_traces)), n_test=int(info.get("n_test", 2 * cfg.prune_traces)),
+        data_seed=int(info.get("data_seed", 0)), protocol=cfg.nih, device=device,
+    )  # fmt: skip
+    report["cross_evaluation"] = cross_evaluate(checkpoint.model, data, flat)
+    report["excluded_writers"] = sorted(inert)
+    return report
+
+
+def make_report(
+    ckpt: str | Path,
+    config: ReportConfig | None = None,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    log: Log | None = None,
+) -> Report:
+    """Evaluate, prune, compare and explain one checkpoint of the interleaved-systems task.
+
+    Args:
+        ckpt: Checkpoint file of a run on the ``lds`` task.
+        config: What to run (default :class:`ReportConfig`).
+        device: Where the model runs.
+        progress: Show progress bars (each names its stage and target).
+        log: Called with one line as each stage starts and ends (e.g. ``print``).
+
+    Returns:
+        The :class:`Report` (call :meth:`Report.write` to save it).
+
+    Raises:
+        ValueError: A missing or foreign checkpoint, an unknown target or protocol, or
+            settings that do not fit the task: before any work.
+    """
+    from mechlab.evals import run_suite
+    from mechlab.pipelines import check_prune_targets, prune_checkpoint
+    from mechlab.recall import recall_checkpoint
+
+    cfg = config or ReportConfig()
+    say = log or (lambda line: None)
+    path = Path(ckpt)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} not found")
+    check_prune_targets(path, list(cfg.targets), protocol=cfg.nih)  # loads it: task, targets
+    timings: dict[str, float] = {}
+
+    start = time.perf_counter()
+    say(f"evaluation: NiH and its probes, {cfg.eval_traces} traces")
+    evals = {
+        suite: run_suite(path, suite, n_traces=cfg.eval_traces, protocol=cfg.nih)
+        for suite in ("nih", "ood")
+    }
+    timings["evaluation"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    circuits: dict[str, list[Any]] = {}
+    for target in cfg.targets:
+        for seed in cfg.seeds:
+            say(f"pruning {target}, seed {seed}")
+            c = prune_checkpoint(
+                path,
+                target,
+                n_train=cfg.prune_traces,
+                n_test=2 * cfg.prune_traces,
+                seed=seed,
+                protocol=cfg.protocol,
+                steps=cfg.steps,
+                device=device,
+                progress=progress,
+            )
+            circuits.setdefault(target, []).append(c)
+    timings["pruning"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    say("overlap: bootstrap, null models, cross-evaluation")
+    overlap = (
+        _overlap(path, circuits, cfg, device)
+        if len(cfg.targets) > 1
+        else {"within": {}, "across": {}}
+    )
+    timings["overlap"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    say(f"recall verdicts, {cfg.recall_traces} traces")
+    recall = recall_checkpoint(
+        path,
+        device=device,
+        n_traces=cfg.recall_traces,
+        protocol=cfg.nih,
+        components=cfg.components,
+        progress=progress,
+    )
+    timings["recall"] = time.perf_counter() - start
+    return Report(str(path), cfg, evals, circuits, overlap, recall, timings)

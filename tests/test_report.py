@@ -1,0 +1,121 @@
+"""mechlab.report / `mechlab report`: the main job in one command, one self-contained page."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from mechlab.checkpoint import save_checkpoint
+from mechlab.cli import main
+from mechlab.models import build_model
+from mechlab.prune import Circuit, overlap
+from mechlab.report import ReportConfig, make_report
+
+TASK = {"d_state": 3, "n_pairs": 4, "n_ctx": 24, "max_systems": 3, "max_cuts": 8,
+        "n_train_systems": 60, "n_test_systems": 30}  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ckpt_path(tmp_path_factory):
+    torch.manual_seed(0)
+    model = build_model({"arch": "transformer", "d_model": 16, "n_layers": 2, "n_heads": 2,
+                         "io": "continuous", "d_in": 2 * 4 + 2 + 3, "d_out": 3, "n_ctx": 24})  # fmt: skip
+    path = tmp_path_factory.mktemp("ckpt") / "lds.pt"
+    save_checkpoint(model, path, task="lds", task_cfg=TASK,
+                    train_cfg={"eval_haystack": 2, "eval_seg_len": 4})  # fmt: skip
+    return path
+
+
+SMALL = {"eval_traces": 16, "prune_traces": 16, "recall_traces": 16, "steps": 4, "n_boot": 50,
+         "n_null": 50}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def written(ckpt_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    lines: list[str] = []
+    report = make_report(ckpt_path, ReportConfig(**SMALL), progress=False, log=lines.append)
+    page = report.write(out)
+    return report, out, page, lines
+
+
+def test_the_page_is_self_contained_with_plotly_once_and_every_figure(written):
+    report, out, page, lines = written
+    text = page.read_text()
+    assert page == out / "index.html"
+    # plotly.js embedded exactly once; no script or stylesheet fetched from anywhere
+    assert text.count("* plotly.js v") == 1
+    assert not re.search(r"<script[^>]+src=", text)
+    n_figures = len(report.figures())
+    assert n_figures == 2 + 2 + 1  # NiH, OOD, one circuit per target, recall
+    assert text.count("Plotly.newPlot(") == n_figures
+    for stage in ("evaluation", "pruning 1-after, seed 0", "pruning 2-after, seed 1", "overlap", "recall"):
+        assert any(line.startswith(stage) for line in lines), stage
+
+
+def test_the_json_behind_the_page_is_what_the_page_reports(written):
+    report, out, _, _ = written
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    nih = json.loads((out / "eval" / "nih.json").read_text())["result"]["offsets"]
+    assert summary["nih_median"] == {f"{j}-after": v["median"] for j, v in nih.items()}
+    recall = json.loads((out / "recall.json").read_text())["result"]["per_offset"]
+    assert summary["verdict"] == {f"{j}-after": v["verdict"] for j, v in recall.items()}
+    files = {t: [Circuit.from_json(out / "circuits" / f"{t}_seed{s}.json") for s in (0, 1)]
+             for t in ("1-after", "2-after")}  # fmt: skip
+    for target, found in files.items():
+        assert summary["circuits"][target]["edges"] == [len(c.edges) for c in found]
+        assert all(c.metadata["data"]["nih_protocol"] == "study" for c in found)
+    # across-target Jaccard: the mean over every (seed, seed) pair, computed independently
+    pairs = [overlap(a, b).jaccard for a in files["1-after"] for b in files["2-after"]]
+    assert summary["overlap"]["1-after vs 2-after"]["jaccard"] == pytest.approx(sum(pairs) / 4)
+    saved = json.loads((out / "overlap.json").read_text())
+    assert saved["excluded_writers"] == ["pos"]
+    assert len(saved["cross_evaluation"]) == 4 * 2  # every circuit on both targets
+
+
+def test_cli_report_runs_and_bad_input_creates_nothing(ckpt_path, tmp_path, capsys):
+    out = tmp_path / "r"
+    args = ["report", "--ckpt", str(ckpt_path), "--eval-traces", "8", "--prune-traces", "8",
+            "--recall-traces", "8", "--steps", "2", "--seed", "0", "--no-components", "--no-progress"]
+    assert main([*args, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert (out / "index.html").is_file() and "report:" in captured.out
+    assert "torch threads:" in captured.err
+    for bad, message in [
+        (["--target", "bogus"], "unknown target"),
+        (["--protocol", "paper"], "unknown protocol"),
+        (["--ckpt", str(tmp_path / "missing.pt")], "not found"),
+    ]:
+        fresh = tmp_path / f"bad{len(message)}"
+        assert main([*args, *bad, "--out", str(fresh)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+        assert not fresh.exists()  # nothing is created before the inputs are checked
+    assert main([*args, "--out", ""]) == 2
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"targets": ()}, "at least one target"),
+        ({"seeds": ()}, "at least one seed"),
+        ({"seeds": (0, 0)}, "must not repeat"),
+        ({"eval_traces": 0}, "eval_traces must be a positive integer"),
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"protocol": "paper"}, "unknown protocol"),
+    ],
+)
+def test_report_config_refuses_bad_settings(bad, message):
+    with pytest.raises(ValueError, match=message):
+        ReportConfig(**bad)
