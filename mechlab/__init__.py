@@ -1,8 +1,8 @@
 """mechlab: train small sequence models, look inside them, find their circuits.
 
-The public API, re-exported by name. The analysis packages (``mechlab.patching``,
-``mechlab.probes``, ``mechlab.recall``, ``mechlab.prune``) and their functions load on
-first use, so ``import mechlab`` does not pay for scikit-learn, pandas or nnsight::
+The public API, re-exported by name. Every name loads on first use, so ``import mechlab``
+(and ``mechlab --help``) pays for neither torch nor TransformerLens, scikit-learn, pandas
+or nnsight until a name that needs them is touched::
 
     import mechlab
     ckpt = mechlab.load_checkpoint("run.pt")
@@ -13,19 +13,40 @@ first use, so ``import mechlab`` does not pay for scikit-learn, pandas or nnsigh
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mechlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from mechlab.models import FAMILIES, MechModel, ModelConfig, build_model, make_config, presets
-from mechlab.models.cache import MechCache
-from mechlab.models.hooked import HookedModule, hooked
-from mechlab.tasks.nih import NiH, nih
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on first use
+    from mechlab.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+    from mechlab.models import FAMILIES, MechModel, ModelConfig, build_model, make_config, presets
+    from mechlab.models.cache import MechCache
+    from mechlab.models.hooked import HookedModule, hooked
+    from mechlab.tasks.nih import NiH, nih
 
 __version__ = "0.1.0"
 
 # Loaded on first access: subpackages, and names -> the module that defines them.
-_LAZY_MODULES = ("patching", "pipelines", "probes", "prune", "recall", "tasks", "viz")
+_LAZY_MODULES = (
+    "checkpoint", "models", "patching", "pipelines", "probes", "prune", "recall", "report",
+    "tasks", "viz",
+)  # fmt: skip
 _LAZY_NAMES = {
+    "Checkpoint": "mechlab.checkpoint",
+    "CheckpointError": "mechlab.checkpoint",
+    "load_checkpoint": "mechlab.checkpoint",
+    "save_checkpoint": "mechlab.checkpoint",
+    "FAMILIES": "mechlab.models",
+    "MechModel": "mechlab.models",
+    "ModelConfig": "mechlab.models",
+    "build_model": "mechlab.models",
+    "make_config": "mechlab.models",
+    "presets": "mechlab.models",
+    "MechCache": "mechlab.models.cache",
+    "HookedModule": "mechlab.models.hooked",
+    "hooked": "mechlab.models.hooked",
+    "NiH": "mechlab.tasks.nih",
+    "nih": "mechlab.tasks.nih",
+    "ReportConfig": "mechlab.report",
+    "make_report": "mechlab.report",
     "PatchResult": "mechlab.patching",
     "activation_patch": "mechlab.patching",
     "attribution_patch": "mechlab.patching",
@@ -66,6 +87,7 @@ __all__ = [
     "PatchResult",
     "RecallReport",
     "RegressorProbe",
+    "ReportConfig",
     "__version__",
     "activation_patch",
     "attribution_patch",
@@ -74,6 +96,7 @@ __all__ = [
     "hooked",
     "load_checkpoint",
     "make_config",
+    "make_report",
     "nih",
     "path_patch",
     "presets",
