@@ -16,7 +16,27 @@ objects is refused before anything in it can run. Its layout::
         "optimizer": optimizer.state_dict(),  # only when given
         "rng": {"torch": ByteTensor, "cuda": [ByteTensor], "numpy": {...},
                 "python": {...}},           # only with rng=True
+        "checksum": {"algorithm": "sha256",
+                     "tensors": {"state_dict/up.weight": hex, ...},
+                     "structure": hex},     # since mechlab 0.1 (older files load too)
     }
+
+The checksum covers every tensor (by path, dtype, shape and bytes) and every
+other value of the payload. torch does not verify a zip checkpoint's CRCs, so
+without it a bit flipped on disk or in a copy would load silently;
+:func:`load_checkpoint` recomputes it and refuses a file that does not match,
+naming the tensor. Checkpoints written before checksums existed (such as the
+bundled ``examples/checkpoints/recall-cpu/last.pt``) load as before, with
+``Checkpoint.checksum_verified`` False.
+
+Weights that are not finite (NaN or inf) are refused unless
+``allow_non_finite=True``: they cannot come from a healthy run, and every
+analysis of them would print NaN.
+
+Dtypes: the weights load into a model of their own dtype (bit-exact), which
+:func:`load_checkpoint` then casts to ``dtype`` (float32 by default), the
+dtype every mechlab analysis feeds its models; pass ``dtype=None`` to keep the
+saved dtype (``Checkpoint.saved_dtype`` records it either way).
 
 Weights alone can also live in a ``.safetensors`` file with a JSON config
 beside it (:func:`save_safetensors`; :func:`load_checkpoint` reads both).
@@ -43,12 +63,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mechlab.devices import check_device
 from mechlab.io import atomic_write
 from mechlab.models.base import MechModel, ModelConfig
-from mechlab.models.registry import FAMILIES, build_model, make_config
+from mechlab.models.registry import FAMILIES, build_model, check_size, make_config
 
 FORMAT = "mechlab-checkpoint"
 VERSION = 1
+CHECKSUM_ALGORITHM = "sha256"
 
 # Values a checkpoint may hold besides tensors. Exact types: a subclass such as
 # numpy.float64 (a float) or an IntEnum (an int) pickles as a class reference,
@@ -90,6 +112,11 @@ class Checkpoint:
             :meth:`restore_rng`.
         path: The file that was read.
         sha256: Hex SHA-256 of that file (of the weights file for safetensors).
+        checksum_verified: Whether the file carried a checksum of its tensors and
+            values and it matched (False for files written before checksums).
+        saved_dtype: The floating dtype of the saved weights (None if they mix
+            several); the model itself is in the ``dtype`` asked of
+            :func:`load_checkpoint`.
     """
 
     model: MechModel
@@ -101,6 +128,8 @@ class Checkpoint:
     rng_state: dict[str, Any] | None
     path: Path
     sha256: str
+    checksum_verified: bool = False
+    saved_dtype: torch.dtype | None = None
 
     @property
     def task(self) -> str | None:
@@ -112,7 +141,9 @@ class Checkpoint:
     def examples_seen(self) -> int:
         """Training examples seen at save time: ``step`` x the run's ``batch_size`` (1 if
         the metadata records no training settings)."""
-        return self.step * int(self.metadata.get("train_cfg", {}).get("batch_size", 1))
+        train_cfg = self.metadata.get("train_cfg", {})
+        batch_size = train_cfg.get("batch_size", 1) if isinstance(train_cfg, dict) else 1
+        return self.step * (batch_size if _is_int(batch_size) and batch_size > 0 else 1)
 
     @property
     def task_config(self) -> Any:
@@ -186,6 +217,7 @@ def save_checkpoint(
     _check_plain(metadata, "metadata")
     state_dict = dict(model.state_dict())
     _check_plain(state_dict, "state_dict")
+    _check_materialised(state_dict)
     payload: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -201,6 +233,7 @@ def save_checkpoint(
         payload["optimizer"] = optimizer_state
     if rng:
         payload["rng"] = capture_rng()
+    seal(payload)
     atomic_write(path, lambda f: torch.save(payload, f))
     return path
 
@@ -236,6 +269,7 @@ def save_safetensors(
     from safetensors.torch import save as safetensors_bytes
 
     config = _config_dict(model)
+    _check_materialised(dict(model.state_dict()))
     tensors = {}
     for name, value in model.state_dict().items():
         if not isinstance(value, Tensor):
@@ -251,6 +285,10 @@ def save_safetensors(
         "step": _check_step(step),
         "metrics": dict(metrics or {}),
         "metadata": dict(metadata),
+        "checksum": {
+            "algorithm": CHECKSUM_ALGORITHM,
+            "tensors": {name: _tensor_sha256(t) for name, t in tensors.items()},
+        },
     }
     try:
         text = json.dumps(sidecar, indent=2)
@@ -317,7 +355,13 @@ def restore_rng(state: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- loading
 
 
-def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    map_location: Any = "cpu",
+    dtype: torch.dtype | None = torch.float32,
+    allow_non_finite: bool = False,
+) -> Checkpoint:
     """Load a checkpoint written by :func:`save_checkpoint` or :func:`save_safetensors`.
 
     ``.pt`` files are read with ``torch.load(path, weights_only=True)``, so no
@@ -327,25 +371,41 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     ``config.json`` in the same directory. That JSON is either the layout
     :func:`save_safetensors` writes or a bare config dict with an ``"arch"`` key.
 
-    The model is built from the config through the registry, moved to the
-    weights' dtype when they all share one floating dtype (so float64 or bf16
-    weights load bit-exactly), loaded with ``strict=True`` and put in eval mode.
+    Before the model is built, the file's checksum (if it has one) is verified,
+    the config's size is checked against the registry's limit
+    (:func:`mechlab.models.registry.check_size`) and the weights are checked to
+    be finite. The model is built from the config through the registry, moved to
+    the weights' dtype when they all share one floating dtype (so float64 or bf16
+    weights load bit-exactly), loaded with ``strict=True``, cast to ``dtype`` and
+    put in eval mode.
 
     Args:
         path: The checkpoint file.
-        map_location: Passed to ``torch.load`` (for safetensors: a device).
+        map_location: Passed to ``torch.load`` (for safetensors: a device). A
+            device name is checked first (:func:`mechlab.devices.check_device`).
+        dtype: Floating dtype of the returned model: float32 (the default) is what
+            every mechlab analysis feeds it; None keeps the saved dtype.
+        allow_non_finite: Load weights holding NaN or inf instead of refusing them
+            (to inspect a diverged run).
 
     Returns:
         A :class:`Checkpoint`.
 
     Raises:
+        ValueError: An unknown or unavailable device, or ``dtype`` not a floating dtype.
         CheckpointError: With a one-line message, for a missing, empty,
-            truncated or corrupt file; a file holding pickled Python objects; a
-            file that is not a mechlab checkpoint; an unsupported version; an
-            unknown architecture or invalid config; weights that do not fit the
-            config (missing or unexpected keys, a shape mismatch).
+            truncated or corrupt file; a checksum that does not match (naming the
+            tensor); a file holding pickled Python objects; a file that is not a
+            mechlab checkpoint; an unsupported version; an unknown architecture,
+            invalid or oversized config; weights that do not fit the config
+            (missing or unexpected keys, a shape mismatch), hold no data (meta
+            tensors) or are not finite.
     """
     path = Path(path)
+    if isinstance(map_location, str | torch.device):
+        map_location = check_device(map_location)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch dtype or None, got {dtype!r}")
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the file does not exist; check the path")
     if not path.is_file():
@@ -356,7 +416,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             "re-save it or restore an intact copy"
         )
     if path.suffix == ".safetensors":
-        return _load_safetensors(path, map_location)
+        return _load_safetensors(path, map_location, dtype, allow_non_finite)
     try:
         with warnings.catch_warnings():
             # Said of foreign pickles, which are refused below anyway.
@@ -373,13 +433,14 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     except Exception as err:  # zip, EOF and format errors from torch.load
         raise _unreadable(path, err) from None
     _check_format(payload, path)
+    verified = _verify_checksum(payload, path)
 
     step = payload.get("step", 0)
     metrics = payload.get("metrics", {})
     metadata = payload.get("metadata", {})
     optimizer_state = payload.get("optimizer")
     rng_state = payload.get("rng")
-    if not isinstance(step, int) or isinstance(step, bool):
+    if not _is_int(step):
         raise _corrupt_field(path, "step", "an int", step)
     for field, value in (("metrics", metrics), ("metadata", metadata)):
         if not isinstance(value, dict):
@@ -387,8 +448,11 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
     for field, value in (("optimizer", optimizer_state), ("rng", rng_state)):
         if value is not None and not isinstance(value, dict):
             raise _corrupt_field(path, field, "a dict", value)
+    _check_metadata(metadata, path)
 
-    model = _build_and_load(payload["config"], payload["state_dict"], path)
+    model, saved_dtype = _build_and_load(
+        payload["config"], payload["state_dict"], path, dtype, allow_non_finite
+    )
     return Checkpoint(
         model=model,
         config=model.cfg,
@@ -399,10 +463,14 @@ def load_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
         rng_state=rng_state,
         path=path,
         sha256=_sha256(path),
+        checksum_verified=verified,
+        saved_dtype=saved_dtype,
     )
 
 
-def _load_safetensors(path: Path, map_location: Any) -> Checkpoint:
+def _load_safetensors(
+    path: Path, map_location: Any, dtype: torch.dtype | None, allow_non_finite: bool
+) -> Checkpoint:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -413,6 +481,11 @@ def _load_safetensors(path: Path, map_location: Any) -> Checkpoint:
         raise CheckpointError(
             f"checkpoint {path} is truncated or corrupt ({_brief(err)}); re-save it with "
             "save_safetensors or restore an intact copy"
+        ) from None
+    except Exception as err:  # a header that parses but describes impossible tensors
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt ({_brief(err)}); re-save it with save_safetensors or "
+            "restore an intact copy"
         ) from None
 
     candidates = [path.with_suffix(".json"), path.parent / "config.json"]
@@ -434,22 +507,42 @@ def _load_safetensors(path: Path, map_location: Any) -> Checkpoint:
             f"config file {sidecar_path} holds a {type(sidecar).__name__}, not a JSON object; "
             "re-save with save_safetensors"
         )
+    verified = False
     if "format" in sidecar:
         _check_format({**sidecar, "state_dict": state_dict}, sidecar_path)
         config = sidecar["config"]
+        step, metrics, metadata = (
+            sidecar.get("step", 0), sidecar.get("metrics", {}), sidecar.get("metadata", {})
+        )
+        if not _is_int(step):
+            raise _corrupt_field(sidecar_path, "step", "an int", step)
+        for field, value in (("metrics", metrics), ("metadata", metadata)):
+            if not isinstance(value, dict):
+                raise _corrupt_field(sidecar_path, field, "a dict", value)
+        _check_metadata(metadata, sidecar_path)
+        if "checksum" in sidecar:
+            expected = _checksum_block(sidecar["checksum"], sidecar_path).get("tensors")
+            if not isinstance(expected, dict):
+                raise _bad_checksum_block(sidecar_path)
+            _compare_tensor_digests(
+                {k: _tensor_sha256(v) for k, v in state_dict.items()}, expected, path
+            )
+            verified = True
     else:
-        config = sidecar
-    model = _build_and_load(config, state_dict, path)
+        config, step, metrics, metadata = sidecar, 0, {}, {}
+    model, saved_dtype = _build_and_load(config, state_dict, path, dtype, allow_non_finite)
     return Checkpoint(
         model=model,
         config=model.cfg,
-        step=sidecar.get("step", 0) if "format" in sidecar else 0,
-        metrics=sidecar.get("metrics", {}) if "format" in sidecar else {},
-        metadata=sidecar.get("metadata", {}) if "format" in sidecar else {},
+        step=step,
+        metrics=metrics,
+        metadata=metadata,
         optimizer_state=None,
         rng_state=None,
         path=path,
         sha256=_sha256(path),
+        checksum_verified=verified,
+        saved_dtype=saved_dtype,
     )
 
 
@@ -496,34 +589,62 @@ def _check_format(payload: Any, path: Path) -> None:
             raise _corrupt_field(path, field, "a dict", payload.get(field))
 
 
-def _build_and_load(config: Any, state_dict: dict[str, Any], path: Path) -> MechModel:
-    """Build the model of ``config`` and load ``state_dict`` into it, strictly."""
+def _build_and_load(
+    config: Any,
+    state_dict: dict[str, Any],
+    path: Path,
+    dtype: torch.dtype | None = None,
+    allow_non_finite: bool = False,
+) -> tuple[MechModel, torch.dtype | None]:
+    """Build the model of ``config`` and load ``state_dict`` into it, strictly.
+
+    Returns:
+        The model (cast to ``dtype`` unless None) and the saved weights' floating
+        dtype (None if they mix several).
+    """
     if not isinstance(config, dict):
         raise _corrupt_field(path, "config", "a dict", config)
     arch = config.get("arch")
-    if arch not in FAMILIES:
+    if not isinstance(arch, str) or arch not in FAMILIES:
         raise CheckpointError(
             f"unknown architecture {arch!r} in {path}; this mechlab knows {sorted(FAMILIES)} - "
             "use a mechlab version that has it"
         )
     try:
-        model = build_model(make_config(dict(config)))
+        cfg = make_config(dict(config))
     except ImportError as err:
         raise CheckpointError(
             f"architecture {arch!r} of {path} cannot be imported ({_brief(err)}); fix or "
             "install that model family"
         ) from None
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise CheckpointError(
             f"invalid {arch} config in {path}: {_brief(err)}; fix the config or re-save the "
             "checkpoint"
         ) from None
+    try:
+        check_size(cfg)  # before anything is allocated
+    except (TypeError, ValueError, OverflowError) as err:
+        raise CheckpointError(f"checkpoint {path}: {_brief(err, limit=400)}") from None
 
     bad = [k for k, v in state_dict.items() if not isinstance(v, Tensor)]
     if bad:
         raise CheckpointError(
             f"state_dict in {path} holds non-tensor entries {_names(bad)}; re-save the checkpoint"
         )
+    empty = [k for k, v in state_dict.items() if v.device.type == "meta"]
+    if empty:
+        raise CheckpointError(
+            f"tensors {_names(empty)} in {path} hold no data (saved from a model on the meta "
+            "device); re-save the checkpoint from a model whose weights are materialised"
+        )
+    try:
+        model = build_model(cfg)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"invalid {arch} config in {path}: {_brief(err)}; fix the config or re-save the "
+            "checkpoint"
+        ) from None
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
@@ -545,15 +666,149 @@ def _build_and_load(config: Any, state_dict: dict[str, Any], path: Path) -> Mech
                 f"builds {list(target.shape)}; the config and the weights disagree - re-save "
                 "the checkpoint from the model"
             )
+        if got.is_floating_point() != target.is_floating_point():
+            raise CheckpointError(
+                f"tensor {name!r} in {path} is {got.dtype} but its {arch} config builds "
+                f"{target.dtype}; re-save the checkpoint from the model"
+            )
+    if not allow_non_finite:
+        for name, tensor in state_dict.items():
+            if tensor.is_floating_point() or tensor.is_complex():
+                bad_count = int((~torch.isfinite(tensor)).sum())
+                if bad_count:
+                    raise CheckpointError(
+                        f"checkpoint {path} holds non-finite weights: tensor {name!r} has "
+                        f"{bad_count} NaN/inf value(s) of {tensor.numel()}; load an earlier "
+                        "checkpoint of the run, or pass allow_non_finite=True to inspect it"
+                    )
 
     float_dtypes = {v.dtype for v in state_dict.values() if v.is_floating_point()}
     devices = {v.device for v in state_dict.values()}
-    if len(float_dtypes) == 1:
-        model.to(dtype=float_dtypes.pop())
+    saved_dtype = next(iter(float_dtypes)) if len(float_dtypes) == 1 else None
+    if saved_dtype is not None:
+        model.to(dtype=saved_dtype)
     if len(devices) == 1:
         model.to(device=devices.pop())
     model.load_state_dict(state_dict, strict=True)
-    return model.eval()
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.eval(), saved_dtype
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+def seal(payload: dict[str, Any]) -> dict[str, Any]:
+    """Set ``payload["checksum"]``: SHA-256 of every tensor and of the other values.
+
+    :func:`save_checkpoint` calls it on the payload it writes; call it yourself
+    only if you assemble a payload by hand.
+
+    Args:
+        payload: A checkpoint dict (its ``"checksum"`` entry, if any, is replaced).
+
+    Returns:
+        The same dict.
+    """
+    payload.pop("checksum", None)
+    tensors, structure = _digests(payload)
+    payload["checksum"] = {
+        "algorithm": CHECKSUM_ALGORITHM,
+        "tensors": tensors,
+        "structure": structure,
+    }
+    return payload
+
+
+def _digests(payload: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """Per-tensor SHA-256 by path (``state_dict/up.weight``), and one over everything else."""
+    tensors: dict[str, str] = {}
+    structure = hashlib.sha256()
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, Tensor):
+            tensors[where] = _tensor_sha256(value)
+            structure.update(f"T<{where}>".encode())
+        elif isinstance(value, dict):
+            structure.update(f"D{len(value)}(".encode())
+            for key, item in value.items():
+                structure.update(f"{type(key).__name__}:{key!r}=".encode())
+                walk(item, f"{where}/{key}" if where else str(key))
+            structure.update(b")")
+        elif isinstance(value, list | tuple):
+            structure.update(f"{type(value).__name__}{len(value)}(".encode())
+            for i, item in enumerate(value):
+                walk(item, f"{where}/{i}")
+            structure.update(b")")
+        else:
+            structure.update(f"{type(value).__name__}:{value!r};".encode())
+
+    walk({k: v for k, v in payload.items() if k != "checksum"}, "")
+    return tensors, structure.hexdigest()
+
+
+def _tensor_sha256(tensor: Tensor) -> str:
+    """SHA-256 of a tensor's dtype, shape and bytes (on the CPU, in C order)."""
+    t = tensor.detach()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    t = t.to("cpu").contiguous().reshape(-1)
+    digest = hashlib.sha256(f"{t.dtype}{list(tensor.shape)}".encode())
+    if t.numel():
+        digest.update(t.view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _checksum_block(block: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(block, dict) or block.get("algorithm") != CHECKSUM_ALGORITHM:
+        raise _bad_checksum_block(path)
+    return block
+
+
+def _bad_checksum_block(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is corrupt: its checksum entry is malformed; restore an intact copy "
+        "or re-save it with save_checkpoint"
+    )
+
+
+def _verify_checksum(payload: dict[str, Any], path: Path) -> bool:
+    """Check ``payload["checksum"]``; False when the file predates checksums."""
+    if "checksum" not in payload:
+        return False
+    block = _checksum_block(payload["checksum"], path)
+    expected_tensors, expected_structure = block.get("tensors"), block.get("structure")
+    if not isinstance(expected_tensors, dict) or not isinstance(expected_structure, str):
+        raise _bad_checksum_block(path)
+    tensors, structure = _digests(payload)
+    _compare_tensor_digests(tensors, expected_tensors, path)
+    if structure != expected_structure:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its non-tensor values (config, step, metrics, "
+            "metadata) do not match the checksum written with them; restore an intact copy"
+        )
+    return True
+
+
+def _compare_tensor_digests(got: dict[str, str], expected: dict[str, Any], path: Path) -> None:
+    for name, digest in got.items():
+        if name not in expected:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: tensor {name!r} is not in the checksum written "
+                "with the file; restore an intact copy"
+            )
+        if digest != expected[name]:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: tensor {name!r} does not match its checksum "
+                "(changed after it was written, e.g. a bit flipped on disk or in a copy); "
+                "restore an intact copy"
+            )
+    lost = [name for name in expected if name not in got]
+    if lost:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: tensors {_names(lost)} in its checksum are missing "
+            "from the file; restore an intact copy"
+        )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -572,8 +827,36 @@ def _config_dict(model: Any) -> dict[str, Any]:
     return config
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_materialised(state_dict: dict[str, Any]) -> None:
+    """Refuse tensors without data (meta device): a checkpoint of them restores nothing."""
+    empty = [k for k, v in state_dict.items() if isinstance(v, Tensor) and v.device.type == "meta"]
+    if empty:
+        raise ValueError(
+            f"tensors {_names(empty)} are on the meta device and hold no data; materialise the "
+            "model (e.g. model.to_empty(device='cpu') and initialise it) before saving"
+        )
+
+
+# Metadata entries mechlab itself writes and reads back, with the type they must have.
+_RESERVED_METADATA = {"task": str, "task_cfg": dict, "train_cfg": dict}
+
+
+def _check_metadata(metadata: dict[str, Any], path: Path) -> None:
+    for key, kind in _RESERVED_METADATA.items():
+        if key in metadata and not isinstance(metadata[key], kind):
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: its metadata entry {key!r} is "
+                f"{type(metadata[key]).__name__}, not {kind.__name__}; re-save it with "
+                "save_checkpoint"
+            )
+
+
 def _check_step(step: Any) -> int:
-    if not isinstance(step, int) or isinstance(step, bool):
+    if not _is_int(step):
         raise TypeError(f"step must be an int, got {type(step).__name__}")
     return step
 
@@ -633,10 +916,13 @@ def _holds_pickled_objects(path: Path, err: BaseException) -> bool:
     if zipfile.is_zipfile(path):
         return False
     try:
+        # The whole stream must parse (to its STOP opcode): random bytes can start with an
+        # object opcode (0x82 is EXT1) and are corrupt, not pickled objects.
         with open(path, "rb") as f:
-            return any(op.name in _OBJECT_OPCODES for op, _, _ in pickletools.genops(f))
+            names = [op.name for op, _, _ in pickletools.genops(f)]
     except Exception:  # not a valid pickle stream: just bytes
         return False
+    return bool(names) and names[-1] == "STOP" and any(n in _OBJECT_OPCODES for n in names)
 
 
 def _unreadable(path: Path, err: BaseException) -> CheckpointError:

@@ -8,7 +8,9 @@ import importlib
 import os
 import pickle
 import random
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from mechlab.checkpoint import (
     restore_rng,
     save_checkpoint,
     save_safetensors,
+    seal,
 )
 from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
 from mechlab.models.registry import FAMILIES, build_model
@@ -57,6 +60,7 @@ class Toy(MechModel):
         return self.hook_out(self.read_out(h))
 
 
+BUNDLED = Path(__file__).resolve().parents[1] / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
 TOY = dict(arch="toy", d_model=8, n_layers=1, n_ctx=8, d_in=3, d_out=2, d_hidden=6)
 
 
@@ -74,10 +78,16 @@ def toy_ckpt(toy, tmp_path):
     return model, save_checkpoint(model, tmp_path / "toy.pt", step=5)
 
 
-def tamper(path, change):
-    """Rewrite a checkpoint's payload with ``change(payload)`` applied."""
+def tamper(path, change, reseal=True):
+    """Rewrite a checkpoint's payload with ``change(payload)`` applied.
+
+    With ``reseal`` the checksum is recomputed, as a writer with a bug would have
+    written it, so the checks behind the checksum are what the test sees.
+    """
     payload = torch.load(path, weights_only=True)
     change(payload)
+    if reseal:
+        seal(payload)
     torch.save(payload, path)
     return path
 
@@ -189,10 +199,16 @@ def test_float64_weights_keep_their_dtype(toy, tmp_path):
     model = build_model(TOY).double()
     with torch.no_grad():
         model.up.weight.add_(1e-12)  # not representable in float32
-    ckpt = load_checkpoint(save_checkpoint(model, tmp_path / "f64.pt"))
-    assert ckpt.model.up.weight.dtype == torch.float64
+    path = save_checkpoint(model, tmp_path / "f64.pt")
+    ckpt = load_checkpoint(path, dtype=None)
+    assert ckpt.model.up.weight.dtype == torch.float64 == ckpt.saved_dtype
     assert ckpt.model.n_seen.dtype == torch.long and int(ckpt.model.n_seen) == 7
     assert_same_tree(dict(model.state_dict()), dict(ckpt.model.state_dict()))
+    # By default the model comes in float32, the dtype every analysis feeds it.
+    cast = load_checkpoint(path)
+    assert cast.model.up.weight.dtype == torch.float32 and cast.saved_dtype == torch.float64
+    assert cast.model.n_seen.dtype == torch.long
+    assert torch.equal(cast.model.up.weight, model.up.weight.float())
 
 
 def test_rng_helpers_restore_the_same_stream():
@@ -425,3 +441,164 @@ def test_safetensors_errors(toy, tmp_path):
     assert "expected w.json or config.json beside it" in error_of(path)
     path.write_bytes(path.read_bytes()[:40])
     assert "truncated or corrupt" in error_of(path)
+
+
+# ----------------------------------------------------------------- checksums, finiteness, dtypes
+# (issue 10 cases 3, 4, 5, 6 and 7)
+
+
+def storage_records(path):
+    """``(name, offset, size)`` of every tensor storage in a zip checkpoint (stored, uncompressed)."""
+    import zipfile
+
+    out = []
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
+        for info in zf.infolist():
+            if "/data/" not in info.filename or info.file_size < 4:
+                continue
+            raw.seek(info.header_offset)
+            header = raw.read(30)
+            name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+            out.append((info.filename, info.header_offset + 30 + name_len + extra_len, info.file_size))
+    return out
+
+
+def flip_bit(path, offset, mask=0x40):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def full_ckpt(toy, tmp_path):
+    """A toy checkpoint with optimizer state and RNG state (every kind of tensor)."""
+    torch.manual_seed(0)
+    model = build_model(TOY)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4, 3)).pow(2).sum().backward()
+    optimizer.step()
+    return save_checkpoint(model, tmp_path / "full.pt", optimizer=optimizer, step=3, rng=True,
+                           metrics={"loss": 0.5}, task="lds")  # fmt: skip
+
+
+def test_an_exponent_bit_flipped_in_any_tensor_is_refused_naming_it(full_ckpt, tmp_path):
+    # Issue 10 case 3: one exponent bit flipped per tensor loaded and evaluated to NaN.
+    assert load_checkpoint(full_ckpt).checksum_verified
+    records = storage_records(full_ckpt)
+    assert len(records) >= 10  # weights, the buffer, Adam moments, RNG states
+    named = set()
+    for _, offset, _ in records:
+        copy = tmp_path / "flipped.pt"
+        copy.write_bytes(full_ckpt.read_bytes())
+        flip_bit(copy, offset + 3)  # the high byte of a little-endian float32: exponent bits
+        message = error_of(copy)
+        assert "does not match its checksum" in message and "restore an intact copy" in message
+        named.add(re.search(r"tensor '([^']+)'", message).group(1))
+    assert len(named) == len(records)  # each flip is pinned on its own tensor
+    assert {"state_dict/up.weight", "state_dict/n_seen"} <= named
+    assert any(n.startswith("optimizer/state/") for n in named) and "rng/torch" in named
+
+
+def test_changed_plain_values_are_refused_and_old_files_still_load(full_ckpt):
+    tamper(full_ckpt, lambda p: p.update(step=4), reseal=False)
+    assert "non-tensor values" in error_of(full_ckpt)
+    tamper(full_ckpt, lambda p: p.pop("checksum"), reseal=False)  # as written before checksums
+    ckpt = load_checkpoint(full_ckpt)
+    assert ckpt.step == 4 and not ckpt.checksum_verified
+    tamper(full_ckpt, lambda p: p.update(checksum={"algorithm": "md5"}), reseal=False)
+    assert "checksum entry is malformed" in error_of(full_ckpt)
+
+
+def test_the_bundled_checkpoint_predates_checksums_and_still_loads():
+    ckpt = load_checkpoint(BUNDLED)
+    assert not ckpt.checksum_verified and ckpt.saved_dtype == torch.float32
+    assert ckpt.step == 20000 and ckpt.config.arch == "transformer"
+
+
+def test_non_finite_weights_are_refused_unless_asked_for(toy, tmp_path):
+    model = build_model(TOY)
+    with torch.no_grad():
+        model.up.weight[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    path = save_checkpoint(model, tmp_path / "nan.pt")
+    message = error_of(path)
+    assert "non-finite weights: tensor 'up.weight' has 3 NaN/inf value(s) of 48" in message
+    assert "allow_non_finite=True" in message
+    ckpt = load_checkpoint(path, allow_non_finite=True)
+    assert torch.isnan(ckpt.model.up.weight[0, 0])
+
+
+def test_meta_device_weights_are_refused_on_save_and_load(toy, tmp_path):
+    # Issue 10 case 5: meta-device weights "loaded" into a model that held no data.
+    with torch.device("meta"):
+        model = build_model(TOY)
+    with pytest.raises(ValueError, match="meta device and hold no data"):
+        save_checkpoint(model, tmp_path / "meta.pt")
+    path = save_checkpoint(build_model(TOY), tmp_path / "meta.pt")
+    tamper(path, lambda p: p["state_dict"].update({"up.weight": torch.empty(6, 8, device="meta")}),
+           reseal=False)  # fmt: skip
+    tamper(path, lambda p: p.pop("checksum"), reseal=False)
+    assert "['up.weight'] in" in error_of(path) and "hold no data" in error_of(path)
+
+
+def test_random_bytes_that_start_like_an_object_opcode_are_called_corrupt(tmp_path):
+    # Issue 10 case 7: bytes starting 0x82 (EXT1) were "pickled Python objects".
+    path = tmp_path / "r.pt"
+    for first in (b"\x82", b"\x80\x02\x82", b"c"):
+        path.write_bytes(first + bytes(np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8)))
+        message = error_of(path)
+        assert "pickled Python objects" not in message and "corrupt" in message
+
+
+def test_a_bad_device_is_named_not_blamed_on_the_file(toy_ckpt):
+    # Issue 10 case 7: --device bogus called a good checkpoint "truncated or corrupt".
+    for device, phrase in (("bogus", "unknown device 'bogus'"), ("meta", "does not run on")):
+        with pytest.raises(ValueError, match=phrase) as info:
+            load_checkpoint(toy_ckpt[1], map_location=device)
+        assert not isinstance(info.value, CheckpointError)
+
+
+def test_an_oversized_config_is_refused_before_allocation(toy_ckpt, monkeypatch):
+    # Issue 10 case 6: a huge d_model allocated the model before any check.
+    path = tamper(toy_ckpt[1], lambda p: p["config"].update(d_model=10**6, d_hidden=10**6))
+    message = error_of(path)
+    assert "would allocate about" in message and "MECHLAB_MAX_ELEMENTS" in message
+    monkeypatch.setenv("MECHLAB_MAX_ELEMENTS", "100")
+    assert "more than the limit 100" in error_of(toy_ckpt[1].parent / "toy.pt")
+    monkeypatch.setenv("MECHLAB_MAX_ELEMENTS", "lots")
+    with pytest.raises(ValueError, match="MECHLAB_MAX_ELEMENTS='lots' is not a positive number"):
+        load_checkpoint(path)
+
+
+def test_reserved_metadata_of_the_wrong_type_is_refused(toy, tmp_path):
+    # Issue 10 case 5: train_cfg="x" gave an AttributeError traceback.
+    path = save_checkpoint(build_model(TOY), tmp_path / "m.pt", train_cfg="x")
+    assert "metadata entry 'train_cfg' is str, not dict" in error_of(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_any_float_dtype_loads_and_runs(toy, tmp_path, dtype):
+    # Issue 10 case 4: float64/bf16/fp16 checkpoints failed with a dtype mismatch.
+    torch.manual_seed(0)
+    model = build_model(TOY).to(dtype)
+    path = save_checkpoint(model, tmp_path / f"{dtype}.pt")
+    ckpt = load_checkpoint(path)
+    assert ckpt.saved_dtype == dtype and ckpt.model.up.weight.dtype == torch.float32
+    x = torch.randn(2, 4, 3)
+    with torch.no_grad():
+        assert torch.allclose(ckpt.model(x), model.float()(x))
+    kept = load_checkpoint(path, dtype=None)
+    assert kept.model.up.weight.dtype == dtype
+    assert_same_tree(dict(model.to(dtype).state_dict()), dict(kept.model.state_dict()))
+    with pytest.raises(ValueError, match="floating torch dtype"):
+        load_checkpoint(path, dtype=torch.int64)
+
+
+def test_safetensors_checksum_names_the_changed_tensor(toy, tmp_path):
+    model = build_model(TOY)
+    path = save_safetensors(model, tmp_path / "w.safetensors")
+    assert load_checkpoint(path).checksum_verified
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x40  # the last tensor's bytes
+    path.write_bytes(bytes(data))
+    message = error_of(path)
+    assert "does not match its checksum" in message and re.search(r"tensor '[\w.]+'", message)

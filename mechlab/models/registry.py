@@ -8,6 +8,7 @@ class; a module may also define ``PRESETS``, named dicts of config fields.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from mechlab.models.base import MechModel, ModelConfig
@@ -89,15 +90,129 @@ def make_config(config: ModelConfig | dict[str, Any] | str, **overrides: Any) ->
     return config_cls.from_dict(fields)
 
 
-def build_model(config: ModelConfig | dict[str, Any] | str, **overrides: Any) -> MechModel:
+# Models larger than this many elements (parameters and buffers) are refused before
+# anything is allocated, unless the limit is raised (``max_elements=`` or the
+# environment variable ``MECHLAB_MAX_ELEMENTS``). 2**31 float32 elements are 8 GiB;
+# the study's largest preset ("big") has about 1.1e7.
+MAX_ELEMENTS = 2**31
+MAX_ELEMENTS_ENV = "MECHLAB_MAX_ELEMENTS"
+
+
+def max_elements() -> int:
+    """The size limit in force: ``MECHLAB_MAX_ELEMENTS`` if set, else :data:`MAX_ELEMENTS`.
+
+    Raises:
+        ValueError: The environment variable is set but not a positive integer.
+    """
+    raw = os.environ.get(MAX_ELEMENTS_ENV)
+    if raw is None or not raw.strip():
+        return MAX_ELEMENTS
+    try:
+        value = int(float(raw))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(
+            f"{MAX_ELEMENTS_ENV}={raw!r} is not a positive number of elements; unset it or give "
+            "e.g. 4e9"
+        )
+    return value
+
+
+def estimate_elements(cfg: ModelConfig) -> int:
+    """Parameter and buffer elements the model of ``cfg`` will allocate, from its sizes alone.
+
+    Exact for the four families (within a few elements); computed with
+    Python integers, so an absurd config gives an absurd number rather than an
+    allocation.
+
+    Args:
+        cfg: A model config.
+
+    Returns:
+        The estimated number of elements.
+    """
+    d, n_layers = int(cfg.d_model), int(cfg.n_layers)
+    if cfg.io == "tokens":
+        io = int(cfg.d_vocab) * d + (d + 1) * int(cfg.d_vocab_out or cfg.d_vocab)
+    else:
+        io = (int(cfg.d_in) + 1) * d + (d + 1) * int(cfg.d_out)
+    arch = cfg.arch
+    if arch == "transformer":
+        inner = int(cfg.n_heads) * int(cfg.d_head)
+        d_mlp = int(cfg.d_mlp)
+        # Each layer also holds an [n_ctx, n_ctx] causal mask.
+        per_layer = 4 * inner * d + 3 * inner + 2 * d * d_mlp + d_mlp + 6 * d + int(cfg.n_ctx) ** 2
+        extra = int(cfg.n_ctx) * d  # positions
+    elif arch == "lstm":
+        h = int(getattr(cfg, "d_hidden", d) or d)
+        per_layer = 4 * h * (d + h) + 8 * h + 2 * d + (h * d if h != d else 0)
+        extra = 0
+    elif arch == "dense_ssm":
+        n = int(cfg.d_state)
+        per_layer = n * n * d + n + n * d + 2 * d
+        extra = 0
+    elif arch == "mamba":
+        e, n = int(cfg.d_inner), int(cfg.d_state)
+        r = int(cfg.resolved_dt_rank)
+        per_layer = e * n + 2 * e * d + e * (int(cfg.d_conv) + 3) + (r + 2 * n) * e + e * r + d * e + d
+        extra = 0
+    else:  # a family added later: bound by the sizes it shares with the others
+        per_layer, extra = 16 * d * d, int(cfg.n_ctx) * d
+    return io + n_layers * per_layer + extra + 2 * d
+
+
+def check_size(cfg: ModelConfig, limit: int | None = None) -> int:
+    """Refuse a config whose model would exceed the size limit, before any allocation.
+
+    Args:
+        cfg: A model config.
+        limit: Most elements allowed (default: :func:`max_elements`).
+
+    Returns:
+        The estimated number of elements.
+
+    Raises:
+        ValueError: The estimate is above the limit (the message gives both, and how
+            to raise the limit).
+    """
+    limit = max_elements() if limit is None else int(limit)
+    n = estimate_elements(cfg)
+    if n > limit:
+        gib = n * 4 / 2**30
+        raise ValueError(
+            f"the {cfg.arch} config (d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
+            f"n_ctx={cfg.n_ctx}) would allocate about {n:.3g} elements ({gib:,.1f} GiB in float32), "
+            f"more than the limit {limit:.3g}; if you mean it, raise the limit with "
+            f"{MAX_ELEMENTS_ENV}={max(n, limit + 1)} (or max_elements=)"
+        )
+    return n
+
+
+def build_model(
+    config: ModelConfig | dict[str, Any] | str,
+    *,
+    max_elements: int | None = None,
+    **overrides: Any,
+) -> MechModel:
     """Build a freshly initialised model.
+
+    The config's size is checked before anything is allocated (:func:`check_size`):
+    a model above ``max_elements`` parameter and buffer elements (default
+    :data:`MAX_ELEMENTS` = 2**31, or ``MECHLAB_MAX_ELEMENTS``) is refused.
 
     Args:
         config: See :func:`make_config`.
+        max_elements: Size limit for this call (overrides the default and the
+            environment variable).
         **overrides: Config fields to replace.
 
     Returns:
         The model, a ``HookedRootModule``, in train mode on the CPU.
+
+    Raises:
+        ValueError: An invalid config, or one above the size limit.
     """
     cfg = make_config(config, **overrides)
+    check_size(cfg, max_elements)
     return _family(cfg.arch)[1](cfg)
