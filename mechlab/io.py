@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,36 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
         finally:
             os.close(dir_fd)
     return path
+
+
+# The names atomic_write's temporary files have: ".<name>.<8 random characters>.tmp".
+_TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def remove_orphan_temps(directory: str | Path) -> list[Path]:
+    """Remove the temporary files an interrupted :func:`atomic_write` left in ``directory``.
+
+    A save killed between creating its temporary file and renaming it (``kill -9``,
+    a power cut) leaves ``.<name>.<random>.tmp`` behind; nothing else ever removes
+    it. Call this only where no other process is writing (the trainer holds a lock
+    on its run directory while it does).
+
+    Args:
+        directory: The folder to clean (not its subfolders); a missing one is fine.
+
+    Returns:
+        The files removed.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        if _TEMP_NAME.match(entry.name) and entry.is_file() and not entry.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed.append(entry)
+    return removed
 
 
 def _mode_for(path: Path) -> int:

@@ -121,7 +121,11 @@ def make_trainer(
         overrides: ``key=value`` settings, as ``mechlab train --set`` takes them.
     """
     cfg = resolve_config(preset=preset, overrides=list(overrides), batch_size=batch, device=device)
-    return Trainer(cfg, Path(tempfile.gettempdir()) / "mechlab-bench-train-unused", progress=False)
+    # The benchmark times train_step and never evaluates: no dry evaluation.
+    return Trainer(
+        cfg, Path(tempfile.gettempdir()) / "mechlab-bench-train-unused", progress=False,
+        check_evaluation=False,
+    )
 
 
 def pregenerate(trainer: Trainer, steps: Sequence[int]) -> dict[int, Batch]:

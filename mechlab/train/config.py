@@ -97,7 +97,10 @@ class TrainConfig:
             raise ValueError(
                 f"unknown loss_reduction {self.loss_reduction!r}; choose one of {list(LOSS_REDUCTIONS)}"
             )
-        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_traces", "save_every"):
+        for name in (
+            "steps", "batch_size", "grad_accum", "log_every", "eval_traces", "eval_haystack",
+            "eval_seg_len", "save_every",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.batch_size % self.grad_accum:
@@ -110,6 +113,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if not isinstance(self.device, str) or not self.device.strip():
+            raise ValueError(f"device must be a name such as 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.model, dict) or not isinstance(self.task_cfg, dict):
             raise ValueError("model and task_cfg must be mappings of config fields")
 

@@ -8,14 +8,18 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
 from torch import nn
 
-from mechlab.checkpoint import load_checkpoint
+from mechlab.checkpoint import load_checkpoint, save_checkpoint
+from mechlab.models import build_model
 from mechlab.tasks.lds import LDSConfig
 from mechlab.train import (
     Trainer,
@@ -234,42 +238,251 @@ def test_refuses_to_overwrite_a_run_and_to_resume_with_changed_settings(tmp_path
 # --------------------------------------------------------------------------- NaN guard
 
 
-def _nan_loss_at(trainer: Trainer, bad_step: int) -> None:
-    original, calls = trainer.task.loss, {"n": 0}
-
-    def loss(pred, targets, mask, *args):
-        calls["n"] += 1
-        value = original(pred, targets, mask, *args)
-        return value * float("nan") if calls["n"] == bad_step else value
-
-    trainer.task.loss = loss
+def loss_of_saved(run_dir, cfg):
+    """The loss of ``run_dir/last.pt``'s weights on the batch of its next step."""
+    ckpt = state(run_dir)
+    probe = Trainer(cfg, run_dir / "probe-unused", progress=False)
+    probe.model.load_state_dict(ckpt.model.state_dict())
+    return ckpt, probe.probe_loss(ckpt.step + 1)
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    trainer = Trainer(small_cfg(steps=12, save_every=2), tmp_path, progress=False)
-    _nan_loss_at(trainer, 5)
+def _diverge_at(trainer: Trainer, bad_step: int) -> None:
+    """Make optimiser step ``bad_step`` leave an infinite weight (a diverged update)."""
+    original = trainer.optimizer.step
+    first = next(trainer.model.parameters())
+
+    def step(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if trainer.step + 1 == bad_step:  # trainer.step is incremented after the update
+            with torch.no_grad():
+                first.view(-1)[0] = float("inf")
+        return out
+
+    trainer.optimizer.step = step
+
+
+def test_diverged_weights_never_overwrite_a_good_last_pt(tmp_path):
+    # Issue 10 case 2: the NaN guard saved the weights that produced the NaN.
+    cfg = small_cfg(steps=12, save_every=2)
+    trainer = Trainer(cfg, tmp_path, progress=False)
+    _diverge_at(trainer, 4)  # the weights of step 4 (a save step) are not finite
     handler = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(TrainingStopped, match="non-finite at step 5") as info:
+    with pytest.raises(TrainingStopped, match="step 4 failed the NaN guard") as info:
         trainer.run()
-    assert "\n" not in str(info.value)
-    last = state(tmp_path)
-    assert last.step == 4 < 5
-    assert [r["step"] for r in read_metrics(tmp_path)[0]] == [1, 2, 3, 4]
-    # The failed step changed nothing: the weights in memory are those of step 4.
-    for name, tensor in trainer.model.state_dict().items():
-        assert torch.isfinite(tensor).all()
-        assert torch.equal(tensor, last.model.state_dict()[name])
+    message = str(info.value)
+    assert "\n" not in message and "keeps the last state" in message and "(step 2)" in message
+    ckpt, next_loss = loss_of_saved(tmp_path, cfg)
+    assert ckpt.step == 2 and math.isfinite(next_loss)
+    assert all(torch.isfinite(t).all() for t in ckpt.model.state_dict().values())
     assert signal.getsignal(signal.SIGTERM) == handler
 
 
-def test_non_finite_loss_before_the_first_save_still_leaves_last_pt(tmp_path):
-    # The message promises that last.pt "keeps the last good state"; with the default
-    # save_every the first NaN can come before any last.pt was written.
-    trainer = Trainer(small_cfg(steps=12, save_every=100), tmp_path, progress=False)
-    _nan_loss_at(trainer, 5)
-    with pytest.raises(TrainingStopped):
+def test_a_non_finite_loss_between_saves_writes_nothing(tmp_path):
+    cfg = small_cfg(steps=12, save_every=2, n_checkpoints=0)
+    trainer = Trainer(cfg, tmp_path, progress=False)
+    _diverge_at(trainer, 5)  # step 6's loss is NaN; last.pt of step 4 stays
+    with pytest.raises(TrainingStopped, match="non-finite at step 6.*keeps.*step 4"):
         trainer.run()
     assert state(tmp_path).step == 4
+    assert [r["step"] for r in read_metrics(tmp_path)[0]] == [1, 2, 3, 4, 5]
+
+
+def test_a_log_spaced_checkpoint_of_diverged_weights_is_not_written(tmp_path):
+    cfg = small_cfg(steps=12, save_every=2, n_checkpoints=4)
+    assert 5 in log_spaced_steps(12, 4)
+    trainer = Trainer(cfg, tmp_path, progress=False)
+    _diverge_at(trainer, 5)
+    with pytest.raises(TrainingStopped, match="weights diverged at step 5.*keeps.*step 4"):
+        trainer.run()
+    assert not (tmp_path / "checkpoints" / "step_0000005.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"lr": 1e6, "save_every": 1},
+        {"lr": 1e12, "warmup_steps": 1_000_000_000, "save_every": 3},
+    ],
+    ids=["lr-1e6", "lr-1e12-warmup"],
+)
+def test_real_divergence_leaves_a_last_pt_with_finite_weights_and_loss(tmp_path, fields):
+    # Issue 10 case 2, as reported: with lr=1e6 the saved "last good state" gave NaN on every
+    # batch; with save_every=3 the good step-3 last.pt was overwritten by step 5's.
+    cfg = small_cfg(steps=100, n_checkpoints=0, **fields)
+    with pytest.raises(TrainingStopped) as info:
+        train(cfg, tmp_path, progress=False)
+    ckpt, next_loss = loss_of_saved(tmp_path, cfg)
+    assert f"(step {ckpt.step})" in str(info.value)
+    assert math.isfinite(next_loss)
+    assert all(torch.isfinite(t).all() for t in ckpt.model.state_dict().values())
+    assert ckpt.checksum_verified
+
+
+def test_non_finite_loss_before_the_first_save_writes_no_last_pt(tmp_path):
+    trainer = Trainer(small_cfg(steps=12, save_every=100), tmp_path, progress=False)
+    _diverge_at(trainer, 4)
+    with pytest.raises(TrainingStopped, match="no last.pt was written.*due at step 12"):
+        trainer.run()
+    assert not (tmp_path / "last.pt").exists()
+
+
+# --------------------------------------------------------------------------- settings checked first
+
+
+def test_evaluation_settings_are_checked_before_training(tmp_path):
+    # Issue 10 case 1: a haystack longer than the context failed only after the last step.
+    run_dir = tmp_path / "run"
+    for fields in ({"eval_haystack": 3, "eval_seg_len": 4}, {"eval_seg_len": 1000}):
+        with pytest.raises(ValueError, match="evaluation cannot be built.*n_ctx=24") as info:
+            Trainer(small_cfg(**fields), run_dir, progress=False)
+        assert "\n" not in str(info.value)
+    assert not run_dir.exists()
+    with pytest.raises(ValueError, match="eval_seg_len must be positive"):
+        small_cfg(eval_seg_len=0)
+
+
+def test_the_dry_evaluation_leaves_the_random_streams_alone(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    trainer = Trainer(small_cfg(), tmp_path, progress=False)
+    torch.manual_seed(123)
+    trainer.check_evaluation()
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("device, phrase", [("tpu", "unknown device 'tpu'"), ("meta", "does not run on")])
+def test_devices_are_checked_before_anything_is_built(tmp_path, device, phrase):
+    with pytest.raises(ValueError, match=phrase):
+        Trainer(small_cfg(device=device), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_oversized_batches_and_models_are_refused_before_allocation(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="batch_size=1000000000000 makes batches"):
+        Trainer(small_cfg(batch_size=10**12), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="would allocate about .* more than the limit"):
+        Trainer(small_cfg(model={**MODEL, "d_model": 10**7}), tmp_path, progress=False)
+    monkeypatch.setenv("MECHLAB_MAX_ELEMENTS", "1000")
+    with pytest.raises(ValueError, match="more than the limit 1e\\+03"):
+        Trainer(small_cfg(), tmp_path, progress=False)
+
+
+# --------------------------------------------------------------------------- resume semantics
+
+
+def test_settings_that_may_change_on_resume_take_effect(tmp_path):
+    # Issue 10 case 8: --resume --set weight_decay=1e6 was recorded but the optimizer kept 0.01.
+    cfg = small_cfg(steps=3, n_checkpoints=0, weight_decay=0.01)
+    train(cfg, tmp_path, progress=False)
+    changed = dataclasses.replace(cfg, steps=5, weight_decay=0.5, grad_clip=0.25, log_every=2)
+    trainer = Trainer(changed, tmp_path, progress=False)
+    trainer.run(resume=True)
+    assert {g["weight_decay"] for g in trainer.optimizer.param_groups} == {0.5}
+    last = state(tmp_path)
+    assert last.step == 5
+    assert {g["weight_decay"] for g in last.optimizer_state["param_groups"]} == {0.5}
+    assert last.metadata["train_cfg"]["weight_decay"] == 0.5
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["weight_decay"] == 0.5
+    assert [r["step"] for r in read_metrics(tmp_path)[0]] == [1, 2, 3, 4, 5]
+
+
+def test_resume_refuses_steps_that_do_not_go_past_the_saved_step(tmp_path):
+    # Issue 10 case 8: --resume --steps 100 on a 300-step run printed "loss nan" and rewrote steps.
+    cfg = small_cfg(steps=4, n_checkpoints=0)
+    train(cfg, tmp_path, progress=False)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    for steps in (2, 4):
+        with pytest.raises(ValueError, match=r"the run is at step 4.*larger than 4"):
+            train(dataclasses.replace(cfg, steps=steps), tmp_path, resume=True, progress=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_resume_refuses_locked_settings_with_the_reason(tmp_path):
+    cfg = small_cfg(steps=3, n_checkpoints=0, lr_schedule="cosine")
+    train(cfg, tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"'steps' was 3 .* now 6.*cosine schedule spans"):
+        train(dataclasses.replace(cfg, steps=6), tmp_path, resume=True, progress=False)
+    with pytest.raises(ValueError, match=r"'seed' .*every step's batch is drawn from it"):
+        train(dataclasses.replace(cfg, seed=1), tmp_path, resume=True, progress=False)
+
+
+def test_resume_refuses_a_last_pt_of_another_model(tmp_path):
+    # Issue 10 case 5: a last.pt that belongs to another model gave a load_state_dict traceback.
+    cfg = small_cfg(steps=3, n_checkpoints=0)
+    train(cfg, tmp_path, progress=False)
+    other = build_model({**MODEL, "d_model": 8, "d_in": 13, "d_out": 3, "n_ctx": 24})
+    save_checkpoint(other, tmp_path / "last.pt", step=3)  # no train_cfg metadata
+    with pytest.raises(ValueError, match="holds a different model.*d_model: 8 vs 16"):
+        train(dataclasses.replace(cfg, steps=5), tmp_path, resume=True, progress=False)
+    save_checkpoint(other, tmp_path / "last.pt", step=3, train_cfg="x")
+    with pytest.raises(ValueError, match="metadata entry 'train_cfg' is str, not dict"):
+        train(dataclasses.replace(cfg, steps=5), tmp_path, resume=True, progress=False)
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path):
+    # Issue 10 case 9: a torn last line blocked resume with "Unterminated string...".
+    cfg = small_cfg(steps=3, n_checkpoints=0)
+    train(cfg, tmp_path, progress=False)
+    metrics = tmp_path / "metrics.jsonl"
+    with metrics.open("a") as fh:
+        fh.write('{"step": 4, "examples": 32, "lo')
+    with pytest.warns(UserWarning, match=f"torn last line 5 of {re.escape(repr(str(metrics)))}"):
+        train(dataclasses.replace(cfg, steps=5), tmp_path, resume=True, progress=False)
+    assert [r["step"] for r in read_metrics(tmp_path)[0]] == [1, 2, 3, 4, 5]
+
+
+def test_a_damaged_metrics_line_before_the_last_names_file_and_line(tmp_path):
+    cfg = small_cfg(steps=3, n_checkpoints=0)
+    train(cfg, tmp_path, progress=False)
+    metrics = tmp_path / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[1] = lines[1][:10]
+    metrics.write_text("\n".join(lines) + "\n")
+    last_before = (tmp_path / "last.pt").read_bytes()
+    with pytest.raises(ValueError, match=r"line 2 of the metrics file .*metrics.jsonl' is damaged"):
+        train(dataclasses.replace(cfg, steps=5), tmp_path, resume=True, progress=False)
+    assert (tmp_path / "last.pt").read_bytes() == last_before
+
+
+def test_temporary_files_of_an_interrupted_save_are_removed(tmp_path):
+    # Issue 10 case 10: kill -9 during a save left .last.pt.*.tmp files that stayed forever.
+    cfg = small_cfg(steps=3, n_checkpoints=2)
+    train(cfg, tmp_path, progress=False)
+    code = (
+        "import os, sys\n"
+        "from mechlab.io import atomic_write\n"
+        "def killed(f):\n"
+        "    f.write(b'half a checkpoint')\n"
+        "    os._exit(9)\n"
+        "atomic_write(sys.argv[1], killed)\n"
+    )
+    for target in (tmp_path / "last.pt", tmp_path / "checkpoints" / "step_0000003.pt"):
+        subprocess.run([sys.executable, "-c", code, str(target)], check=False)
+    orphans = sorted(tmp_path.glob(".last.pt.*.tmp")) + sorted(tmp_path.glob("checkpoints/.step_*.tmp"))
+    assert len(orphans) == 2
+    (tmp_path / ".notes.tmp").write_text("mine")  # not a name atomic_write makes: kept
+    with pytest.warns(UserWarning, match="removed 1 temporary file"):
+        train(dataclasses.replace(cfg, steps=4), tmp_path, resume=True, progress=False)
+    assert not any(p.exists() for p in orphans)
+    assert (tmp_path / ".notes.tmp").read_text() == "mine"
+
+
+def test_a_second_trainer_on_the_same_directory_is_refused(tmp_path):
+    cfg = small_cfg(steps=2, n_checkpoints=0)
+    trainer = Trainer(cfg, tmp_path, progress=False)
+    other = Trainer(cfg, tmp_path, progress=False)
+    original = trainer.train_step
+
+    def step_while_another_starts(step: int) -> float:
+        if step == 1:
+            with pytest.raises(ValueError, match="another mechlab train is writing"):
+                other.run()
+        return original(step)
+
+    trainer.train_step = step_while_another_starts
+    trainer.run()
+    assert state(tmp_path).step == 2
 
 
 # --------------------------------------------------------------------------- architectures
