@@ -124,12 +124,32 @@ class DenseSSMMixer(nn.Module):
         A = x @ self.W_A.reshape(self.d_state * self.d_state, self.d_model).T  # [..., d_state^2]
         return A.unflatten(-1, (self.d_state, self.d_state))
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        initial_state: Float[Tensor, "batch d_state"] | None = None,
+        return_state: bool = False,
+    ) -> Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor]:
+        """Run the recurrence over ``x``.
+
+        Args:
+            x: The (normalised) input.
+            initial_state: ``[batch, d_state]``, the state before the first position, or
+                None for the learned ``h_init``.
+            return_state: Also return the state after the last position.
+
+        Returns:
+            ``[batch, pos, d_model]``, and with ``return_state`` the final state
+            ``[batch, d_state]``.
+        """
         batch, n_pos, _ = x.shape
         step_h = StepHook(self.hook_h, n_pos)
         step_A = StepHook(self.hook_A, n_pos) if is_hooked(self.hook_A) else None
         W_flat = self.W_A.reshape(self.d_state, self.d_state * self.d_model)  # [i, (j, k)]
-        h = self.h_init.expand(batch, self.d_state)  # [batch, d_state]
+        if initial_state is None:
+            h = self.h_init.expand(batch, self.d_state)  # [batch, d_state]
+        else:
+            h = initial_state
         for t in range(n_pos):
             x_t = x[:, t]  # [batch, d_model]
             if step_A is None:
@@ -140,7 +160,8 @@ class DenseSSMMixer(nn.Module):
                 A = step_A(t, self.transition(x_t))  # [batch, d_state, d_state]
                 h = (A @ h.unsqueeze(-1)).squeeze(-1)
             h = step_h(t, h)
-        return self.W_out(step_h.stacked())
+        out = self.W_out(step_h.stacked())  # [batch, pos, d_model]
+        return (out, h) if return_state else out
 
 
 class DenseSSMBlock(ResidualBlock):

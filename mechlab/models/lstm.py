@@ -121,17 +121,46 @@ class LSTMMixer(nn.Module):
         """The per-step hook points, in the order a step calls them."""
         return (self.hook_i, self.hook_f, self.hook_g, self.hook_o, self.hook_c, self.hook_h)
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        initial_state: Float[Tensor, "batch 2 d_hidden"] | None = None,
+        return_state: bool = False,
+    ) -> Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor]:
+        """Run the LSTM over ``x``.
+
+        Args:
+            x: The (normalised) input.
+            initial_state: ``[batch, 2, d_hidden]``, ``h_{-1}`` and ``c_{-1}`` stacked
+                (what ``return_state`` gives), or None for zeros.
+            return_state: Also return the state after the last position.
+
+        Returns:
+            ``[batch, pos, d_model]``, and with ``return_state`` the state
+            ``[batch, 2, d_hidden]`` (``h``, ``c``) after the last position.
+        """
         if self.fused and not is_hooked(*self.step_points()):
-            h, _ = self.rnn(x)  # [batch, pos, d_hidden]
+            if initial_state is None and not return_state:
+                h, _ = self.rnn(x)  # [batch, pos, d_hidden]
+                return self.out_proj(h)
+            if initial_state is None:
+                h, (h_n, c_n) = self.rnn(x)
+            else:  # nn.LSTM takes [num_layers = 1, batch, d_hidden] each
+                h0, c0 = initial_state.transpose(0, 1).contiguous().unbind(0)
+                h, (h_n, c_n) = self.rnn(x, (h0.unsqueeze(0), c0.unsqueeze(0)))
+            state = torch.stack([h_n[0], c_n[0]], dim=1)  # [batch, 2, d_hidden]
         else:
-            h = self.unrolled(x)
-        return self.out_proj(h)
+            h, state = self.unrolled(x, initial_state, return_state=True)
+        return (self.out_proj(h), state) if return_state else self.out_proj(h)
 
     def unrolled(
-        self, x: Float[Tensor, "batch pos d_model"]
-    ) -> Float[Tensor, "batch pos d_hidden"]:
-        """The LSTM step by step, calling the step hooks; returns every ``h_t``."""
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        initial_state: Float[Tensor, "batch 2 d_hidden"] | None = None,
+        return_state: bool = False,
+    ) -> Float[Tensor, "batch pos d_hidden"] | tuple[Tensor, Tensor]:
+        """The LSTM step by step, calling the step hooks; returns every ``h_t`` (and,
+        with ``return_state``, the final ``[batch, 2, d_hidden]`` state ``h``, ``c``)."""
         batch, n_pos, _ = x.shape
         rnn = self.rnn
         d_hidden = rnn.hidden_size
@@ -140,8 +169,11 @@ class LSTMMixer(nn.Module):
         step_i, step_f, step_g, step_o, step_c, step_h = (
             StepHook(point, n_pos) for point in self.step_points()
         )
-        h = x.new_zeros(batch, d_hidden)
-        c = x.new_zeros(batch, d_hidden)
+        if initial_state is None:
+            h = x.new_zeros(batch, d_hidden)
+            c = x.new_zeros(batch, d_hidden)
+        else:
+            h, c = initial_state.unbind(1)  # [batch, d_hidden] each
         for t in range(n_pos):
             gates = x_gates[:, t] + h @ rnn.weight_hh_l0.T  # [batch, 4*d_hidden]
             i, f, g, o = gates.chunk(4, dim=-1)
@@ -151,7 +183,8 @@ class LSTMMixer(nn.Module):
             o = step_o(t, torch.sigmoid(o))
             c = step_c(t, f * c + i * g)
             h = step_h(t, o * torch.tanh(c))
-        return step_h.stacked()  # [batch, pos, d_hidden]
+        hs = step_h.stacked()  # [batch, pos, d_hidden]
+        return (hs, torch.stack([h, c], dim=1)) if return_state else hs
 
 
 class LSTMBlock(ResidualBlock):

@@ -183,13 +183,50 @@ class MambaMixer(nn.Module):
         if self.conv1d.bias is not None:
             self.conv1d.bias.zero_()
 
-    def forward(self, u: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        """Shape of one trace's recurrent state: ``(d_inner, d_conv - 1 + d_state)``, the
+        conv's last ``d_conv - 1`` inputs and the SSM state side by side."""
+        return (self.cfg.d_inner, self.cfg.d_conv - 1 + self.cfg.d_state)
+
+    def forward(
+        self,
+        u: Float[Tensor, "batch pos d_model"],
+        initial_state: Float[Tensor, "batch d_inner d_conv_minus_1_plus_d_state"] | None = None,
+        return_state: bool = False,
+    ) -> Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor]:
+        """Run the mixer over ``u``.
+
+        Args:
+            u: The (normalised) input.
+            initial_state: ``[batch, d_inner, d_conv - 1 + d_state]``: the conv's inputs
+                at the ``d_conv - 1`` positions before ``u`` (oldest first) and the SSM
+                state ``h_{-1}``, concatenated on the last axis (:attr:`state_shape`;
+                what ``return_state`` gives); None for zeros (the start of a sequence).
+            return_state: Also return the state after the last position.
+
+        Returns:
+            ``[batch, pos, d_model]``, and with ``return_state`` the final state.
+        """
         n_pos = u.shape[1]
         cfg = self.cfg
+        n_buf = cfg.d_conv - 1
         x, z = self.in_proj(u).chunk(2, dim=-1)  # [batch, pos, d_inner] each
         x = self.hook_conv_in(x)
         z = self.hook_z(z)
-        x = self.conv1d(x.transpose(1, 2))[..., :n_pos].transpose(1, 2)  # causal: cut to pos
+        h0 = conv_state = None
+        if initial_state is None and not return_state:
+            x = self.conv1d(x.transpose(1, 2))[..., :n_pos].transpose(1, 2)  # causal: cut to pos
+        else:
+            if initial_state is None:
+                buffer = x.new_zeros(x.shape[0], cfg.d_inner, n_buf)  # [batch, d_inner, d_conv - 1]
+            else:
+                buffer, h0 = initial_state.split([n_buf, cfg.d_state], dim=-1)
+            # [batch, d_inner, d_conv - 1 + pos]: the carried inputs, then this window's
+            x_in = torch.cat([buffer.to(x.dtype), x.transpose(1, 2)], dim=-1)
+            conv_state = x_in[..., x_in.shape[-1] - n_buf :]  # the last d_conv - 1 inputs
+            x = F.conv1d(x_in, self.conv1d.weight, self.conv1d.bias, groups=cfg.d_inner)
+            x = x.transpose(1, 2)  # [batch, pos, d_inner]
         x = self.hook_x(F.silu(x))  # [batch, pos, d_inner]
 
         delta_raw, B, C = self.x_proj(x).split(
@@ -199,10 +236,16 @@ class MambaMixer(nn.Module):
         B = self.hook_B(B)  # [batch, pos, d_state]
         C = self.hook_C(C)  # [batch, pos, d_state]
 
-        y = self.selective_scan(x, delta, B, C)
+        if conv_state is None:
+            y = self.selective_scan(x, delta, B, C)
+        else:
+            y, h = self.selective_scan(x, delta, B, C, initial_state=h0, return_state=True)
         y = self.hook_y(y)  # [batch, pos, d_inner]
         y_gated = self.hook_y_gated(y * F.silu(z))
-        return self.out_proj(y_gated)
+        out = self.out_proj(y_gated)
+        if not return_state:
+            return out
+        return out, torch.cat([conv_state, h.to(conv_state.dtype)], dim=-1)
 
     def selective_scan(
         self,
@@ -210,12 +253,15 @@ class MambaMixer(nn.Module):
         delta: Float[Tensor, "batch pos d_inner"],
         B: Float[Tensor, "batch pos d_state"],
         C: Float[Tensor, "batch pos d_state"],
-    ) -> Float[Tensor, "batch pos d_inner"]:
+        initial_state: Float[Tensor, "batch d_inner d_state"] | None = None,
+        return_state: bool = False,
+    ) -> Float[Tensor, "batch pos d_inner"] | tuple[Tensor, Tensor]:
         """The scan h_t = exp(delta_t A) h_{t-1} + delta_t x_t B_t, y_t = C_t h_t + D x_t.
 
-        It starts from h_{-1} = 0. The state goes through ``hook_ssm_state`` once per
-        step when that hook is in use (so patches at step t carry on); otherwise no
-        buffer is kept.
+        It starts from h_{-1} = ``initial_state`` (default 0) and, with ``return_state``,
+        also returns the last ``h`` (float32). The state goes through ``hook_ssm_state``
+        once per step when that hook is in use (so patches at step t carry on);
+        otherwise no buffer is kept.
         """
         batch, n_pos, d_inner = x.shape
         A = -torch.exp(self.A_log.float())  # [d_inner, d_state]
@@ -223,7 +269,10 @@ class MambaMixer(nn.Module):
         delta_x = delta * x.float()  # [batch, pos, d_inner]
         step_hook = StepHook(self.hook_ssm_state, n_pos) if is_hooked(self.hook_ssm_state) else None
 
-        h = delta.new_zeros(batch, d_inner, self.cfg.d_state)  # [batch, d_inner, d_state]
+        if initial_state is None:
+            h = delta.new_zeros(batch, d_inner, self.cfg.d_state)  # [batch, d_inner, d_state]
+        else:
+            h = initial_state.to(delta.dtype)
         ys = []
         # unbind (not delta[:, t]): the backward pass then stacks the steps' gradients once
         steps = zip(delta.unbind(1), delta_x.unbind(1), B.unbind(1), C.unbind(1), strict=True)
@@ -234,7 +283,7 @@ class MambaMixer(nn.Module):
                 h = step_hook(t, h)
             ys.append((h * C_t[:, None, :]).sum(-1))  # [batch, d_inner]
         y = torch.stack(ys, dim=1).to(x.dtype)  # [batch, pos, d_inner]
-        return y + x * self.D
+        return (y + x * self.D, h) if return_state else y + x * self.D
 
 
 class MambaBlock(ResidualBlock):

@@ -27,17 +27,25 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from mechlab.io import atomic_write_text
-from mechlab.prune.graph import component_of, parse_component
+from mechlab.prune.graph import component_of, parse_component, window_of
 
 FORMAT = "mechlab-circuit"
 VERSION = 1
 _KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "mlp": 3, "mixer": 2, "out": 4}
 
 
-def _component_key(name: str) -> tuple[int, int, int]:
+def _component_key(name: str, windows: Sequence[str] = ()) -> tuple[int, int, int, int]:
+    """Forward order: window (in ``windows``' order), layer, kind, head."""
     kind, layer, head = parse_component(name)
     layer = 10**6 if kind == "out" else layer
-    return (layer, _KIND_ORDER[kind], head)
+    window = window_of(name)
+    rank = list(windows).index(window) if window in windows else 0
+    return (rank, layer, _KIND_ORDER[kind], head)
+
+
+def _window_names(graph_info: Mapping[str, Any]) -> list[str]:
+    """Window names, in order, of a graph summary (``[]`` without windows)."""
+    return [w[0] for w in graph_info.get("windows", [])]
 
 
 @dataclass
@@ -72,7 +80,8 @@ class Circuit:
         """Build a circuit from its kept edges (the nodes are derived from them)."""
         edges = {(str(w), str(r)): float(s) for (w, r), s in edges.items()}
         touched = {w for w, _ in edges} | {component_of(r) for _, r in edges}
-        nodes = sorted(touched, key=_component_key)
+        windows = _window_names((metadata or {}).get("graph", {}))
+        nodes = sorted(touched, key=lambda n: _component_key(n, windows))
         return cls(
             edges, nodes, dict(metadata or {}), None if log_alpha is None else dict(log_alpha)
         )
@@ -326,7 +335,7 @@ def seed_stability(circuits: Mapping[str, Sequence[Circuit]]) -> Stability:
 
 _READER_COLOURS = {
     "q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "mixer": "#9467bd",
-    "out": "#ff7f0e",
+    "out": "#ff7f0e", "state": "#17becf",
 }  # fmt: skip
 _QKV_OFFSET = {"q": 0.18, "k": 0.0, "v": -0.18}
 
@@ -338,6 +347,15 @@ def _layout(graph_info: dict[str, Any], names: set[str]) -> dict[str, tuple[floa
     n_layers = int(graph_info.get("n_layers", max(layers, default=-1) + 1))
     n_heads = int(graph_info.get("n_heads", 0))
     pos: dict[str, tuple[float, float]] = {}
+    windows = _window_names(graph_info) or sorted({w for n in names if (w := window_of(n))})
+    if windows:  # one row per window (top: first), one column per layer
+        for row, window in enumerate(windows):
+            y = -float(row)
+            pos[f"embed@{window}"] = (0.0, y)
+            for layer in range(n_layers):
+                pos[f"l{layer}@{window}"] = (1.0 + layer, y)
+            pos[f"out@{window}"] = (1.0 + n_layers, y)
+        return pos
     transformer = arch == "transformer" or any(parse_component(n)[0] == "head" for n in names)
     if transformer:
         n_heads = max(n_heads, 1 + max((parse_component(n)[2] for n in names), default=0))
@@ -355,16 +373,27 @@ def _layout(graph_info: dict[str, Any], names: set[str]) -> dict[str, tuple[floa
     return pos
 
 
+def _window_axis(pos: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """The y axis: the window names on their rows in a windowed layout, else bare."""
+    rows = {window_of(n): y for n, (_, y) in pos.items() if window_of(n)}
+    axis: dict[str, Any] = {"showgrid": False, "zeroline": False}
+    if not rows:
+        return {"showticklabels": False, **axis}
+    return {"tickvals": list(rows.values()), "ticktext": list(rows), **axis}
+
+
 def plot_circuit(circuit: Circuit, title: str | None = None) -> go.Figure:
     """See :meth:`Circuit.plot`."""
     info = circuit.metadata.get("graph", {})
-    names = set(circuit.nodes) | {"embed", "out"}
+    windowed = bool(_window_names(info)) or any("@" in n for n in circuit.nodes)
+    names = set(circuit.nodes) | (set() if windowed else {"embed", "out"})
     pos = _layout(info, names)
     fig = go.Figure()
     by_kind: dict[str, tuple[list, list]] = {}
     mid_x, mid_y, mid_text = [], [], []
     for (writer, reader), score in circuit.edges.items():
         kind = reader.rsplit(".", 1)[-1] if reader.endswith((".q", ".k", ".v")) else None
+        kind = "state" if ".state@" in reader else kind  # a recurrent state carried across windows
         comp = component_of(reader)
         kind = (
             kind
@@ -432,7 +461,7 @@ def plot_circuit(circuit: Circuit, title: str | None = None) -> go.Figure:
     fig.update_layout(
         title=title, hovermode="closest", plot_bgcolor="white",
         xaxis={"tickvals": ticks, "ticktext": labels, "showgrid": False, "zeroline": False},
-        yaxis={"showticklabels": False, "showgrid": False, "zeroline": False},
+        yaxis=_window_axis(pos),
         legend={"orientation": "h", "y": -0.15},
     )  # fmt: skip
     return fig

@@ -58,11 +58,18 @@ from tqdm.auto import tqdm
 
 from mechlab.io import atomic_write_text
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData, Target, Traces, check_target, target_name
+from mechlab.prune.data import (
+    PruneData,
+    Target,
+    Traces,
+    check_target,
+    target_name,
+    target_positions,
+)
 from mechlab.prune.engine import prune
 from mechlab.prune.evaluate import circuit_edge_mask, evaluate_masks
 from mechlab.prune.forward import ABLATIONS
-from mechlab.prune.graph import EdgeGraph, build_graph, countable_edges
+from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
 
 MIB_BUDGETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 """MIB's edge budgets (fractions of the graph's edges); 1.0 is always added as the anchor."""
@@ -276,8 +283,8 @@ def evaluate_curve(
     Returns:
         The :class:`FaithfulnessCurve`.
     """
-    graph = build_graph(model)
-    n_countable = int(countable_edges(graph, ablation).sum())
+    graph = pruning_graph(model, traces.windows)
+    n_countable = int(countable_edges(graph, ablation, _scored(graph, target, traces)).sum())
     if len(masks) != len(budgets):
         raise ValueError(f"got {len(masks)} circuits for {len(budgets)} budgets")
 
@@ -360,24 +367,33 @@ def faithfulness_curve(
     _check_ablation(ablation)
     grid = check_budgets(budgets)[:-1]
     check_target(target, traces)
-    graph = build_graph(model)
+    graph = pruning_graph(model, traces.windows)
     if tuple(scores.shape) != (graph.n_edges,) or not bool(torch.isfinite(scores).all()):
         raise ValueError(
             f"scores must be {graph.n_edges} finite numbers (one per edge), "
             f"got shape {list(scores.shape)}"
         )
-    masks = _ranked_masks(scores, graph, ablation, grid)
+    masks = _ranked_masks(scores, graph, ablation, grid, _scored(graph, target, traces))
     return evaluate_curve(
         model, traces, target, ablation, masks, grid, mean_reference=mean_reference,
         batch_size=batch_size, progress=progress,
     )  # fmt: skip
 
 
+def _scored(graph: EdgeGraph, target: Target, traces: Traces) -> list[int] | None:
+    """The scored positions when the graph is windowed (they decide which edges can matter)."""
+    return target_positions(target, traces) if graph.windows else None
+
+
 def _ranked_masks(
-    scores: Tensor, graph: EdgeGraph, ablation: str, budgets: Sequence[float]
+    scores: Tensor,
+    graph: EdgeGraph,
+    ablation: str,
+    budgets: Sequence[float],
+    scored: list[int] | None = None,
 ) -> list[Tensor]:
     """Top-k circuits of the edges that can matter under ``ablation`` (the others never enter)."""
-    countable = countable_edges(graph, ablation)
+    countable = countable_edges(graph, ablation, scored)
     ranked = scores.detach().double().cpu().masked_fill(~countable, -math.inf)
     return [top_k_mask(ranked, k) for k in budget_counts(budgets, int(countable.sum()))]
 
@@ -411,7 +427,7 @@ def _reprune_masks(
             masks.append(torch.zeros(graph.n_edges, dtype=torch.bool))
             runs.append({"n_edges_kept": 0})
             continue
-        n_countable = int(countable_edges(graph, ablation).sum())
+        n_countable = int(countable_edges(graph, ablation, _scored(graph, target, data.train)).sum())
         circuit = prune(model, data, target, 1.0 - k / n_countable, ablation=ablation,
                         seed=seed, progress=False, **prune_kwargs)  # fmt: skip
         mask = circuit_edge_mask(circuit, graph)
@@ -471,17 +487,18 @@ def sweep(
         raise ValueError(f"unknown ranking {ranking!r}; choose one of {', '.join(RANKINGS)}")
     grid = check_budgets(budgets)[:-1]
     check_target(target, data.train)
-    graph = build_graph(model)
+    graph = pruning_graph(model, data.train.windows, prune_kwargs.get("position_aware"))
+    scored = _scored(graph, target, data.train)
     device = next(model.parameters()).device
     curves = {}
     for ablation in ablations:
         if ranking == "log_alpha":
             circuit = prune(model, data, target, sparsity, ablation=ablation, seed=seed,
                             progress=progress, **prune_kwargs)  # fmt: skip
-            masks = _ranked_masks(circuit_scores(circuit, graph), graph, ablation, grid)
+            masks = _ranked_masks(circuit_scores(circuit, graph), graph, ablation, grid, scored)
             runs = [_run_info(circuit)]
         else:
-            n_countable = int(countable_edges(graph, ablation).sum())
+            n_countable = int(countable_edges(graph, ablation, scored).sum())
             masks, runs = _reprune_masks(
                 model, data, target, ablation, budget_counts(grid, n_countable), graph, seed,
                 progress, prune_kwargs,

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechlab.prune.graph import Windows, check_windows
 from mechlab.tasks.lds import LDSConfig, make_libraries
 from mechlab.tasks.lds_evals import PROBES, needle_in_haystack, nih_protocol
 from mechlab.tasks.nih import default_haystack
@@ -57,6 +58,11 @@ class Traces:
             the ``"all"`` target), or None (then every position counts).
         query_position: Token index ``p`` of the query label (NiH), or None.
         seg_len: Observations per segment (bounds ``k`` in ``"k-after"``), or None.
+        windows: Position windows ``(name, start, end)``, in order, covering
+            ``0 .. pos`` (NiH: ``haystack`` ``[0, p)``, ``label`` ``[p, p + 1)``,
+            ``continuation`` ``[p + 1, pos)``), or None. A recurrent model is pruned on
+            its windowed graph when they are given
+            (:func:`mechlab.prune.graph.pruning_graph`).
     """
 
     inputs: Tensor
@@ -65,6 +71,7 @@ class Traces:
     observed: Tensor | None = None
     query_position: int | None = None
     seg_len: int | None = None
+    windows: Windows | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.inputs.shape[:2])
@@ -74,6 +81,8 @@ class Traces:
                 raise ValueError(
                     f"Traces.{name} has shape {list(value.shape)}, expected [batch, pos] = {list(shape)} first"
                 )
+        if self.windows is not None:
+            self.windows = check_windows(self.windows, self.n_pos)
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -95,6 +104,7 @@ class Traces:
             observed=pick(self.observed),
             query_position=self.query_position,
             seg_len=self.seg_len,
+            windows=self.windows,
         )
 
     def to(self, device: torch.device | str) -> Traces:
@@ -103,7 +113,7 @@ class Traces:
 
         return Traces(
             move(self.inputs), move(self.corrupted), move(self.truth), move(self.observed),
-            self.query_position, self.seg_len,
+            self.query_position, self.seg_len, self.windows,
         )  # fmt: skip
 
 
@@ -130,6 +140,10 @@ class PruneData:
         if self.train.n_pos != self.test.n_pos:
             raise ValueError(
                 f"train and test traces have different lengths ({self.train.n_pos} vs {self.test.n_pos})"
+            )
+        if self.train.windows != self.test.windows:
+            raise ValueError(
+                f"train and test traces have different windows ({self.train.windows} vs {self.test.windows})"
             )
 
 
@@ -209,6 +223,11 @@ def target_mask(target: Target, traces: Traces) -> Tensor:
     return mask
 
 
+def target_positions(target: Target, traces: Traces) -> list[int]:
+    """The positions (prediction indices) at which ``target`` scores any trace, in order."""
+    return target_mask(target, traces).any(0).nonzero().flatten().tolist()
+
+
 def _nih_traces(
     cfg: LDSConfig,
     library,
@@ -235,14 +254,24 @@ def _nih_traces(
             **construction,
         )  # fmt: skip
         corrupted = probe.batch.inputs
+    p, n_pos = clean.query_position, batch.inputs.shape[1]
     return Traces(
         inputs=batch.inputs.float(),
         corrupted=corrupted.float(),
         truth=batch.targets.float(),
         observed=batch.mask.clone(),
-        query_position=clean.query_position,
+        query_position=p,
         seg_len=seg_len,
+        windows=nih_windows(p, n_pos),
     )
+
+
+def nih_windows(query_position: int, n_pos: int) -> Windows:
+    """The windows of a NiH trace: ``haystack`` ``[0, p)``, ``label`` ``[p, p + 1)`` (the
+    query's open label, where ``1-after`` is predicted), ``continuation`` ``[p + 1, n_pos)``
+    (``2-after`` is predicted at ``p + 1``)."""
+    p = query_position
+    return (("haystack", 0, p), ("label", p, p + 1), ("continuation", p + 1, n_pos))
 
 
 def nih_prune_data(
@@ -294,4 +323,5 @@ def nih_prune_data(
         "query_position": train.query_position,
     }  # fmt: skip
     info["nih_protocol"] = protocol
+    info["windows"] = [list(w) for w in train.windows]
     return PruneData(train=train, test=test, info=info)

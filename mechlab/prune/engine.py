@@ -35,7 +35,15 @@ from tqdm.auto import tqdm
 from mechlab.models.base import predict_in_chunks
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData, Target, Traces, check_target, target_mask, target_name
+from mechlab.prune.data import (
+    PruneData,
+    Target,
+    Traces,
+    check_target,
+    target_mask,
+    target_name,
+    target_positions,
+)
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import (
     ABLATIONS,
@@ -43,9 +51,17 @@ from mechlab.prune.forward import (
     frozen_eval,
     make_ablation,
     masked_forward,
+    select_traces,
     truth_error,
 )
-from mechlab.prune.graph import EdgeGraph, build_graph, countable_edges, inert_writers
+from mechlab.prune.graph import (
+    EdgeGraph,
+    countable_edges,
+    inert_writers,
+    pruning_graph,
+    target_windows,
+    unreachable_edges,
+)
 
 LOSSES = ("model", "truth")
 LR = 0.1  # learning rate of the masks (constant)
@@ -154,7 +170,8 @@ def optimise_masks(
         positions: ``[batch, pos]`` bool target positions.
         reference: ``[batch, pos, d_output]`` what the circuit should output there (the
             full model's predictions or the truth; token ids for a truth loss on tokens).
-        ablated: ``[n_writers, batch | 1, pos, d]`` ablated writer outputs.
+        ablated: ``[n_writers, batch | 1, pos, d]`` ablated writer outputs (a
+            :class:`~mechlab.prune.forward.WindowedAblation` for a windowed graph).
         sparsity: Target edge sparsity in (0, 1), over the ``countable`` edges.
         node_sparsity: Target writer-node sparsity, or None for no node masks.
         steps: Optimiser steps.
@@ -197,7 +214,6 @@ def optimise_masks(
     factors = [lambda i: 1.0, lambda i: _lr_factor(i, steps, lambda_warmup)]
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, factors)
     n = len(traces)
-    per_trace_ablation = ablated.shape[1] != 1
     order, cursor = torch.randperm(n, generator=gen), 0
     history = []
     bar = tqdm(
@@ -213,7 +229,7 @@ def optimise_masks(
             cursor += batch_size
         index_d = index.to(device)
         x = traces.inputs[index_d]
-        abl = ablated[:, index_d] if per_trace_ablation else ablated
+        abl = select_traces(ablated, index_d)
         mask = positions[index_d]
 
         z_edge = hc.sample_mask(edge_la, hc.uniform_noise(graph.n_edges, gen).to(device))
@@ -272,12 +288,11 @@ def ablated_loss(
         The mean loss at the target positions (1.0 when it is 0, so it can divide).
     """
     io = model.cfg.io
-    per_trace_ablation = ablated.shape[1] != 1
     zeros = torch.zeros(graph.n_edges, device=ablated.device)
     losses = []
     for start in range(0, len(traces), batch_size):
         index = torch.arange(start, min(start + batch_size, len(traces)), device=ablated.device)
-        abl = ablated[:, index] if per_trace_ablation else ablated
+        abl = select_traces(ablated, index)
         pred = masked_forward(model, graph, traces.inputs[index], abl, zeros)
         mask, ref = positions[index], reference[index][positions[index]]
         if io == "tokens" and ref.dtype == torch.long:
@@ -363,7 +378,9 @@ def binarize(
     )
 
 
-def check_sparsity(graph: EdgeGraph, ablation: str, sparsity: float) -> int:
+def check_sparsity(
+    graph: EdgeGraph, ablation: str, sparsity: float, positions: list[int] | None = None
+) -> int:
     """Raise ValueError unless ``sparsity`` keeps at least one countable edge; returns how many.
 
     Args:
@@ -371,11 +388,13 @@ def check_sparsity(graph: EdgeGraph, ablation: str, sparsity: float) -> int:
         ablation: The ablation (it decides which edges count, see
             :func:`mechlab.prune.graph.countable_edges`).
         sparsity: Edge sparsity in (0, 1).
+        positions: The scored positions (in a windowed graph they decide which edges
+            can matter), or None.
 
     Returns:
         The number of edges the sparsity keeps.
     """
-    n = int(countable_edges(graph, ablation).sum())
+    n = int(countable_edges(graph, ablation, positions).sum())
     n_keep = hc.keep_count(n, sparsity)
     if n_keep < 1:
         possible = ", ".join(f"{1 - k / n:.4g}" for k in range(1, min(n, 3) + 1))
@@ -463,6 +482,7 @@ def prune(
     init_mean: float = hc.INIT_MEAN,
     progress: bool = True,
     checkpoint_sha256: str | None = None,
+    position_aware: bool | None = None,
 ) -> Circuit:
     """Find the circuit of ``model`` for a target by edge pruning.
 
@@ -499,6 +519,12 @@ def prune(
         init_mean: Mean of the initial ``log_alpha`` (see :mod:`mechlab.prune.masks`).
         progress: Show a progress bar.
         checkpoint_sha256: Recorded in the circuit's metadata.
+        position_aware: Graph of a recurrent model (:func:`~mechlab.prune.graph.pruning_graph`):
+            None (default) prunes the windowed graph when the traces have windows
+            (``Traces.windows``; edges from which no target window's read-out can be
+            reached are then left out of the count and recorded as
+            ``n_edges_excluded_unreachable``), False the plain graph, True insists on
+            the windowed one.
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`, with its metrics on the held-out traces.
@@ -516,16 +542,17 @@ def prune(
         raise ValueError("loss 'truth' needs traces with ground truth (Traces.truth)")
     if ablation == "interchange" and (data.train.corrupted is None or data.test.corrupted is None):
         raise ValueError("ablation 'interchange' needs corrupted traces (Traces.corrupted)")
-    graph = build_graph(model)
-    check_sparsity(graph, ablation, sparsity)
-    countable = countable_edges(graph, ablation)
+    graph = pruning_graph(model, data.train.windows, position_aware)
+    scored = target_positions(target, data.train) if graph.windows else None
+    check_sparsity(graph, ablation, sparsity, scored)
+    countable = countable_edges(graph, ablation, scored)
 
     device = next(model.parameters()).device
     train = data.train.to(device)
     started = time.perf_counter()
     with frozen_eval(model), torch.no_grad():
         positions = target_mask(target, train)
-        ablated = make_ablation(model, ablation, train)
+        ablated = make_ablation(model, ablation, train, graph=graph)
         reference = train.truth if loss == "truth" else predict_in_chunks(model, train.inputs)
         loss_norm = (
             ablated_loss(model, graph, train, positions, reference, ablated)
@@ -566,7 +593,7 @@ def prune(
         "n_open_edges": binary.n_open,
         "sparsity_limited_by_open_edges": binary.limited_by_open_edges,
         "n_edges_countable": binary.n_countable,
-        "n_edges_excluded_inert": graph.n_edges - binary.n_countable,
+        "n_edges_excluded_inert": graph.n_edges - int(countable_edges(graph, ablation).sum()),
         "inert_writers": inert_writers(graph, ablation),
         "node_sparsity_asked": node_sparsity,
         "node_sparsity_reached": 1.0 - float(binary.nodes.float().mean()),
@@ -594,6 +621,9 @@ def prune(
         "history": result.history,  # every 10th step: loss, expected sparsity, target, lambdas
         "seconds": seconds,
     }
+    if graph.windows:  # edges no scored read-out can be reached from: out of the count
+        metadata["n_edges_excluded_unreachable"] = int(unreachable_edges(graph, scored).sum())
+        metadata["target_windows"] = target_windows(graph, scored)
     if warning:
         warnings.warn(warning, UserWarning, stacklevel=2)
     edges = {graph.edges[i]: float(det[i]) for i in kept}

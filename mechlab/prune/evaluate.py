@@ -29,7 +29,7 @@ from mechlab.prune.forward import (
     masked_forward,
     truth_error,
 )
-from mechlab.prune.graph import EdgeGraph, build_graph
+from mechlab.prune.graph import EdgeGraph, pruning_graph
 
 
 def circuit_edge_mask(circuit: Circuit, graph: EdgeGraph) -> Tensor:
@@ -90,7 +90,7 @@ def evaluate_masks(
     mean_ablation = None
     if ablation == "mean":
         reference = traces.inputs if mean_reference is None else mean_reference.to(device)
-        mean_ablation = make_ablation(model, "mean", traces, reference=reference)
+        mean_ablation = make_ablation(model, "mean", traces, reference=reference, graph=graph)
     dist: dict[str, list[Tensor]] = {name: [] for name in variants}
     err: dict[str, list[Tensor]] = {name: [] for name in (*variants, "full")}
     with frozen_eval(model):
@@ -100,7 +100,7 @@ def evaluate_masks(
             ablated = (
                 mean_ablation
                 if mean_ablation is not None
-                else make_ablation(model, ablation, chunk)
+                else make_ablation(model, ablation, chunk, graph=graph)
             )
             full = predict_in_chunks(model, chunk.inputs)
             if chunk.truth is not None:
@@ -151,6 +151,9 @@ def evaluate_circuit(
         target: Target to score (default: the circuit's own).
         ablation: Ablation (default: the circuit's own).
 
+    The graph is the circuit's: the windowed graph of a recurrent model (on
+    ``data``'s windows) when the circuit was pruned on one, else the plain graph.
+
     Returns:
         The metrics of :func:`evaluate_masks`.
     """
@@ -158,7 +161,8 @@ def evaluate_circuit(
     ablation = circuit.metadata.get("ablation", "interchange") if ablation is None else ablation
     if target is None:
         raise ValueError("the circuit records no target; pass target=")
-    graph = build_graph(model)
+    windowed = "windows" in circuit.metadata.get("graph", {})
+    graph = pruning_graph(model, data.test.windows, position_aware=windowed)
     edges = circuit_edge_mask(circuit, graph)
     reference = data.train.inputs if ablation == "mean" else None
     return evaluate_masks(

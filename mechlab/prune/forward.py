@@ -16,6 +16,20 @@ recurrent layer, ``ln_final`` for the read-out) to its own mixed input; a transf
 with ``normalization="none"`` has none, and one with ``causal=False`` attends over the
 whole sequence, as its own forward does.
 
+Windowed recurrent graphs (:func:`~mechlab.prune.graph.windowed_recurrent_graph`).
+The sequence is run window by window; in window ``w`` each reader mixes, as above, the
+writers of ``w`` at ``w``'s positions only, and layer ``l`` starts ``w`` from the state
+
+    s_lw = s~_lw + z_s n_w (s_lw(this pass) - s~_lw)
+
+where ``s_lw(this pass)`` is the state it ended the previous window with in this masked
+pass, ``z_s`` the mask of the state edge ``l{l}@w_prev -> l{l}.state@w``, ``n_w`` the
+node mask of ``l{l}@w_prev`` (1 without node masks), and ``s~_lw`` the *ablated state*
+(:class:`WindowedAblation`): the state layer ``l`` had at that position on the corrupted
+input (interchange), its mean over the reference inputs (mean), or zeros (zero). States
+are one tensor per trace (the mixers' ``initial_state`` / ``return_state``: LSTM
+``h, c``; dense SSM ``h``; Mamba its conv inputs and SSM state).
+
 Memory. The differences are stored once, as they are produced, one tensor per writer
 group (the embeddings, then each layer's heads, then its MLP; ``n_writers x [B, T, d]``
 in all); a reader group's ``R`` inputs are the ablated residual plus, per upstream
@@ -29,6 +43,7 @@ implementation's scheme, which :func:`bench_prune` measures against ours with
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +51,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from mechlab.prune.data import Traces
-from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, build_graph
+from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, Windows, build_graph, check_windows
 
 ABLATIONS = ("interchange", "mean", "zero")
 _MIXER_ATTR = {"lstm": "lstm", "dense_ssm": "ssm", "mamba": "mixer"}
@@ -87,6 +102,97 @@ def writer_outputs(
     return torch.cat(chunks, dim=1)
 
 
+def _mixer(model: nn.Module, layer: int) -> nn.Module:
+    return getattr(model.blocks[layer], _MIXER_ATTR[model.cfg.arch])
+
+
+@torch.no_grad()
+def window_states(
+    model: nn.Module, x: Tensor, windows: Windows, batch_size: int = 256
+) -> list[Float[Tensor, "boundary batch *state"]]:
+    """Each layer's recurrent state at the start of every window but the first.
+
+    The model is run window by window (each mixer from the state it ended the
+    previous window with), which computes its normal forward pass.
+
+    Args:
+        model: A recurrent mechlab model (LSTM, dense SSM, Mamba).
+        x: ``[batch, pos, d_in]`` floats or ``[batch, pos]`` token ids.
+        windows: ``(name, start, end)`` ranges covering ``0 .. pos``.
+        batch_size: Traces per forward pass.
+
+    Returns:
+        Per layer, ``[n_windows - 1, batch, *state]``: entry ``k`` is the state after
+        position ``windows[k + 1].start - 1``, the one carried into window ``k + 1``.
+    """
+    windows = check_windows(windows, x.shape[1])
+    per_layer: list[list[Tensor]] = [[] for _ in model.blocks]
+    for start in range(0, x.shape[0], batch_size):
+        resid = model.read_in(x[start : start + batch_size])  # [batch, pos, d]
+        for layer, block in enumerate(model.blocks):
+            mixer_in = block.norm(resid)
+            outs, states, state = [], [], None
+            for _, a, b in windows:
+                out, state = _mixer(model, layer)(mixer_in[:, a:b], state, return_state=True)
+                outs.append(out)
+                states.append(state)
+            resid = resid + torch.cat(outs, dim=1)
+            per_layer[layer].append(torch.stack(states[:-1]))  # [K - 1, batch, *state]
+    return [torch.cat(chunks, dim=1) for chunks in per_layer]
+
+
+@dataclass
+class WindowedAblation:
+    """The ablated values of a windowed recurrent graph: writer outputs and states.
+
+    Attributes:
+        writers: ``[1 + n_layers, batch | 1, pos, d_model]`` ablated outputs of the read-in
+            and of every layer at every position (the plain graph's writers; the
+            windowed writer ``l{l}@w`` is row ``1 + l`` at ``w``'s positions).
+        states: Per layer, ``[n_windows - 1, batch | 1, *state]``: the ablated state
+            carried into each window after the first (:func:`window_states`).
+    """
+
+    writers: Tensor
+    states: list[Tensor]
+
+    @property
+    def per_trace(self) -> bool:
+        """Whether it holds one value per trace (interchange) rather than one for all."""
+        return self.writers.shape[1] != 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.writers.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.writers.dtype
+
+    def select(self, index: Tensor) -> WindowedAblation:
+        """The traces at ``index`` (unchanged when not per trace)."""
+        if not self.per_trace:
+            return self
+        return WindowedAblation(self.writers[:, index], [s[:, index] for s in self.states])
+
+
+Ablation = Tensor | WindowedAblation
+"""Ablated values: ``[n_writers, batch | 1, pos, d_model]`` writer outputs, or a
+:class:`WindowedAblation` for a windowed recurrent graph."""
+
+
+def select_traces(ablated: Ablation, index: Tensor) -> Ablation:
+    """The ablated values of the traces at ``index`` (all of them when not per trace).
+
+    Args:
+        ablated: From :func:`make_ablation`.
+        index: 1-D index of traces.
+    """
+    if isinstance(ablated, WindowedAblation):
+        return ablated.select(index)
+    return ablated[:, index] if ablated.shape[1] != 1 else ablated
+
+
 @torch.no_grad()
 def make_ablation(
     model: nn.Module,
@@ -94,8 +200,9 @@ def make_ablation(
     traces: Traces,
     reference: Tensor | None = None,
     batch_size: int = 256,
-) -> Float[Tensor, "writer batch_or_1 pos d_model"]:
-    """The ablated writer outputs ``X~``.
+    graph: EdgeGraph | None = None,
+) -> Ablation:
+    """The ablated writer outputs ``X~`` (and, for a windowed graph, the ablated states).
 
     Args:
         model: The model.
@@ -106,26 +213,42 @@ def make_ablation(
         reference: Inputs whose mean writer outputs ``"mean"`` uses; default
             ``traces.inputs``.
         batch_size: Traces per forward pass.
+        graph: The graph the ablation is for; a windowed recurrent graph gets a
+            :class:`WindowedAblation` (its states on the corrupted input, their mean
+            over ``reference``, or zeros). None: the plain graph.
 
     Returns:
-        ``[n_writers, batch, pos, d_model]`` (interchange) or ``[n_writers, 1, pos, d_model]``.
+        ``[n_writers, batch, pos, d_model]`` (interchange) or ``[n_writers, 1, pos, d_model]``,
+        or a :class:`WindowedAblation` with those shapes.
     """
     if kind not in ABLATIONS:
         raise ValueError(f"unknown ablation {kind!r}; choose one of {ABLATIONS}")
+    windows = graph.windows if graph is not None else ()
     if kind == "interchange":
         if traces.corrupted is None:
             raise ValueError("interchange ablation needs corrupted traces (Traces.corrupted)")
-        return writer_outputs(model, traces.corrupted, batch_size)
+        writers = writer_outputs(model, traces.corrupted, batch_size)
+        if not windows:
+            return writers
+        return WindowedAblation(writers, window_states(model, traces.corrupted, windows, batch_size))
     if kind == "mean":
         ref = traces.inputs if reference is None else reference
         if ref.shape[1] != traces.n_pos:
             raise ValueError(
                 f"mean-ablation reference has {ref.shape[1]} positions, traces have {traces.n_pos}"
             )
-        return writer_outputs(model, ref, batch_size).mean(dim=1, keepdim=True)
+        writers = writer_outputs(model, ref, batch_size).mean(dim=1, keepdim=True)
+        if not windows:
+            return writers
+        states = window_states(model, ref, windows, batch_size)
+        return WindowedAblation(writers, [s.mean(dim=1, keepdim=True) for s in states])
     n_writers = build_graph(model).n_writers
-    device = next(model.parameters()).device
-    return torch.zeros(n_writers, 1, traces.n_pos, model.cfg.d_model, device=device)
+    param = next(model.parameters())
+    writers = param.new_zeros(n_writers, 1, traces.n_pos, model.cfg.d_model)
+    if not windows:
+        return writers
+    shapes = window_states(model, traces.inputs[:1], windows)  # for the states' shapes
+    return WindowedAblation(writers, [torch.zeros_like(s) for s in shapes])
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,11 +386,38 @@ def _recurrent_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
     return model.read_out(model.ln_final(resid))
 
 
+def _windowed_recurrent_forward(model, graph, x, ablated: WindowedAblation, z, node_mask) -> Tensor:
+    n_layers = model.cfg.n_layers
+    embed = model.read_in(x)  # [batch, pos, d]
+    states: list[Tensor | None] = [None] * n_layers  # carried into the current window, per layer
+    outs = []
+    for k, (name, start, end) in enumerate(graph.windows):
+        first = k * (n_layers + 1)  # writer index of embed@name
+        window_nodes = None if node_mask is None else node_mask[first : first + n_layers + 1]
+        stream = _Stream(ablated.writers[:, :, start:end], window_nodes)  # [1 + L, batch | 1, w, d]
+        stream.add(embed[:, start:end].unsqueeze(0))
+        for layer, block in enumerate(model.blocks):
+            if k > 0:  # s~ + z_s n_w (s - s~): the state edge from the previous window
+                gate = z[graph.edge_offset[f"l{layer}.state@{name}"]]
+                if node_mask is not None:
+                    gate = gate * node_mask[first - n_layers + layer]  # l{layer}@previous
+                s_abl = ablated.states[layer][k - 1]  # [batch | 1, *state]
+                states[layer] = s_abl + gate * (states[layer] - s_abl)
+            x_in = stream.read(_edge_block(z, graph, f"l{layer}.in@{name}", 1)).squeeze(0)
+            mixer_out, states[layer] = _mixer(model, layer)(
+                block.norm(x_in), states[layer], return_state=True
+            )  # [batch, w, d], [batch, *state]
+            stream.add(mixer_out.unsqueeze(0))
+        resid = stream.read(_edge_block(z, graph, f"out@{name}", 1)).squeeze(0)
+        outs.append(model.read_out(model.ln_final(resid)))  # [batch, w, d_output]
+    return torch.cat(outs, dim=1)
+
+
 def masked_forward(
     model: nn.Module,
     graph: EdgeGraph,
     x: Tensor,
-    ablated: Tensor,
+    ablated: Ablation,
     edge_mask: Tensor,
     node_mask: Tensor | None = None,
 ) -> Float[Tensor, "batch pos d_output"]:
@@ -275,10 +425,11 @@ def masked_forward(
 
     Args:
         model: A mechlab model (transformer, LSTM, dense SSM or Mamba).
-        graph: Its :func:`~mechlab.prune.graph.build_graph`.
+        graph: Its :func:`~mechlab.prune.graph.build_graph` (windowed or not).
         x: ``[batch, pos, d_in]`` floats or ``[batch, pos]`` token ids.
-        ablated: ``[n_writers, batch | 1, pos, d_model]`` ablated writer outputs
-            (:func:`make_ablation`).
+        ablated: ``[n_writers, batch | 1, pos, d_model]`` ablated writer outputs, or a
+            :class:`WindowedAblation` for a windowed graph (:func:`make_ablation` with
+            ``graph=``).
         edge_mask: ``[n_edges]`` masks in ``[0, 1]`` in graph edge order (1 = clean).
         node_mask: ``[n_writers]`` writer masks, or None (all 1).
 
@@ -290,6 +441,23 @@ def masked_forward(
         raise ValueError(f"edge_mask must be [{graph.n_edges}], got {list(edge_mask.shape)}")
     if node_mask is not None and node_mask.shape != (graph.n_writers,):
         raise ValueError(f"node_mask must be [{graph.n_writers}], got {list(node_mask.shape)}")
+    if graph.windows:
+        if not isinstance(ablated, WindowedAblation):
+            raise ValueError(
+                "a windowed graph needs a WindowedAblation (make_ablation(..., graph=graph))"
+            )
+        check_windows(graph.windows, x.shape[1])
+        n_rows = graph.n_layers + 1
+        if ablated.writers.shape[0] != n_rows or ablated.writers.shape[2] != x.shape[1]:
+            raise ValueError(
+                f"ablated writer outputs must be [{n_rows}, batch|1, {x.shape[1]}, d_model], "
+                f"got {list(ablated.writers.shape)}"
+            )
+        model.check_length(x.shape[1])
+        edge_mask = edge_mask.to(ablated.dtype)
+        return _windowed_recurrent_forward(model, graph, x, ablated, edge_mask, node_mask)
+    if isinstance(ablated, WindowedAblation):
+        raise ValueError("a WindowedAblation is for a windowed graph; this graph has no windows")
     if ablated.shape[0] != graph.n_writers or ablated.shape[2] != x.shape[1]:
         raise ValueError(
             f"ablated writer outputs must be [{graph.n_writers}, batch|1, {x.shape[1]}, d_model], "

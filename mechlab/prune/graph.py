@@ -26,15 +26,32 @@ LSTM, dense SSM, Mamba (residual stacks ``resid += mixer(norm(resid))``)::
     readers  l{l}.in, out         (l{l}.in = layer l's input, before its norm)
     n_edges = sum_l (1 + l) + (L + 1) = (L + 1)(L + 2) / 2
 
-Writers are numbered in forward order, and every reader reads a *prefix* of that order
-(its ``n_upstream`` first writers); edges are numbered reader by reader, so the edges of
-reader ``r`` are ``edge_offset[r] .. edge_offset[r] + n_upstream[r] - 1``. The masked
-forward pass relies on both facts.
+The same stacks with *position windows* ``w_0, ..., w_{K-1}`` (consecutive position
+ranges covering the sequence, e.g. NiH's ``haystack``, ``label``, ``continuation``;
+:func:`windowed_recurrent_graph`)::
+
+    writers  embed@w, l{l}@w       (the read-in / layer l's output at w's positions)   K (L + 1)
+    readers  l{l}.in@w, out@w      (layer l's input / the read-out at w's positions)
+             l{l}.state@w          (w != w_0: layer l's recurrent state entering w)
+    edges    within each window as above (the residual stream at position t holds only
+             writers' outputs at t), plus one state edge l{l}@w -> l{l}.state@w' per
+             layer and pair of consecutive windows w -> w' (layer l's state at the end
+             of w, carried into w')
+    n_edges = K (L + 1)(L + 2) / 2 + (K - 1) L
+
+Writers are numbered in forward order (window by window in a windowed graph), and every
+reader reads a *contiguous range* of that order (writers ``first_upstream ..
+first_upstream + n_upstream - 1``; a prefix, ``first_upstream = 0``, except in a
+windowed graph, whose readers read their window's writers and whose state readers read
+one writer); edges are numbered reader by reader, so the edges of reader ``r`` are
+``edge_offset[r] .. edge_offset[r] + n_upstream[r] - 1``. The masked forward pass
+relies on both facts.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +63,11 @@ from mechlab.models.base import ModelConfig
 RECURRENT_ARCHS = ("lstm", "dense_ssm", "mamba")
 ARCHS = ("transformer", *RECURRENT_ARCHS)
 QKV = ("q", "k", "v")
+NIH_WINDOWS = ("haystack", "label", "continuation")
+"""The windows of a needle-in-a-haystack trace (:func:`mechlab.prune.data.nih_prune_data`)."""
+
+Windows = tuple[tuple[str, int, int], ...]
+"""Position windows: ``(name, start, end)`` ranges in order, covering ``0 .. n_pos``."""
 
 
 @dataclass(frozen=True)
@@ -53,16 +75,19 @@ class Writer:
     """A component whose output is added to the residual stream.
 
     Attributes:
-        name: ``embed``, ``pos``, ``a{l}.h{h}``, ``m{l}`` or ``l{l}``.
+        name: ``embed``, ``pos``, ``a{l}.h{h}``, ``m{l}`` or ``l{l}``, with ``@window``
+            in a windowed graph (``l0@label``).
         layer: Block index, ``-1`` for the embeddings.
         kind: ``embed``, ``pos``, ``head``, ``mlp`` or ``mixer``.
         head: Head index (``head`` writers), else ``-1``.
+        window: Its window's name in a windowed graph, else ``None``.
     """
 
     name: str
     layer: int
     kind: str
     head: int = -1
+    window: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,13 +95,16 @@ class Reader:
     """A place where a component reads the residual stream.
 
     Attributes:
-        name: ``a{l}.h{h}.q|k|v``, ``m{l}.in``, ``l{l}.in`` or ``out``.
+        name: ``a{l}.h{h}.q|k|v``, ``m{l}.in``, ``l{l}.in`` or ``out``; in a windowed
+            graph ``l{l}.in@w``, ``l{l}.state@w`` or ``out@w``.
         layer: Block index, ``n_layers`` for the read-out.
-        kind: ``q``, ``k``, ``v``, ``mlp``, ``mixer`` or ``out``.
+        kind: ``q``, ``k``, ``v``, ``mlp``, ``mixer``, ``state`` or ``out``.
         component: Name of the component the reader feeds (``a1.h0`` for
-            ``a1.h0.q``; ``out`` for the read-out).
-        n_upstream: It reads writers ``0 .. n_upstream - 1``.
+            ``a1.h0.q``; ``out`` for the read-out; ``l0@label`` for ``l0.state@label``).
+        n_upstream: It reads writers ``first_upstream .. first_upstream + n_upstream - 1``.
         head: Head index (q/k/v readers), else ``-1``.
+        first_upstream: Index of the first writer it reads (0 but in windowed graphs).
+        window: Its window's name in a windowed graph, else ``None``.
     """
 
     name: str
@@ -85,6 +113,8 @@ class Reader:
     component: str
     n_upstream: int
     head: int = -1
+    first_upstream: int = 0
+    window: str | None = None
 
 
 @dataclass
@@ -97,6 +127,7 @@ class EdgeGraph:
         n_heads: Heads per block (0 for recurrent families).
         writers: In forward order.
         readers: In forward order.
+        windows: The position windows of a windowed recurrent graph, else ``()``.
         edges: ``(writer name, reader name)``, reader by reader, each reader's
             writers in forward order.
         edge_offset: Index of each reader's first edge, by reader name.
@@ -107,6 +138,7 @@ class EdgeGraph:
     n_heads: int
     writers: list[Writer]
     readers: list[Reader]
+    windows: Windows = ()
     edges: list[tuple[str, str]] = field(init=False)
     edge_offset: dict[str, int] = field(init=False)
 
@@ -114,7 +146,8 @@ class EdgeGraph:
         self.edges, self.edge_offset = [], {}
         for reader in self.readers:
             self.edge_offset[reader.name] = len(self.edges)
-            self.edges.extend((w.name, reader.name) for w in self.writers[: reader.n_upstream])
+            upstream = self.writers[reader.first_upstream : reader.first_upstream + reader.n_upstream]
+            self.edges.extend((w.name, reader.name) for w in upstream)
         self.edge_index = {edge: i for i, edge in enumerate(self.edges)}
         self.writer_index = {w.name: i for i, w in enumerate(self.writers)}
         self.reader_by_name = {r.name: r for r in self.readers}
@@ -134,7 +167,7 @@ class EdgeGraph:
 
     def summary(self) -> dict[str, Any]:
         """Plain-dict description (stored in every circuit's metadata)."""
-        return {
+        out: dict[str, Any] = {
             "arch": self.arch,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
@@ -142,6 +175,9 @@ class EdgeGraph:
             "n_readers": self.n_readers,
             "n_edges": self.n_edges,
         }
+        if self.windows:
+            out["windows"] = [list(w) for w in self.windows]
+        return out
 
     def to_networkx(self) -> nx.DiGraph:
         """The full graph as a DiGraph.
@@ -150,14 +186,18 @@ class EdgeGraph:
         with ``layer``, ``kind`` and, for readers, ``component``. Edges: every
         maskable writer -> reader edge (``internal=False``) plus, for each reader that
         feeds a writer, the internal edge reader -> that writer (``a1.h0.q -> a1.h0``,
-        ``m1.in -> m1``; ``internal=True``) so paths through components can be followed.
-        Count maskable edges with :attr:`n_edges`.
+        ``m1.in -> m1``, ``l0.state@label -> l0@label``; ``internal=True``) so paths
+        through components can be followed. Nodes carry their ``window`` (None outside
+        windowed graphs). Count maskable edges with :attr:`n_edges`.
         """
         g = nx.DiGraph(arch=self.arch, n_layers=self.n_layers, n_heads=self.n_heads)
         for w in self.writers:
-            g.add_node(w.name, role="writer", layer=w.layer, kind=w.kind)
+            g.add_node(w.name, role="writer", layer=w.layer, kind=w.kind, window=w.window)
         for r in self.readers:
-            g.add_node(r.name, role="reader", layer=r.layer, kind=r.kind, component=r.component)
+            g.add_node(
+                r.name, role="reader", layer=r.layer, kind=r.kind, component=r.component,
+                window=r.window,
+            )  # fmt: skip
         for writer, reader in self.edges:
             g.add_edge(writer, reader, internal=False)
         for r in self.readers:
@@ -177,19 +217,55 @@ def _arch_sizes(model_or_cfg: Any) -> tuple[str, int, int]:
     return cfg.arch, cfg.n_layers, getattr(cfg, "n_heads", 0) if cfg.arch == "transformer" else 0
 
 
-def build_graph(model_or_cfg: Any) -> EdgeGraph:
+def build_graph(model_or_cfg: Any, windows: Windows | None = None) -> EdgeGraph:
     """The edge graph of a mechlab model (or of its config).
 
     Args:
         model_or_cfg: A mechlab model or its :class:`~mechlab.models.base.ModelConfig`.
+        windows: Position windows ``(name, start, end)`` for a recurrent model's windowed
+            graph (:func:`windowed_recurrent_graph`); None for the plain graph.
 
     Returns:
         The :class:`EdgeGraph` (see the module docstring for the layout).
+
+    Raises:
+        ValueError: Windows for a transformer, or malformed windows.
     """
     arch, n_layers, n_heads = _arch_sizes(model_or_cfg)
     if arch == "transformer":
+        if windows is not None:
+            raise ValueError("position windows apply to recurrent models (lstm, dense_ssm, mamba), not transformers")
         return transformer_graph(n_layers, n_heads)
+    if windows is not None:
+        return windowed_recurrent_graph(arch, n_layers, windows)
     return recurrent_graph(arch, n_layers)
+
+
+def pruning_graph(
+    model_or_cfg: Any, windows: Windows | None = None, position_aware: bool | None = None
+) -> EdgeGraph:
+    """The graph edge pruning uses: windowed for a recurrent model whose traces have windows.
+
+    Args:
+        model_or_cfg: A mechlab model or its config.
+        windows: The traces' windows (:attr:`mechlab.prune.data.Traces.windows`), or None.
+        position_aware: ``None`` (default): the windowed graph when the model is
+            recurrent and ``windows`` are given, else the plain one; ``True``: the
+            windowed graph (an error when it cannot be built); ``False``: the plain graph.
+
+    Returns:
+        The :class:`EdgeGraph`.
+    """
+    arch = _arch_sizes(model_or_cfg)[0]
+    if position_aware is None:
+        position_aware = arch in RECURRENT_ARCHS and windows is not None
+    if not position_aware:
+        return build_graph(model_or_cfg)
+    if arch not in RECURRENT_ARCHS:
+        raise ValueError(f"position_aware graphs are for recurrent models {RECURRENT_ARCHS}, not {arch!r}")
+    if windows is None:
+        raise ValueError("position_aware=True needs traces with windows (Traces.windows)")
+    return build_graph(model_or_cfg, windows)
 
 
 def transformer_graph(n_layers: int, n_heads: int) -> EdgeGraph:
@@ -223,6 +299,79 @@ def recurrent_graph(arch: str, n_layers: int) -> EdgeGraph:
     return EdgeGraph(arch, n_layers, 0, writers, readers)
 
 
+def check_windows(windows: Any, n_pos: int | None = None) -> Windows:
+    """Validate position windows; returns them as a tuple of ``(name, start, end)``.
+
+    Args:
+        windows: ``(name, start, end)`` ranges, in order, each non-empty, each starting
+            where the previous ended, the first at 0, names distinct and free of ``@``
+            and ``.``.
+        n_pos: When given, the last window must end there.
+
+    Raises:
+        ValueError: On any violation (one line).
+    """
+    try:
+        out = tuple((str(n), int(a), int(b)) for n, a, b in windows)
+    except (TypeError, ValueError):
+        raise ValueError(f"windows must be (name, start, end) triples, got {windows!r}") from None
+    if not out:
+        raise ValueError("windows must not be empty")
+    names = [n for n, _, _ in out]
+    if len(set(names)) != len(names) or any(not n or "@" in n or "." in n for n in names):
+        raise ValueError(f"window names must be distinct, non-empty and without '@' or '.': {names}")
+    end = 0
+    for name, start, stop in out:
+        if start != end or stop <= start:
+            raise ValueError(
+                f"windows must be non-empty consecutive ranges from 0; {name!r} is [{start}, {stop}) after {end}"
+            )
+        end = stop
+    if n_pos is not None and end != n_pos:
+        raise ValueError(f"windows cover positions 0..{end}, the traces have {n_pos}")
+    return out
+
+
+def windowed_recurrent_graph(arch: str, n_layers: int, windows: Windows) -> EdgeGraph:
+    """Edge graph of a residual mixer stack split into position windows (module docstring).
+
+    Args:
+        arch: ``lstm``, ``dense_ssm`` or ``mamba``.
+        n_layers: ``L``.
+        windows: ``(name, start, end)`` ranges (see :func:`check_windows`).
+
+    Returns:
+        The :class:`EdgeGraph`, with :attr:`EdgeGraph.windows` set.
+    """
+    if arch not in RECURRENT_ARCHS:
+        raise ValueError(f"not a recurrent family: {arch!r}; choose one of {RECURRENT_ARCHS}")
+    windows = check_windows(windows)
+    writers: list[Writer] = []
+    readers: list[Reader] = []
+    previous: str | None = None
+    for name, _, _ in windows:
+        first = len(writers)  # this window's embed@name
+        writers.append(Writer(f"embed@{name}", -1, "embed", window=name))
+        for layer in range(n_layers):
+            if previous is not None:  # the state of l{layer}@previous, carried into this window
+                state_of = first - (n_layers + 1) + 1 + layer
+                readers.append(Reader(
+                    f"l{layer}.state@{name}", layer, "state", f"l{layer}@{name}", 1,
+                    first_upstream=state_of, window=name,
+                ))  # fmt: skip
+            readers.append(Reader(
+                f"l{layer}.in@{name}", layer, "mixer", f"l{layer}@{name}", len(writers) - first,
+                first_upstream=first, window=name,
+            ))  # fmt: skip
+            writers.append(Writer(f"l{layer}@{name}", layer, "mixer", window=name))
+        readers.append(Reader(
+            f"out@{name}", n_layers, "out", f"out@{name}", len(writers) - first,
+            first_upstream=first, window=name,
+        ))  # fmt: skip
+        previous = name
+    return EdgeGraph(arch, n_layers, 0, writers, readers, windows)
+
+
 def transformer_edge_count(n_layers: int, n_heads: int, n_embed: int = 2) -> int:
     """Closed formula for the number of edges of a transformer (see the module docstring).
 
@@ -239,9 +388,13 @@ def transformer_edge_count(n_layers: int, n_heads: int, n_embed: int = 2) -> int
     return 3 * H * head_upstream + (head_upstream + L * H) + (E + L * (H + 1))
 
 
-def recurrent_edge_count(n_layers: int) -> int:
-    """Closed formula for a residual mixer stack: ``(L + 1)(L + 2) / 2``."""
-    return (n_layers + 1) * (n_layers + 2) // 2
+def recurrent_edge_count(n_layers: int, n_windows: int = 0) -> int:
+    """Closed formula for a residual mixer stack: ``(L + 1)(L + 2) / 2``; with ``K =
+    n_windows`` position windows ``K (L + 1)(L + 2) / 2 + (K - 1) L``."""
+    per_window = (n_layers + 1) * (n_layers + 2) // 2
+    if n_windows == 0:
+        return per_window
+    return n_windows * per_window + (n_windows - 1) * n_layers
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,18 +406,27 @@ _MLP = re.compile(r"m(\d+)")
 _LAYER = re.compile(r"l(\d+)")
 
 
+def window_of(node: str) -> str | None:
+    """The window of a node of a windowed graph (``l0.in@label -> label``), else None."""
+    return node.split("@", 1)[1] if "@" in node else None
+
+
 def component_of(node: str) -> str:
-    """The component a node belongs to: ``a1.h0.q -> a1.h0``, ``m1.in -> m1``, others unchanged."""
-    if node.endswith((".q", ".k", ".v", ".in")):
-        return node.rsplit(".", 1)[0]
-    return node
+    """The component a node belongs to: ``a1.h0.q -> a1.h0``, ``m1.in -> m1``,
+    ``l0.state@label -> l0@label``, others unchanged."""
+    base, at, window = node.partition("@")
+    if base.endswith((".q", ".k", ".v", ".in", ".state")):
+        base = base.rsplit(".", 1)[0]
+    return base + at + window
 
 
 def parse_component(name: str) -> tuple[str, int, int]:
     """``(kind, layer, head)`` of a component name (``head`` is -1 when not a head).
 
-    Kinds: ``embed``, ``pos``, ``head``, ``mlp``, ``mixer``, ``out``.
+    Kinds: ``embed``, ``pos``, ``head``, ``mlp``, ``mixer``, ``out``. A window suffix
+    (``l0@label``) is ignored; :func:`window_of` reads it.
     """
+    name = name.split("@", 1)[0]
     if name in ("embed", "pos", "out"):
         return name, -1, -1
     if m := _HEAD.fullmatch(name):
@@ -301,10 +463,51 @@ def inert_writers(graph: EdgeGraph, ablation: str) -> list[str]:
     return [w.name for w in graph.writers if w.kind in _INERT_KINDS[ablation]]
 
 
-def countable_edges(graph: EdgeGraph, ablation: str) -> torch.Tensor:
-    """``[n_edges]`` bool: the edges that can matter under ``ablation`` (not from an inert writer).
+def target_windows(graph: EdgeGraph, target_positions: Iterable[int] | None) -> list[str]:
+    """The windows of a windowed graph that hold a target position (all when None).
 
-    These are the edges a sparsity counts and a circuit may hold.
+    Args:
+        graph: The edge graph (``[]`` when it has no windows).
+        target_positions: Positions (prediction indices) that are scored, or None.
+    """
+    if target_positions is None:
+        return [name for name, _, _ in graph.windows]
+    at = {int(p) for p in target_positions}
+    return [name for name, start, end in graph.windows if any(start <= p < end for p in at)]
+
+
+def unreachable_edges(graph: EdgeGraph, target_positions: Iterable[int] | None) -> torch.Tensor:
+    """``[n_edges]`` bool: edges of a windowed graph from which no scored output can be reached.
+
+    An edge matters only through the read-out of a window that holds a target position
+    (``out@w``), directly or through a chain of components and state edges; the others
+    (the read-outs of windows without targets, everything in windows after the last
+    target) cannot change the scored outputs. All False for a graph without windows
+    or when ``target_positions`` is None.
+    """
+    if not graph.windows or target_positions is None:
+        return torch.zeros(graph.n_edges, dtype=torch.bool)
+    sinks = [f"out@{name}" for name in target_windows(graph, target_positions)]
+    g = graph.to_networkx()
+    live = set(sinks).union(*(nx.ancestors(g, s) for s in sinks))
+    return torch.tensor([r not in live for _, r in graph.edges], dtype=torch.bool)
+
+
+def countable_edges(
+    graph: EdgeGraph, ablation: str, target_positions: Iterable[int] | None = None
+) -> torch.Tensor:
+    """``[n_edges]`` bool: the edges that can matter under ``ablation`` and for the targets.
+
+    Not from an inert writer (:func:`inert_writers`) and, in a windowed graph with
+    ``target_positions`` given, not unreachable from the scored outputs
+    (:func:`unreachable_edges`). These are the edges a sparsity counts and a circuit
+    may hold.
+
+    Args:
+        graph: The edge graph.
+        ablation: ``"interchange"``, ``"mean"`` or ``"zero"``.
+        target_positions: Scored positions (prediction indices), or None.
     """
     inert = set(inert_writers(graph, ablation))
-    return torch.tensor([w not in inert for w, _ in graph.edges], dtype=torch.bool)
+    from_inert = torch.tensor([w in inert for w, _ in graph.edges], dtype=torch.bool)
+    return ~from_inert & ~unreachable_edges(graph, target_positions)

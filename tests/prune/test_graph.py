@@ -6,6 +6,7 @@ import itertools
 
 import networkx as nx
 import pytest
+import torch
 
 from mechlab.models.dense_ssm import DenseSSMConfig
 from mechlab.models.lstm import LSTMConfig
@@ -14,11 +15,16 @@ from mechlab.models.transformer import TransformerConfig
 from mechlab.prune.graph import (
     build_graph,
     component_of,
+    countable_edges,
     parse_component,
     recurrent_edge_count,
     recurrent_graph,
+    target_windows,
     transformer_edge_count,
     transformer_graph,
+    unreachable_edges,
+    window_of,
+    windowed_recurrent_graph,
 )
 
 
@@ -121,3 +127,107 @@ def test_summary_counts_embedding_nodes():
     s = transformer_graph(3, 6).summary()
     assert s == {"arch": "transformer", "n_layers": 3, "n_heads": 6, "n_writers": 23,
                  "n_readers": 58, "n_edges": transformer_edge_count(3, 6)}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Windowed recurrent graphs
+# ---------------------------------------------------------------------------------------
+
+NIH = (("haystack", 0, 20), ("label", 20, 21), ("continuation", 21, 28))
+
+
+def windowed_reads(writer: str, reader: str, order: list[str]) -> bool:
+    """The windowed edge rule written out independently of the graph builder."""
+    w_base, w_window = writer.split("@")
+    r_base, r_window = reader.split("@")
+    if r_base.endswith(".state"):  # l{l}@previous window -> l{l}.state@window
+        previous = order.index(r_window) - 1
+        return previous >= 0 and w_window == order[previous] and w_base == r_base[: -len(".state")]
+    return w_window == r_window and reads(w_base, r_base)
+
+
+def windows_of(n: int) -> tuple[tuple[str, int, int], ...]:
+    return tuple((f"w{k}", 2 * k, 2 * k + 2) for k in range(n))
+
+
+@pytest.mark.parametrize("arch", ["lstm", "dense_ssm", "mamba"])
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+@pytest.mark.parametrize("n_windows", [1, 2, 3, 5])
+def test_windowed_edge_count_formula_and_rule(arch, n_layers, n_windows):
+    windows = windows_of(n_windows)
+    g = windowed_recurrent_graph(arch, n_layers, windows)
+    K, L = n_windows, n_layers
+    assert g.n_edges == recurrent_edge_count(L, K) == K * (L + 1) * (L + 2) // 2 + (K - 1) * L
+    assert g.n_writers == K * (L + 1)
+    assert g.n_readers == K * (L + 1) + (K - 1) * L
+    order = [name for name, _, _ in windows]
+    expected = {(w.name, r.name) for w in g.writers for r in g.readers
+                if windowed_reads(w.name, r.name, order)}  # fmt: skip
+    assert set(g.edges) == expected and len(g.edges) == len(expected)
+    # every reader reads a contiguous range of the writer order, as the masked pass assumes
+    for r in g.readers:
+        start = g.edge_offset[r.name]
+        assert [w for w, _ in g.edges[start : start + r.n_upstream]] == [
+            w.name for w in g.writers[r.first_upstream : r.first_upstream + r.n_upstream]
+        ]
+    assert g.windows == windows and g.summary()["windows"] == [list(w) for w in windows]
+
+
+def test_one_layer_nih_graph_has_eleven_edges_and_the_state_chain():
+    g = build_graph(LSTMConfig(d_model=8, n_layers=1, d_in=3, d_out=2, n_ctx=32), NIH)
+    assert g.n_edges == 11
+    assert ("l0@haystack", "l0.state@label") in g.edge_index
+    assert ("l0@label", "l0.state@continuation") in g.edge_index
+    assert ("l0@haystack", "l0.state@continuation") not in g.edge_index  # only through the label
+    assert ("embed@haystack", "out@label") not in g.edge_index  # a position holds its own writers
+    nxg = g.to_networkx()
+    assert nx.is_directed_acyclic_graph(nxg)
+    assert nxg.has_edge("l0.state@label", "l0@label") and nxg.edges["l0.state@label", "l0@label"]["internal"]
+    assert nx.has_path(nxg, "embed@haystack", "out@continuation")
+    assert not nx.has_path(nxg, "embed@label", "out@haystack")
+    assert nxg.nodes["l0@label"]["window"] == "label"
+
+
+def test_plain_graph_is_unchanged_without_windows():
+    cfg = DenseSSMConfig(d_model=8, n_layers=2, d_state=3, d_in=3, d_out=2, n_ctx=8)
+    g = build_graph(cfg)
+    assert g.edges == recurrent_graph("dense_ssm", 2).edges and not g.windows
+    assert "windows" not in g.summary()
+    with pytest.raises(ValueError, match="recurrent"):
+        build_graph(TransformerConfig(d_model=8, n_layers=1, n_heads=2, d_in=3, d_out=2, n_ctx=8), NIH)
+
+
+def test_windowed_names_parse():
+    assert component_of("l0.in@label") == "l0@label"
+    assert component_of("l1.state@continuation") == "l1@continuation"
+    assert component_of("out@haystack") == "out@haystack"
+    assert component_of("a1.h0.q") == "a1.h0"  # unchanged outside windows
+    assert parse_component("l2@label") == ("mixer", 2, -1)
+    assert parse_component("embed@haystack") == ("embed", -1, -1)
+    assert parse_component("out@label") == ("out", -1, -1)
+    assert window_of("l0.state@label") == "label" and window_of("l0") is None
+
+
+@pytest.mark.parametrize(
+    "positions, windows, n_unreachable",
+    [
+        ([20], ["label"], 6),  # 1-after: out@haystack's 2 edges and the continuation's 4
+        ([21], ["continuation"], 4),  # 2-after: the read-outs of haystack and label
+        ([20, 21], ["label", "continuation"], 2),
+        (None, ["haystack", "label", "continuation"], 0),
+    ],
+)
+def test_edges_that_reach_no_target_read_out_do_not_count(positions, windows, n_unreachable):
+    g = build_graph(LSTMConfig(d_model=8, n_layers=1, d_in=3, d_out=2, n_ctx=32), NIH)
+    assert target_windows(g, positions) == windows
+    unreachable = unreachable_edges(g, positions)
+    assert int(unreachable.sum()) == n_unreachable
+    assert torch.equal(countable_edges(g, "interchange", positions), ~unreachable)
+    if positions == [20]:
+        kept = {e for e, u in zip(g.edges, unreachable.tolist(), strict=True) if not u}
+        assert kept == {("embed@haystack", "l0.in@haystack"), ("l0@haystack", "l0.state@label"),
+                        ("embed@label", "l0.in@label"), ("embed@label", "out@label"),
+                        ("l0@label", "out@label")}  # fmt: skip
+    # a graph without windows never excludes an edge for its targets
+    plain = recurrent_graph("lstm", 1)
+    assert not unreachable_edges(plain, positions).any()

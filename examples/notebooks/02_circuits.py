@@ -1,0 +1,52 @@
+# %% [markdown]
+# # Circuits: 1-after vs 2-after
+#
+# Edge pruning learns a mask over the edges between components (heads, MLPs, embeddings,
+# read-out) so that a small circuit reproduces the model's prediction at one target
+# position while everything else is ablated. The committed circuits in
+# `circuits/recall-cpu/` were found with `mechlab prune` (5 seeds per target); here we
+# load two of them, compare them, and prune a quick one ourselves.
+
+# %%
+from pathlib import Path
+
+import torch
+
+import mechlab
+from mechlab.prune import Circuit, overlap
+
+torch.set_num_threads(2)
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples" / "checkpoints").is_dir())
+CKPT = ROOT / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
+CIRCUITS = ROOT / "circuits" / "recall-cpu"
+
+one = Circuit.from_json(CIRCUITS / "1-after_seed0.json")
+two = Circuit.from_json(CIRCUITS / "2-after_seed0.json")
+for c in (one, two):
+    m = c.metadata["metrics"]
+    print(f"{c.metadata['target']}: {c.n_edges} edges, faithfulness {m['faithfulness']:.3f}, "
+          f"complement {m['complement_faithfulness']:.3f}")
+
+# %%
+one.plot()
+
+# %%
+two.plot()
+
+# %% [markdown]
+# How much do the two targets' circuits share? (`mechlab overlap` adds bootstrap intervals,
+# null models and cross-evaluation.)
+
+# %%
+o = overlap(one, two)
+print(f"shared edges {o.n_shared_edges}, Jaccard {o.jaccard:.3f}, overlap coefficient {o.overlap_coefficient:.3f}")
+print(sorted(o.shared_edges)[:10])
+
+# %% [markdown]
+# A quick circuit of our own (fewer steps and traces than the defaults, to stay fast).
+
+# %%
+quick = mechlab.prune_checkpoint(CKPT, "1-after", n_train=64, n_test=128, steps=100, seed=0, progress=False)
+m = quick.metadata["metrics"]
+print(f"{quick.n_edges} edges, faithfulness {m['faithfulness']:.3f}; "
+      f"Jaccard with the committed 1-after circuit {overlap(quick, one).jaccard:.3f}")
