@@ -895,6 +895,11 @@ def _type_name(value: Any) -> str:
     )
 
 
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes (what ``Checkpoint.sha256`` and circuits record)."""
+    return _sha256(Path(path))
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -2,12 +2,17 @@
 
 Every command turns bad input into one line on stderr and exit status 2,
 without a traceback. Set ``MECHLAB_DEBUG=1`` to see the traceback instead.
+Before any command runs, every ``--device`` is checked
+(:func:`mechlab.devices.check_device`) and an empty path option (``--out ""``,
+which would mean the current folder) is refused. Warnings are printed as one
+line each (``mechlab: warning: ...``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -144,8 +149,7 @@ def eval_(
             raise UsageProblem(f"unknown suite {name!r}; choose from {list(SUITES)} or all")
     if not ckpt.exists():
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
-    out = out or ckpt.resolve().parent / "eval"
-    out.mkdir(parents=True, exist_ok=True)
+    out = out or ckpt.resolve().parent / "eval"  # created by the first write, not before
     for name in suites:
         report = run_suite(ckpt, name, n_traces=traces, n_haystack=haystack, seg_len=seg_len, seed=seed,
                            protocol=protocol, trials=trials if name in ("nih", "ood") else None)
@@ -341,8 +345,7 @@ def prune(
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
     check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len,
                         protocol=PRUNE_PROTOCOLS[protocol]["nih"])  # all, before any work
-    out = out or ckpt.resolve().parent / "circuits"
-    out.mkdir(parents=True, exist_ok=True)
+    out = out or ckpt.resolve().parent / "circuits"  # created by the first write, not before
     found: dict[str, list] = {}
     for name in target:
         for s in seed:
@@ -394,6 +397,7 @@ def overlap_(
     seed: int = typer.Option(0, help="Seed of the bootstrap and the null models."),
     json_out: Path | None = typer.Option(None, "--json", help="Write everything as JSON here."),
     device: str = typer.Option("cpu"),
+    mixed_checkpoints: bool = typer.Option(False, "--mixed-checkpoints", help="Compare circuits found on different checkpoints (refused otherwise; edge names match across checkpoints of one shape, their meaning need not)."),
 ) -> None:
     """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
     uniform and degree-preserving null models, cross-evaluation with --ckpt."""
@@ -413,6 +417,7 @@ def overlap_(
         if not path.exists():
             raise UsageProblem(f"circuit {str(path)!r} not found")
         loaded.append(Circuit.from_json(path))
+    _check_one_checkpoint(loaded, circuits, ckpt, mixed_checkpoints)
     rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
     pairs = []
     for i in range(len(loaded)):
@@ -473,6 +478,29 @@ def overlap_(
     if json_out is not None:
         atomic_write_text(json_out, json.dumps(result, indent=1, allow_nan=True))
         typer.echo(f"wrote {json_out}")
+
+
+def _check_one_checkpoint(loaded: list, paths: list[Path], ckpt: Path | None, mixed: bool) -> None:
+    """Refuse (or, with --mixed-checkpoints, warn about) circuits of different checkpoints."""
+    from mechlab.checkpoint import file_sha256
+    from mechlab.prune.circuit_file import checkpoint_groups, describe_groups
+
+    groups = checkpoint_groups([c.metadata for c in loaded], [p.name for p in paths])
+    problems = []
+    if len(groups) > 1:
+        problems.append(f"the circuits come from different checkpoints ({describe_groups(groups)})")
+    if ckpt is not None and ckpt.is_file():
+        sha = file_sha256(ckpt)
+        others = [name for key, names in groups.items() if key != sha for name in names]
+        if others:
+            problems.append(f"{', '.join(others)} were not found on --ckpt {ckpt} ({sha[:12]})")
+    if not problems:
+        return
+    if not mixed:
+        raise UsageProblem("; ".join(problems) + "; compare circuits of one checkpoint, or pass "
+                           "--mixed-checkpoints to compare them anyway")
+    typer.echo(f"mechlab: warning: {'; '.join(problems)}: edge names match, their meaning need not", err=True)
+    warnings.filterwarnings("ignore", message="comparing circuits of different checkpoints")  # said once
 
 
 @app.command("curve")
@@ -626,11 +654,51 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+# Options naming a file or folder: an empty value would silently mean the current folder.
+_PATH_OPTIONS = ("--out", "--json", "--ckpt", "--checkpoints", "--config", "--resume")
+
+
+def _option_values(args: list[str], name: str) -> list[str]:
+    """The values given to option ``name`` (``--name V`` or ``--name=V``), up to ``--``."""
+    values = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == name and i + 1 < len(args):
+            values.append(args[i + 1])
+        elif arg.startswith(name + "="):
+            values.append(arg[len(name) + 1 :])
+    return values
+
+
+def _check_arguments(args: list[str]) -> None:
+    """What every command shares, checked before any of them runs: devices and path options."""
+    for name in _PATH_OPTIONS:
+        if any(not value.strip() for value in _option_values(args, name)):
+            raise UsageProblem(f"{name} is empty; give a path (use {name} . for the current folder)")
+    devices = _option_values(args, "--device")
+    if devices:  # (torch is imported only when a device is named)
+        from mechlab.devices import check_device
+
+        for value in devices:
+            check_device(value)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    typer.echo(f"mechlab: warning: {_one_line(Exception(str(message)))}", err=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
     try:
-        # In non-standalone mode a command's `raise typer.Exit(n)` comes back as the result.
-        result = app(args=argv, prog_name="mechlab", standalone_mode=False)
+        args = list(sys.argv[1:] if argv is None else argv)
+        if "--help" not in args:
+            _check_arguments(args)
+        # Filters a command sets and the one-line display end with the command.
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            # In non-standalone mode a command's `raise typer.Exit(n)` comes back as the result.
+            result = app(args=argv, prog_name="mechlab", standalone_mode=False)
     except _EXIT as exc:
         return exc.exit_code
     except _ABORT:

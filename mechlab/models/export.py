@@ -68,6 +68,18 @@ class GPT2WithReadInOut(nn.Module):
         return self._read_out(hidden)
 
 
+def _require_transformer(model: Any, what: str) -> None:
+    """Refuse anything but a mechlab transformer before reading any of its attributes."""
+    if not isinstance(model, Transformer):
+        arch = getattr(getattr(model, "cfg", None), "arch", None) or type(model).__name__
+        raise TypeError(
+            f"{what} exports mechlab transformers (GPT-2 is one); got a {arch} model, which has "
+            "no GPT-2 equivalent - keep it as a mechlab checkpoint (save_checkpoint)"
+            + ("; a token-mode Mamba maps to Hugging Face with mechlab.models.mamba.to_hf_state_dict"
+               if arch == "mamba" else "")
+        )
+
+
 def gpt2_config(model: Transformer) -> GPT2Config:
     """The ``GPT2Config`` equivalent to a mechlab transformer's config.
 
@@ -78,10 +90,12 @@ def gpt2_config(model: Transformer) -> GPT2Config:
         A config with dropout 0, an untied ``lm_head`` and eager attention.
 
     Raises:
+        TypeError: ``model`` is not a mechlab transformer (an LSTM, Mamba, ...).
         ValueError: When the model has no GPT-2 equivalent (``n_heads * d_head !=
             d_model``, no LayerNorm, ReLU or non-causal attention, as loaded Tracr
             programs have).
     """
+    _require_transformer(model, "gpt2_config")
     cfg = model.cfg
     unlike_gpt2 = [
         what
@@ -172,10 +186,12 @@ def to_hf_gpt2(model: Transformer, read_out_bias: str = "error") -> GPT2LMHeadMo
         equal ``model(tokens)``.
 
     Raises:
+        TypeError: ``model`` is not a mechlab transformer (an LSTM, Mamba, ...).
         ValueError: For a continuous model (see :func:`to_hf_gpt2_read_in_out`),
             for a non-zero read-out bias under ``read_out_bias="error"``, or when
             ``n_heads * d_head != d_model``.
     """
+    _require_transformer(model, "to_hf_gpt2")
     if read_out_bias not in READ_OUT_BIAS_CHOICES:
         raise ValueError(f"read_out_bias must be one of {READ_OUT_BIAS_CHOICES}")
     cfg = model.cfg
@@ -213,7 +229,12 @@ def to_hf_gpt2_read_in_out(model: Transformer) -> GPT2WithReadInOut:
     Returns:
         A :class:`GPT2WithReadInOut` in eval mode whose output equals ``model(x)``.
         The trunk's one-row ``wte`` is unused.
+
+    Raises:
+        TypeError: ``model`` is not a mechlab transformer (an LSTM, Mamba, ...).
+        ValueError: A token-mode model, or one GPT-2 cannot hold (see :func:`gpt2_config`).
     """
+    _require_transformer(model, "to_hf_gpt2_read_in_out")
     if model.cfg.io != "continuous":
         raise ValueError("to_hf_gpt2_read_in_out exports continuous models; use to_hf_gpt2")
     trunk = GPT2Model(gpt2_config(model)).float()
@@ -250,6 +271,7 @@ def to_transformer_bridge(
         LayerNorms and centres the residual stream and the unembedding: activations
         change, and logits shift by a constant per position (softmax unchanged).
     """
+    _require_transformer(model, "to_transformer_bridge")
     hf = to_hf_gpt2(model, read_out_bias=read_out_bias)
     return build_bridge_from_module(
         hf,

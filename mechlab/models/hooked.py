@@ -33,9 +33,14 @@ reaches the hook point:
   appears in a cache. Give ``example=`` to :func:`hooked` to run one forward
   pass up front and keep only the hook points that fire.
 
-A submodule called several times in one forward pass fires its hook point each
-time: hooks see every call, a cache keeps the last (nnsight addresses the calls
-one by one).
+A submodule called several times in one forward pass (a shared activation, a
+block applied twice): with ``example=`` the probe counts its calls, and each call
+gets its own hook point: ``"p.hook_out"`` the first, ``"p.hook_out_1"`` the
+second, and so on, so a cache holds every use and a hook patches exactly one.
+Without ``example=`` the submodule has the one hook point ``"p.hook_out"``, which
+fires on every call (hooks see every call, a cache keeps the last); the first
+forward pass that calls it twice warns once, pointing to ``example=``. Calls
+beyond those the probe saw go through the last call's hook point.
 
 The wrapped module's code and parameters are untouched: the wrapper registers
 one torch forward hook per submodule, and these act only while the wrapper's own
@@ -47,6 +52,7 @@ garbage-collecting the wrapper takes them off again.
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -98,30 +104,37 @@ class HookedModule(HookedRootModule):
             if path and not isinstance(sub, HookPoint) and _has_forward(sub)
         ]
         for path in paths:
-            if OUT in path.split("."):
+            clash = next((part for part in path.split(".") if part.startswith(OUT)), None)
+            if clash is not None:
                 raise ValueError(
-                    f"submodule {path!r} has a part named {OUT!r}, the name hooked() gives its "
+                    f"submodule {path!r} has a part named {clash!r}, a name hooked() gives its "
                     "hook points; rename that submodule"
                 )
+        calls: dict[str, int] = {}
         if example is not None:
-            fired = _probe(module, paths, example)
-            paths = [p for p in paths if p in fired]
-        self._attach(module, paths)
+            calls = _probe(module, paths, example)
+            paths = [p for p in paths if p in calls]
+        self._attach(module, paths, calls)
 
-    def _attach(self, module: nn.Module, paths: list[str]) -> None:
-        """Wrap ``module`` with a hook point for each submodule path in ``paths``."""
+    def _attach(self, module: nn.Module, paths: list[str], calls: dict[str, int]) -> None:
+        """Wrap ``module`` with hook points for each submodule path in ``paths``
+        (one per call where ``calls`` counts more than one)."""
         self.wrapped = module
         self.hook_out = HookPoint()  # [*] output of the whole module
         self.module_paths: dict[str, str] = {OUT: ""}
+        self.module_calls = {p: calls.get(p, 1) for p in paths}  # hook points per submodule
         self._handles: list[RemovableHandle] = []
         self._depth = 0  # > 0 while this wrapper's forward runs
+        self._call_counts: dict[int, int] = {}  # router id -> calls in the running forward
         self._removed = False
         owner = weakref.ref(self)
         for path in paths:
-            point = self._place(path)
+            names = [OUT] + [f"{OUT}_{i}" for i in range(1, self.module_calls[path])]
+            points = [self._place(path, name) for name in names]
             sub = module.get_submodule(path)
-            self._handles.append(sub.register_forward_hook(_Router(owner, point)))
-            self.module_paths[f"{path}.{OUT}"] = path
+            self._handles.append(sub.register_forward_hook(_Router(owner, points, path)))
+            for name in names:
+                self.module_paths[f"{path}.{name}"] = path
         # Runs when the wrapper is garbage-collected; holds no reference to it.
         self._finalizer = weakref.finalize(self, _remove_all, list(self._handles))
         self.setup()
@@ -138,7 +151,7 @@ class HookedModule(HookedRootModule):
                     del sub._forward_hooks[key]
         clone = type(self).__new__(type(self))
         HookedRootModule.__init__(clone)
-        clone._attach(module, [path for path in self.module_paths.values() if path])
+        clone._attach(module, list(self.module_calls), dict(self.module_calls))
         clone.training = self.training
         memo[id(self)] = clone
         return clone
@@ -163,8 +176,8 @@ class HookedModule(HookedRootModule):
                 self.mod_dict[path] = sub
         self.mod_dict.update(self.hook_dict)
 
-    def _place(self, path: str) -> HookPoint:
-        """Create the hook point ``<path>.hook_out`` and the containers above it."""
+    def _place(self, path: str, name: str = OUT) -> HookPoint:
+        """Create the hook point ``<path>.<name>`` and the containers above it."""
         node: nn.Module = self
         for part in path.split("."):
             child = node._modules.get(part)
@@ -175,7 +188,7 @@ class HookedModule(HookedRootModule):
                 node._modules[part] = child
             node = child
         point = HookPoint()
-        node._modules[OUT] = point
+        node._modules[name] = point
         return point
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -184,6 +197,8 @@ class HookedModule(HookedRootModule):
             raise RuntimeError(
                 "this HookedModule was removed; call the original module, or hooked() it again"
             )
+        if self._depth == 0:
+            self._call_counts = {}
         self._depth += 1
         try:
             output = self.wrapped(*args, **kwargs)
@@ -233,17 +248,34 @@ def hooked(module: nn.Module, example: Tensor | tuple[Any, ...] | None = None) -
 
 
 class _Router:
-    """Torch forward hook on a user submodule: sends its output through a HookPoint."""
+    """Torch forward hook on a user submodule: sends its output through the hook point
+    of this call (the first, second, ... call in the running forward pass)."""
 
-    def __init__(self, owner: weakref.ReferenceType[HookedModule], point: HookPoint):
+    def __init__(
+        self, owner: weakref.ReferenceType[HookedModule], points: list[HookPoint], path: str
+    ):
         self.owner = owner
-        self.point = point
+        self.points = points
+        self.path = path
+        self.warned = False
 
     def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
         owner = self.owner()
         if owner is None or owner._depth == 0:
             return None  # outside the wrapper's forward: leave the output alone
-        return _route(self.point, output)
+        index = owner._call_counts.get(id(self), 0)
+        owner._call_counts[id(self)] = index + 1
+        if index >= 1 and len(self.points) == 1 and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"submodule {self.path!r} ran more than once in one forward pass; its hook point "
+                f"'{self.path}.{OUT}' sees every call and a cache keeps only the last. Pass "
+                f"example= to hooked() for one hook point per call ('{self.path}.{OUT}', "
+                f"'{self.path}.{OUT}_1', ...)",
+                UserWarning,
+                stacklevel=2,
+            )
+        return _route(self.points[min(index, len(self.points) - 1)], output)
 
 
 def _route(point: HookPoint, output: Any) -> Any:
@@ -266,16 +298,17 @@ def _has_forward(module: nn.Module) -> bool:
     return type(module).forward is not nn.Module.forward
 
 
-def _probe(module: nn.Module, paths: list[str], example: Any) -> set[str]:
-    """The paths whose submodule output is routable during one forward pass on ``example``."""
-    fired: set[str] = set()
+def _probe(module: nn.Module, paths: list[str], example: Any) -> dict[str, int]:
+    """How many times each path's submodule gives a routable output during one forward
+    pass on ``example`` (paths that never do are left out)."""
+    fired: dict[str, int] = {}
 
     def recorder(path: str) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
             if isinstance(output, Tensor) or (
                 isinstance(output, tuple | list) and output and isinstance(output[0], Tensor)
             ):
-                fired.add(path)
+                fired[path] = fired.get(path, 0) + 1
 
         return hook
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from mechlab.io import atomic_write_text
+from mechlab.prune.circuit_file import validate_circuit_dict
 from mechlab.prune.graph import component_of, parse_component, window_of
 
 FORMAT = "mechlab-circuit"
@@ -137,12 +139,14 @@ class Circuit:
         return out
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Circuit:
-        """Inverse of :meth:`to_dict`."""
-        if values.get("format") != FORMAT:
-            raise ValueError(f"not a mechlab circuit (format {values.get('format')!r})")
-        if values.get("version") != VERSION:
-            raise ValueError(f"unsupported circuit version {values.get('version')!r}")
+    def from_dict(cls, values: dict[str, Any], source: str = "circuit") -> Circuit:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: ``values`` does not follow the circuit schema
+                (:mod:`mechlab.prune.circuit_file`); one line naming the field.
+        """
+        validate_circuit_dict(values, source)
         edges = {(w, r): float(s) for w, r, s in values["edges"]}
         log_alpha = values.get("log_alpha")
         if log_alpha is not None:
@@ -155,13 +159,20 @@ class Circuit:
 
     @classmethod
     def from_json(cls, path: str | Path) -> Circuit:
-        """Read a circuit written by :meth:`to_json`."""
+        """Read a circuit written by :meth:`to_json`.
+
+        Raises:
+            ValueError: The file cannot be read, is not JSON, or does not follow the
+                circuit schema; one line naming the file (and the field).
+        """
         path = Path(path)
         try:
-            values = json.loads(path.read_text())
+            values = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{str(path)!r} is not valid JSON: {exc}") from None
-        return cls.from_dict(values)
+        except UnicodeDecodeError:
+            raise ValueError(f"{str(path)!r} is not a text (UTF-8 JSON) file; pass a circuit JSON file") from None
+        return cls.from_dict(values, repr(str(path)))
 
     # -- figures ------------------------------------------------------------------
     def plot(self, title: str | None = None) -> go.Figure:
@@ -245,8 +256,20 @@ def overlap(a: Circuit, b: Circuit) -> Overlap:
 
     Raises:
         ValueError: The circuits' recorded graphs differ.
+
+    Warns:
+        UserWarning: The circuits record different checkpoints (edge names match
+            across checkpoints of one shape, their meaning need not).
     """
     _check_same_graph(a, b)
+    sha_a, sha_b = a.metadata.get("checkpoint_sha256"), b.metadata.get("checkpoint_sha256")
+    if sha_a and sha_b and sha_a != sha_b:
+        warnings.warn(
+            f"comparing circuits of different checkpoints ({str(sha_a)[:12]} vs {str(sha_b)[:12]}): "
+            "the same edge names need not mean the same computation",
+            UserWarning,
+            stacklevel=2,
+        )
     ea, eb = a.edge_set(), b.edge_set()
     shared = ea & eb
     smallest = min(len(ea), len(eb))

@@ -1,0 +1,304 @@
+"""Regression tests of issue 10 (hardening), through the command line where the issue
+reproduced them there: each numbered case, then the model-layer review items.
+
+Library-level tests of the same cases live beside their modules:
+tests/test_checkpoint.py (checksums, dtypes, devices, sizes), tests/train/test_trainer.py
+(NaN guard, dry evaluation, resume, metrics, temporary files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from mechlab.checkpoint import load_checkpoint, save_checkpoint
+from mechlab.cli import main
+from mechlab.io import atomic_write_text
+from mechlab.models import build_model
+from mechlab.models.export import to_hf_gpt2, to_hf_gpt2_read_in_out, to_transformer_bridge
+from mechlab.models.hooked import hooked
+from mechlab.prune import Circuit
+from mechlab.train import TrainConfig, train
+
+TASK = {
+    "d_state": 3, "n_pairs": 4, "n_ctx": 24, "max_systems": 3, "max_cuts": 8,
+    "n_train_systems": 200, "n_test_systems": 50,
+}
+MODEL = {"arch": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2}
+SMALL = {
+    "task_cfg": TASK, "model": MODEL, "batch_size": 8, "eval_haystack": 2, "eval_seg_len": 4,
+    "eval_traces": 16, "eval_every": 0, "log_every": 1, "n_checkpoints": 0,
+}
+PRUNE_FAST = ["--steps", "2", "--traces", "8", "--test-traces", "8", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished 3-step run of a small model."""
+    out = tmp_path_factory.mktemp("reliability") / "run"
+    train(TrainConfig(steps=3, **SMALL), out, progress=False)
+    return out
+
+
+def cli(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, *args) -> str:
+    """Run the CLI, expect exit status 2 and one line on stderr; return that line."""
+    code, _, err = cli(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("mechlab: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def copy_run(run_dir, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    return target
+
+
+# --------------------------------------------------------------------------- data loss
+
+
+@pytest.mark.parametrize("setting", ["eval_haystack=7", "eval_seg_len=1000"])
+def test_case_1_evaluation_settings_fail_before_training(capsys, tmp_path, setting):
+    line = refused(capsys, "train", "--preset", "recall-cpu", "--steps", "40", "--set", "batch_size=16",
+                   "--set", "save_every=100", "--set", "eval_every=0", "--set", setting,
+                   "--out", tmp_path / "r", "--no-progress")  # fmt: skip
+    assert "evaluation cannot be built" in line and "more than n_ctx=64" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_case_2_nan_guard_through_the_cli(capsys, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({**SMALL, "steps": 100, "save_every": 1, "lr": 1e6}))
+    code, _, err = cli(capsys, "train", "--config", config, "--out", tmp_path / "n", "--no-progress")
+    assert code == 1 and "keeps the last state whose weights and loss were finite" in err
+    ckpt = load_checkpoint(tmp_path / "n" / "last.pt")
+    assert all(torch.isfinite(t).all() for t in ckpt.model.state_dict().values())
+
+
+def test_case_3_a_flipped_bit_is_refused_by_eval(capsys, run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    path = run / "last.pt"
+    data = bytearray(path.read_bytes())
+    payload = torch.load(path, weights_only=True)
+    weight = payload["state_dict"]["blocks.0.attn.W_Q"]
+    needle = weight.flatten()[:4].numpy().tobytes()  # the first 16 bytes of that tensor
+    at = bytes(data).index(needle)
+    data[at + 3] ^= 0x40  # an exponent bit of its first float
+    path.write_bytes(bytes(data))
+    line = refused(capsys, "eval", "--ckpt", path, "--traces", "8", "--out", tmp_path / "e")
+    assert "tensor 'state_dict/blocks.0.attn.W_Q' does not match its checksum" in line
+    assert not (tmp_path / "e").exists()
+
+
+# --------------------------------------------------------------------------- tracebacks
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_case_4_any_float_dtype_runs_info_eval_and_prune(capsys, run_dir, tmp_path, dtype):
+    ckpt = load_checkpoint(run_dir / "last.pt")
+    path = save_checkpoint(ckpt.model.to(dtype), tmp_path / "d.pt", step=ckpt.step, **ckpt.metadata)
+    code, out, err = cli(capsys, "info", "--ckpt", path)
+    assert code == 0 and "parameters:" in out, err
+    code, out, err = cli(capsys, "eval", "--ckpt", path, "--traces", "8", "--out", tmp_path / "e")
+    assert code == 0 and "1-after: median" in out, err
+    code, out, err = cli(capsys, "prune", "--ckpt", path, *PRUNE_FAST, "--out", tmp_path / "p")
+    assert code == 0 and (tmp_path / "p" / "1-after_seed0.json").is_file(), err
+
+
+def test_case_5_bad_devices_are_one_line(capsys, tmp_path):
+    assert "unknown device 'tpu'" in refused(capsys, "train", "--device", "tpu", "--out", tmp_path / "t")
+    assert "unknown device 'bogus'" in refused(capsys, "bench", "hooks", "--device", "bogus")
+    assert "does not run on device type 'meta'" in refused(capsys, "bench", "train", "--device=meta")
+    assert not (tmp_path / "t").exists()
+
+
+def test_case_5_meta_weights_and_bad_metadata_are_one_line(capsys, run_dir, tmp_path):
+    payload = torch.load(run_dir / "last.pt", weights_only=True)
+    payload.pop("checksum")
+    payload["state_dict"] = {k: torch.empty_like(v, device="meta") for k, v in payload["state_dict"].items()}
+    torch.save(payload, tmp_path / "meta.pt")
+    assert "hold no data" in refused(capsys, "info", "--ckpt", tmp_path / "meta.pt")
+    ckpt = load_checkpoint(run_dir / "last.pt")
+    save_checkpoint(ckpt.model, tmp_path / "x.pt", **{**ckpt.metadata, "train_cfg": "x"})
+    for command in ("info", "eval"):
+        line = refused(capsys, command, "--ckpt", tmp_path / "x.pt")
+        assert "metadata entry 'train_cfg' is str, not dict" in line
+
+
+def test_case_5_resume_with_another_models_last_pt(capsys, run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    other = build_model({**MODEL, "d_model": 8, "d_in": 13, "d_out": 3, "n_ctx": 24})
+    save_checkpoint(other, run / "last.pt", step=3)
+    line = refused(capsys, "train", "--resume", run, "--steps", "5", "--no-progress")
+    assert "holds a different model" in line
+
+
+@pytest.mark.parametrize(
+    "content, phrase",
+    [
+        ([1], "holds a JSON list"),
+        ("s", "holds a JSON string"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": 5}, "field edges: Input should be a valid list"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": 3, "edges": []}, "field nodes"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": []}, "field edges: Field required"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": [["a", "b"]]}, "field edges[0][2]"),
+    ],
+    ids=["list", "string", "edges-int", "nodes-int", "no-edges", "short-edge"],
+)
+def test_case_5_and_7_bad_circuit_files_name_the_field(capsys, tmp_path, content, phrase):
+    good = Circuit.from_edges({("embed", "out"): 1.0}, {"checkpoint_sha256": "a" * 64})
+    good.to_json(tmp_path / "a.json")
+    (tmp_path / "l.json").write_text(json.dumps(content))
+    line = refused(capsys, "overlap", tmp_path / "a.json", tmp_path / "l.json")
+    assert phrase in line and "l.json" in line
+
+
+def test_case_6_a_huge_config_is_refused_before_allocation(capsys, run_dir, tmp_path):
+    payload = torch.load(run_dir / "last.pt", weights_only=True)
+    payload.pop("checksum")
+    payload["config"]["d_model"] = 10**7
+    torch.save(payload, tmp_path / "huge.pt")
+    line = refused(capsys, "info", "--ckpt", tmp_path / "huge.pt")
+    assert "would allocate about" in line and "MECHLAB_MAX_ELEMENTS" in line
+
+
+# --------------------------------------------------------------------------- misleading or silent
+
+
+def test_case_7_a_bad_device_is_not_blamed_on_the_checkpoint(capsys, run_dir, tmp_path):
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", "--device", "bogus", "--out", tmp_path / "p")
+    assert "unknown device 'bogus'" in line and "corrupt" not in line
+    assert not (tmp_path / "p").exists()
+
+
+def test_case_7_random_bytes_starting_0x82_are_corrupt(capsys, tmp_path):
+    path = tmp_path / "r.pt"
+    path.write_bytes(b"\x82" + bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)))
+    line = refused(capsys, "info", "--ckpt", path)
+    assert "corrupt" in line and "pickled Python objects" not in line
+
+
+def test_case_7_circuits_of_different_checkpoints_are_refused_or_warned(capsys, tmp_path):
+    edges = {("embed", "a0.h0.q"): 1.0, ("a0.h0", "out"): 1.0}
+    graph = {"arch": "transformer", "n_layers": 1, "n_heads": 2}
+    for name, sha in (("a", "a" * 64), ("b", "b" * 64)):
+        Circuit.from_edges(edges, {"checkpoint_sha256": sha, "graph": graph}).to_json(tmp_path / f"{name}.json")
+    fast = ["--boot", "5", "--null", "5"]
+    line = refused(capsys, "overlap", tmp_path / "a.json", tmp_path / "b.json", *fast)
+    assert "different checkpoints" in line and "--mixed-checkpoints" in line
+    code, out, err = cli(capsys, "overlap", tmp_path / "a.json", tmp_path / "b.json", *fast, "--mixed-checkpoints")
+    assert code == 0 and "jaccard" in out
+    assert err.count("mechlab: warning:") == 1 and "different checkpoints" in err
+    with pytest.warns(UserWarning, match="different checkpoints"):
+        from mechlab.prune import overlap
+
+        overlap(Circuit.from_json(tmp_path / "a.json"), Circuit.from_json(tmp_path / "b.json"))
+
+
+def test_case_8_resume_applies_weight_decay_and_refuses_fewer_steps(capsys, run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    line = refused(capsys, "train", "--resume", run, "--steps", "2", "--no-progress")
+    assert "the run is at step 3" in line
+    code, _, err = cli(capsys, "train", "--resume", run, "--steps", "4", "--set", "weight_decay=1e6",
+                       "--no-progress")  # fmt: skip
+    assert code == 0, err
+    last = load_checkpoint(run / "last.pt")
+    assert {g["weight_decay"] for g in last.optimizer_state["param_groups"]} == {1e6}
+
+
+def test_case_9_a_torn_metrics_line_is_dropped_with_a_one_line_warning(capsys, run_dir, tmp_path):
+    run = copy_run(run_dir, tmp_path)
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 4, "loss": "unterminated')
+    code, _, err = cli(capsys, "train", "--resume", run, "--steps", "4", "--no-progress")
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if line.startswith("mechlab: warning:")]
+    assert len(warning) == 1 and "torn last line" in warning[0] and "metrics.jsonl" in warning[0]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_case_10_files_honour_the_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        path = atomic_write_text(tmp_path / "f.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+def test_case_10_nothing_is_created_for_refused_input(capsys, run_dir, tmp_path):
+    corrupt = tmp_path / "bad.pt"
+    corrupt.write_bytes(b"PK\x03\x04 not a zip")
+    for command in ("eval", "prune"):
+        refused(capsys, command, "--ckpt", corrupt, "--out", tmp_path / command)
+        assert not (tmp_path / command).exists()
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", "--target", "1-after", "--target", "bogus",
+                   "--out", tmp_path / "targets", *PRUNE_FAST)  # fmt: skip
+    assert "unknown target 'bogus'" in line and not (tmp_path / "targets").exists()
+
+
+@pytest.mark.parametrize("command", [["train"], ["eval", "--ckpt", "x.pt"], ["prune", "--ckpt", "x.pt"]])
+def test_case_10_an_empty_out_is_refused(capsys, tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    assert "--out is empty" in refused(capsys, *command, "--out", "")
+    assert "--out is empty" in refused(capsys, *command, "--out=")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- model layer
+
+
+@pytest.mark.parametrize("arch", ["lstm", "mamba", "dense_ssm"])
+def test_gpt2_export_refuses_other_families_by_name(arch):
+    model = build_model(arch, io="tokens", d_vocab=5, d_model=16)
+    for export in (to_hf_gpt2, to_hf_gpt2_read_in_out, to_transformer_bridge):
+        with pytest.raises(TypeError, match=f"exports mechlab transformers.*got a {arch} model"):
+            export(model)
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.lin(self.act(x)))
+
+
+def test_hooked_gives_each_use_of_a_shared_module_its_own_hook_point():
+    torch.manual_seed(0)
+    net, x = Twice(), torch.randn(2, 3)
+    model = hooked(net, example=x)
+    assert model.module_calls["act"] == 2
+    _, cache = model.run_with_cache(x)
+    assert torch.allclose(cache["act.hook_out"], torch.tanh(x))  # the first use
+    assert torch.allclose(cache["act.hook_out_1"], net(x))  # the second use
+    # A hook on one use patches that use only.
+    out = model.run_with_hooks(x, fwd_hooks=[("act.hook_out", lambda t, hook: torch.zeros_like(t))])
+    assert torch.allclose(out, torch.tanh(net.lin(torch.zeros_like(x))))
+
+
+def test_hooked_without_example_warns_once_about_a_shared_module():
+    net, x = Twice(), torch.randn(2, 3)
+    model = hooked(net)
+    with pytest.warns(UserWarning, match="'act' ran more than once.*example="):
+        model.run_with_cache(x)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.run_with_cache(x)  # said once
