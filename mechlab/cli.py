@@ -49,11 +49,24 @@ def _echo_table(rows: list[tuple[str, ...]]) -> None:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
+def _model_config(name: str) -> str | dict:
+    """A model name as given, or the model a training preset (``recall-cpu``) trains."""
+    from mechlab.models import presets
+    from mechlab.train.config import available_presets, resolve_config
+
+    if name in presets() or name not in available_presets():
+        return name
+    from mechlab.train.task import make_task
+
+    cfg = resolve_config(preset=name)
+    return {**cfg.model, **make_task(cfg.task, cfg.task_cfg).model_fields()}
+
+
 @app.command()
 def info(
     ckpt: Path | None = typer.Option(None, help="Checkpoint (.pt or .safetensors) to describe."),
     model: str | None = typer.Option(
-        None, help="Or: an architecture or preset name to build fresh (e.g. tiny, lstm)."
+        None, help="Or: an architecture, model preset or training preset to build fresh (e.g. tiny, lstm, recall-cpu)."
     ),
 ) -> None:
     """Print architecture, parameter count, training step and every hook with its shape."""
@@ -66,7 +79,7 @@ def info(
         loaded = load_checkpoint(ckpt)
         net, step, source = loaded.model, loaded.step, str(ckpt)
     else:
-        net, step, source = build_model(model), 0, f"fresh {model}"
+        net, step, source = build_model(_model_config(model)), 0, f"fresh {model}"
     cfg = net.cfg
     n_params = sum(p.numel() for p in net.parameters())
     typer.echo(f"source:       {source}")

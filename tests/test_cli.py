@@ -252,3 +252,13 @@ def test_prune_cli_needs_task_metadata(tmp_path, capsys):
     assert main(["prune", "--ckpt", str(path), "--steps", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mechlab: error:") and "metadata" in err
+
+
+def test_info_builds_the_model_a_training_preset_trains(capsys):
+    from mechlab.checkpoint import load_checkpoint
+
+    assert main(["info", "--model", "recall-cpu"]) == 0
+    out = capsys.readouterr().out
+    bundled = load_checkpoint("examples/checkpoints/recall-cpu/last.pt").model
+    n_params = sum(p.numel() for p in bundled.parameters())
+    assert "fresh recall-cpu" in out and f"parameters:   {n_params:,}" in out
