@@ -703,6 +703,10 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    # Idle OpenMP threads sleep instead of spinning. Set before torch loads (the commands
+    # import it lazily): on a shared machine spinning threads made a 2-thread step 10x
+    # slower than a 1-thread one (docs/benchmarks.md, "Threads").
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         args = list(sys.argv[1:] if argv is None else argv)
         if "--help" not in args:

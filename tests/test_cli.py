@@ -262,3 +262,17 @@ def test_info_builds_the_model_a_training_preset_trains(capsys):
     bundled = load_checkpoint("examples/checkpoints/recall-cpu/last.pt").model
     n_params = sum(p.numel() for p in bundled.parameters())
     assert "fresh recall-cpu" in out and f"parameters:   {n_params:,}" in out
+
+
+def test_the_cli_lets_idle_openmp_threads_sleep_unless_told_otherwise():
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from mechlab.cli import main; main(['info', '--model', 'tiny']); "
+            "print(os.environ['OMP_WAIT_POLICY'])")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip().splitlines()[-1] == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == "ACTIVE"
