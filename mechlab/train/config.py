@@ -132,8 +132,8 @@ class TrainConfig:
         return cls(**copy.deepcopy(values))
 
 
-# The recall study's presets (papers.md): the loss summed over the state dims, as in the
-# study's code. Its medium run took 3 GPUs x 512 = 1536 traces per step; here that is one
+# The recall study's presets (Daniels et al., arXiv 2507.01414): the loss summed over the
+# state dims, as in the study's code. Its medium run took 3 GPUs x 512 = 1536 traces per step; here that is one
 # step of 3 accumulated micro-batches of 512 (the micro-batch the study fit in memory).
 # A preset is a partial TrainConfig dict; the CPU-sized bundled ones are in bundled.py.
 PRESETS: dict[str, dict[str, Any]] = {
