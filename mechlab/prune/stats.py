@@ -42,7 +42,12 @@ from tqdm.auto import tqdm
 from mechlab.prune.circuit import Circuit, overlap
 from mechlab.prune.data import PruneData
 from mechlab.prune.evaluate import evaluate_circuit
-from mechlab.prune.graph import RECURRENT_ARCHS, recurrent_graph, transformer_graph
+from mechlab.prune.graph import (
+    RECURRENT_ARCHS,
+    recurrent_graph,
+    transformer_graph,
+    windowed_recurrent_graph,
+)
 
 Edge = tuple[str, str]
 NULLS = ("uniform", "degree")
@@ -72,8 +77,8 @@ def graph_edges(circuit: Circuit) -> list[Edge]:
     """Every edge of the graph a circuit was pruned from, rebuilt from its metadata.
 
     Args:
-        circuit: A circuit whose ``metadata["graph"]`` records ``arch``, ``n_layers``
-            and (transformers) ``n_heads``.
+        circuit: A circuit whose ``metadata["graph"]`` records ``arch``, ``n_layers``,
+            (transformers) ``n_heads`` and (windowed recurrent graphs) ``windows``.
 
     Returns:
         The graph's edges in graph order.
@@ -83,6 +88,8 @@ def graph_edges(circuit: Circuit) -> list[Edge]:
         raise ValueError("the circuit records no graph (metadata['graph']); pass the edges")
     if info["arch"] == "transformer":
         graph = transformer_graph(int(info["n_layers"]), int(info["n_heads"]))
+    elif info["arch"] in RECURRENT_ARCHS and info.get("windows"):
+        graph = windowed_recurrent_graph(info["arch"], int(info["n_layers"]), info["windows"])
     elif info["arch"] in RECURRENT_ARCHS:
         graph = recurrent_graph(info["arch"], int(info["n_layers"]))
     else:

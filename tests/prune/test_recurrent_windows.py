@@ -38,6 +38,7 @@ from mechlab.prune.forward import (
     window_states,
 )
 from mechlab.prune.graph import build_graph, countable_edges, pruning_graph
+from mechlab.prune.stats import graph_edges
 from mechlab.tasks.lds import LDSConfig
 from tests.prune.test_planted import LN_EPS, LN_WEIGHT, unit_vectors, write
 
@@ -428,3 +429,11 @@ def test_windowed_circuit_nodes_in_forward_order_and_its_plot():
     assert len(state_lines) == 1
     assert list(state_lines[0].x[:2]) == [1.0, 1.0]  # l0@label straight down to l0@continuation
     assert list(state_lines[0].y[:2]) == [-1.0, -2.0]
+
+
+def test_overlap_statistics_rebuild_the_windowed_graph():
+    graph = pruning_graph(planted_rotation_ssm(), PLANTED_WINDOWS)
+    circuit = Circuit.from_edges(
+        dict.fromkeys(PLANTED_CASES["state"][2], 1.0), metadata={"graph": graph.summary()}
+    )
+    assert graph_edges(circuit) == graph.edges
