@@ -399,6 +399,38 @@ def prune(
         typer.echo(seed_stability(found).summary())
 
 
+@app.command()
+def view(
+    circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
+    out: Path = typer.Option(..., help="HTML file to write (self-contained, works offline)."),
+    label: list[str] = typer.Option([], help="A name per circuit (default: target and seed)."),
+) -> None:
+    """Render circuits: one file draws its graph; two or more add the overlap view on one layout."""
+    from mechlab.io import atomic_write_text
+    from mechlab.prune import Circuit
+    from mechlab.viz import circuit_figure, overlap_figure
+    from mechlab.viz.figures import page_html
+
+    if label and len(label) != len(circuits):
+        raise UsageProblem(f"give one --label per circuit: {len(label)} labels for {len(circuits)} circuits")
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise UsageProblem(f"--out must be an .html file, got {str(out)!r}")
+    loaded = []
+    for path in circuits:
+        if not path.is_file():
+            raise UsageProblem(f"circuit {str(path)!r} not found")
+        loaded.append(Circuit.from_json(path))
+    names = label or [f"{c.metadata.get('target', p.stem)} (seed {c.metadata.get('seed', '?')})"
+                      for c, p in zip(loaded, circuits, strict=True)]  # fmt: skip
+    sections = []
+    if len(loaded) >= 2:
+        sections.append(("Overlap", overlap_figure(loaded, names)))
+    sections += [(name, circuit_figure(c)) for name, c in zip(names, loaded, strict=True)]
+    title = "Circuit" if len(loaded) == 1 else f"{len(loaded)} circuits"
+    page = atomic_write_text(out, page_html(title, sections))
+    typer.echo(f"wrote {page}")
+
+
 @app.command("overlap")
 def overlap_(
     circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),

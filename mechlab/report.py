@@ -148,8 +148,7 @@ class Report:
 
     def figures(self) -> list[tuple[str, go.Figure]]:
         """``(section title, figure)`` pairs, in the page's order."""
-        from mechlab.prune.circuit import plot_circuit
-        from mechlab.viz import figure_for_suite, recall_figure
+        from mechlab.viz import circuit_figure, figure_for_suite, overlap_figure, recall_figure
 
         figs = [("Needle in a haystack", figure_for_suite(self.evals["nih"])),
                 ("Out-of-distribution probes", figure_for_suite(self.evals["ood"]))]  # fmt: skip
@@ -159,29 +158,25 @@ class Report:
             figs.append(
                 (
                     f"Circuit: {target} (seed {seed})",
-                    plot_circuit(c, f"{target} circuit, seed {seed}"),
+                    circuit_figure(c, f"{target} circuit, seed {seed}"),
                 )
             )
+        firsts = [found[0] for found in self.circuits.values()]
+        if len(firsts) >= 2:
+            labels = [
+                f"{t} (seed {c.metadata.get('seed')})"
+                for t, c in zip(self.circuits, firsts, strict=True)
+            ]
+            figs.append(("Overlap of the targets' circuits", overlap_figure(firsts, labels)))
         figs.append(("Label- vs observation-based recall", recall_figure(self.recall)))
         return figs
 
     def to_html(self) -> str:
         """One self-contained page: plotly.js once, then every table and figure."""
-        from plotly.offline import get_plotlyjs
+        from mechlab.viz.figures import page_html
 
-        parts = [f"<h1>mechlab report: {html.escape(self.checkpoint)}</h1>", self._tables_html()]
-        for title, fig in self.figures():
-            parts.append(f"<h2>{html.escape(title)}</h2>")
-            parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
-        style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
-                 "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-                 "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-                 "th{background:#f4f4f4}td:first-child{text-align:left}")  # fmt: skip
-        return (
-            "<!DOCTYPE html><html><head><meta charset='utf-8'><title>mechlab report</title>"
-            f"<style>{style}</style><script type='text/javascript'>{get_plotlyjs()}</script>"
-            f"</head><body>{''.join(parts)}</body></html>"
-        )
+        sections: list[tuple[str, Any]] = [("", self._tables_html()), *self.figures()]
+        return page_html(f"mechlab report: {self.checkpoint}", sections)
 
     def _tables_html(self) -> str:
         s = self.summary()

@@ -76,11 +76,16 @@ def open_page(driver, page: Path, n_plots: int, shot: str) -> None:
 
 
 def test_circuit_and_overlap_pages_render_offline(browser, tmp_path):
+    from mechlab.cli import main
     from mechlab.prune import Circuit
 
-    circuit = Circuit.from_json(ROOT / "circuits" / "recall-cpu" / "1-after_seed0.json")
+    committed = ROOT / "circuits" / "recall-cpu"
+    circuit = Circuit.from_json(committed / "1-after_seed0.json")
     page = circuit.write_html(tmp_path / "circuit.html")
     open_page(browser, page, 1, "circuit")
+    pair = [str(committed / f"{t}_seed0.json") for t in ("1-after", "2-after")]
+    assert main(["view", *pair, "--out", str(tmp_path / "overlap.html")]) == 0
+    open_page(browser, tmp_path / "overlap.html", 3, "overlap")
 
 
 def test_report_page_renders_offline(browser, tmp_path):

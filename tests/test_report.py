@@ -58,7 +58,7 @@ def test_the_page_is_self_contained_with_plotly_once_and_every_figure(written):
     assert text.count("* plotly.js v") == 1
     assert not re.search(r"<script[^>]+src=", text)
     n_figures = len(report.figures())
-    assert n_figures == 2 + 2 + 1  # NiH, OOD, one circuit per target, recall
+    assert n_figures == 2 + 2 + 1 + 1  # NiH, OOD, one circuit per target, their overlap, recall
     assert text.count("Plotly.newPlot(") == n_figures
     for stage in ("evaluation", "pruning 1-after, seed 0", "pruning 2-after, seed 1", "overlap", "recall"):
         assert any(line.startswith(stage) for line in lines), stage

@@ -176,12 +176,9 @@ class Circuit:
 
     # -- figures ------------------------------------------------------------------
     def plot(self, title: str | None = None) -> go.Figure:
-        """A layered plotly figure: components by layer on the x axis, kept edges as lines.
-
-        Edges are coloured by the reader they enter (q, k, v, MLP/mixer, read-out); q/k/v
-        edges end slightly above/at/below the head. Hovering an edge's midpoint shows its
-        name and score; hovering a node shows its kept in- and out-edges.
-        """
+        """The circuit graph (:func:`mechlab.viz.circuits.circuit_figure`): layers left to
+        right, heads stacked, curved edges whose width and opacity follow their scores,
+        q/k/v ports told apart, hover with names and scores."""
         return plot_circuit(self, title)
 
     def write_html(self, path: str | Path) -> Path:
@@ -356,135 +353,9 @@ def seed_stability(circuits: Mapping[str, Sequence[Circuit]]) -> Stability:
 # Plot
 # ---------------------------------------------------------------------------------------
 
-_READER_COLOURS = {
-    "q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "mixer": "#9467bd",
-    "out": "#ff7f0e", "state": "#17becf",
-}  # fmt: skip
-_QKV_OFFSET = {"q": 0.18, "k": 0.0, "v": -0.18}
-
-
-def _layout(graph_info: dict[str, Any], names: set[str]) -> dict[str, tuple[float, float]]:
-    """x (column) and y of every component."""
-    arch = graph_info.get("arch")
-    layers = [parse_component(n)[1] for n in names]
-    n_layers = int(graph_info.get("n_layers", max(layers, default=-1) + 1))
-    n_heads = int(graph_info.get("n_heads", 0))
-    pos: dict[str, tuple[float, float]] = {}
-    windows = _window_names(graph_info) or sorted({w for n in names if (w := window_of(n))})
-    if windows:  # one row per window (top: first), one column per layer
-        for row, window in enumerate(windows):
-            y = -float(row)
-            pos[f"embed@{window}"] = (0.0, y)
-            for layer in range(n_layers):
-                pos[f"l{layer}@{window}"] = (1.0 + layer, y)
-            pos[f"out@{window}"] = (1.0 + n_layers, y)
-        return pos
-    transformer = arch == "transformer" or any(parse_component(n)[0] == "head" for n in names)
-    if transformer:
-        n_heads = max(n_heads, 1 + max((parse_component(n)[2] for n in names), default=0))
-        pos["embed"], pos["pos"] = (0.0, 0.5), (0.0, -0.5)
-        for layer in range(n_layers):
-            for h in range(n_heads):
-                pos[f"a{layer}.h{h}"] = (1.0 + 2 * layer, (n_heads - 1) / 2 - h)
-            pos[f"m{layer}"] = (2.0 + 2 * layer, 0.0)
-        pos["out"] = (1.0 + 2 * n_layers, 0.0)
-    else:
-        pos["embed"] = (0.0, 0.0)
-        for layer in range(n_layers):
-            pos[f"l{layer}"] = (1.0 + layer, 0.0)
-        pos["out"] = (1.0 + n_layers, 0.0)
-    return pos
-
-
-def _window_axis(pos: dict[str, tuple[float, float]]) -> dict[str, Any]:
-    """The y axis: the window names on their rows in a windowed layout, else bare."""
-    rows = {window_of(n): y for n, (_, y) in pos.items() if window_of(n)}
-    axis: dict[str, Any] = {"showgrid": False, "zeroline": False}
-    if not rows:
-        return {"showticklabels": False, **axis}
-    return {"tickvals": list(rows.values()), "ticktext": list(rows), **axis}
-
 
 def plot_circuit(circuit: Circuit, title: str | None = None) -> go.Figure:
-    """See :meth:`Circuit.plot`."""
-    info = circuit.metadata.get("graph", {})
-    windowed = bool(_window_names(info)) or any("@" in n for n in circuit.nodes)
-    names = set(circuit.nodes) | (set() if windowed else {"embed", "out"})
-    pos = _layout(info, names)
-    fig = go.Figure()
-    by_kind: dict[str, tuple[list, list]] = {}
-    mid_x, mid_y, mid_text = [], [], []
-    for (writer, reader), score in circuit.edges.items():
-        kind = reader.rsplit(".", 1)[-1] if reader.endswith((".q", ".k", ".v")) else None
-        kind = "state" if ".state@" in reader else kind  # a recurrent state carried across windows
-        comp = component_of(reader)
-        kind = (
-            kind
-            or {"head": "v", "mlp": "mlp", "mixer": "mixer", "out": "out"}[parse_component(comp)[0]]
-        )
-        x0, y0 = pos[writer]
-        x1, y1 = pos[comp]
-        y1 += _QKV_OFFSET.get(kind, 0.0)
-        xs, ys = by_kind.setdefault(kind, ([], []))
-        xs += [x0, x1, None]
-        ys += [y0, y1, None]
-        mid_x.append((x0 + x1) / 2)
-        mid_y.append((y0 + y1) / 2)
-        mid_text.append(f"{writer} → {reader}<br>score {score:.3f}")
-    for kind, (xs, ys) in by_kind.items():
-        fig.add_trace(go.Scatter(
-            x=xs, y=ys, mode="lines", name=f"→ {kind}", hoverinfo="skip",
-            line={"color": _READER_COLOURS[kind], "width": 2},
-        ))  # fmt: skip
-    fig.add_trace(go.Scatter(
-        x=mid_x, y=mid_y, mode="markers", name="edge (hover)", hovertext=mid_text, hoverinfo="text",
-        marker={"size": 6, "color": "rgba(80,80,80,0.35)"},
-    ))  # fmt: skip
-    out_deg = {n: 0 for n in pos}
-    in_deg = {n: 0 for n in pos}
-    for writer, reader in circuit.edges:
-        out_deg[writer] += 1
-        in_deg[component_of(reader)] += 1
-    in_circuit = set(circuit.nodes)
-    for inside in (False, True):
-        chosen = [n for n in pos if (n in in_circuit) == inside]
-        fig.add_trace(go.Scatter(
-            x=[pos[n][0] for n in chosen], y=[pos[n][1] for n in chosen],
-            mode="markers+text" if inside else "markers", text=chosen if inside else None,
-            textposition="top center", name="in circuit" if inside else "pruned",
-            hovertext=[f"{n}<br>kept in-edges {in_deg[n]}, out-edges {out_deg[n]}" for n in chosen],
-            hoverinfo="text",
-            marker={"size": 14 if inside else 9, "color": "#333" if inside else "#ccc",
-                    "line": {"width": 1, "color": "#fff"}},
-        ))  # fmt: skip
-    meta = circuit.metadata
-    if title is None:
-        reached = meta.get("sparsity_reached")
-        title = (
-            f"Circuit for {meta.get('target', '?')}: {circuit.n_edges} edges"
-            + (f", sparsity {reached:.4f}" if isinstance(reached, float) else "")
-            + (f", ablation {meta['ablation']}" if "ablation" in meta else "")
-        )
-    ticks = sorted({x for x, _ in pos.values()})
-    labels = []
-    for x in ticks:
-        at = [n for n, (px, _) in pos.items() if px == x]
-        kinds = {parse_component(n)[0] for n in at}
-        layer = max(parse_component(n)[1] for n in at)
-        if "out" in kinds:
-            labels.append("read-out")
-        elif kinds <= {"embed", "pos"}:
-            labels.append("embeddings")
-        elif "head" in kinds:
-            labels.append(f"L{layer} heads")
-        elif "mlp" in kinds:
-            labels.append(f"L{layer} MLP")
-        else:
-            labels.append(f"L{layer}")
-    fig.update_layout(
-        title=title, hovermode="closest", plot_bgcolor="white",
-        xaxis={"tickvals": ticks, "ticktext": labels, "showgrid": False, "zeroline": False},
-        yaxis=_window_axis(pos),
-        legend={"orientation": "h", "y": -0.15},
-    )  # fmt: skip
-    return fig
+    """See :meth:`Circuit.plot` (drawn by :func:`mechlab.viz.circuits.circuit_figure`)."""
+    from mechlab.viz.circuits import circuit_figure
+
+    return circuit_figure(circuit, title)

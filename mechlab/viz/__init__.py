@@ -1,7 +1,16 @@
 """Plotly figures: inline in Jupyter (``fig.show()``), offline HTML via :func:`write_html`."""
 
+from mechlab.viz.circuits import circuit_figure, overlap_figure
 from mechlab.viz.curves import faithfulness_curves_figure
 from mechlab.viz.figures import figure_for_suite, write_html
 from mechlab.viz.recall import recall_dynamics_figure, recall_figure
 
-__all__ = ["faithfulness_curves_figure", "figure_for_suite", "recall_dynamics_figure", "recall_figure", "write_html"]
+__all__ = [
+    "circuit_figure",
+    "faithfulness_curves_figure",
+    "figure_for_suite",
+    "overlap_figure",
+    "recall_dynamics_figure",
+    "recall_figure",
+    "write_html",
+]

@@ -15,6 +15,41 @@ def write_html(fig: go.Figure, path: str | Path) -> Path:
     return atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
+_PAGE_STYLE = (
+    "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "th{background:#f4f4f4}td:first-child{text-align:left}"
+)
+
+
+def page_html(title: str, sections: list[tuple[str, go.Figure | str]]) -> str:
+    """One self-contained HTML page: plotly.js once, then each section's heading and body.
+
+    Args:
+        title: The page's heading.
+        sections: ``(heading, figure or HTML string)`` pairs, in order; an empty heading
+            adds none.
+
+    Returns:
+        The page (works offline: nothing is fetched).
+    """
+    import html
+
+    from plotly.offline import get_plotlyjs
+
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    for heading, body in sections:
+        if heading:
+            parts.append(f"<h2>{html.escape(heading)}</h2>")
+        parts.append(body if isinstance(body, str) else body.to_html(full_html=False, include_plotlyjs=False))
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_PAGE_STYLE}</style><script type='text/javascript'>{get_plotlyjs()}</script>"
+        f"</head><body>{''.join(parts)}</body></html>"
+    )
+
+
 def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:
     xs = list(offsets)
     med = [offsets[j]["median"] for j in xs]

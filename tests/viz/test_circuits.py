@@ -1,0 +1,162 @@
+"""Circuit views: every kept edge drawn once, told apart, hoverable; overlap groups counted right."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from mechlab.prune import Circuit
+from mechlab.prune.graph import build_graph, transformer_graph, windowed_recurrent_graph
+from mechlab.viz.circuits import _curve, circuit_figure, node_positions, overlap_figure
+
+
+def transformer_circuit(edges, n_layers=3, n_heads=2, scores=None, **meta) -> Circuit:
+    graph = transformer_graph(n_layers, n_heads)
+    scores = scores or {}
+    return Circuit.from_edges({e: scores.get(e, 1.0) for e in edges},
+                              {"graph": graph.summary(), **meta})  # fmt: skip
+
+
+def curves(fig) -> list[np.ndarray]:
+    """Every drawn edge curve, as ``[points, 2]`` arrays (line traces, split at None)."""
+    out = []
+    for trace in fig.data:
+        if trace.mode != "lines":
+            continue
+        xs, ys = list(trace.x), list(trace.y)
+        pts = []
+        for x, y in zip(xs + [None], ys + [None], strict=True):
+            if x is None:
+                if pts:
+                    out.append(np.array(pts))
+                pts = []
+            else:
+                pts.append((x, y))
+    return out
+
+
+def hover_texts(fig) -> list[str]:
+    return [t for trace in fig.data if trace.mode == "markers" and trace.hovertext is not None
+            for t in trace.hovertext]  # fmt: skip
+
+
+EDGES = [("embed", "a0.h0.q"), ("embed", "a0.h0.k"), ("embed", "a0.h0.v"), ("a0.h0", "m0.in"),
+         ("m0", "m1.in"), ("m1", "m2.in"), ("m0", "m2.in"), ("m2", "out"), ("a0.h0", "out")]  # fmt: skip
+
+
+def test_every_kept_edge_is_drawn_once_and_hoverable_with_its_score():
+    scores = {e: 0.1 * (i + 1) for i, e in enumerate(EDGES)}
+    fig = circuit_figure(transformer_circuit(EDGES, scores=scores))
+    assert len(curves(fig)) == len(EDGES)
+    texts = hover_texts(fig)
+    for (w, r), s in scores.items():
+        assert sum(f"{w} → {r}<br>score {s:.3f}" == t for t in texts) == 1
+
+
+def test_qkv_edges_end_at_three_distinct_ports_of_the_head():
+    fig = circuit_figure(transformer_circuit(EDGES))
+    ends = {tuple(np.round(c[-1], 6)) for c in curves(fig)}
+    pos = node_positions(transformer_graph(3, 2).summary(), {"a0.h0"})["a0.h0"]
+    ports = sorted(e for e in ends if abs(e[0] - (pos[0] - 0.16)) < 1e-6)
+    assert len(ports) == 3 and len({y for _, y in ports}) == 3
+
+
+def test_a_skip_edge_does_not_hide_under_the_path_it_skips():
+    pos = node_positions(transformer_graph(3, 2).summary(), {"m0", "m1", "m2"})
+    skip = _curve(pos["m0"], pos["m2"], ("m0", "m2.in"))
+    step = _curve(pos["m0"], pos["m1"], ("m0", "m1.in"))
+    assert pos["m0"][1] == pos["m1"][1] == pos["m2"][1]  # collinear nodes
+    assert abs(skip[2][1] - pos["m0"][1]) > 0.3  # the skip edge bends away from the line
+    assert max(abs(step[1] - pos["m0"][1])) < abs(skip[2][1] - pos["m0"][1])
+
+
+def test_width_and_opacity_grow_with_the_score():
+    low, high = ("m0", "m1.in"), ("m1", "m2.in")
+    fig = circuit_figure(transformer_circuit([low, high], scores={low: 0.05, high: 0.99}))
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == 2
+    weak, strong = sorted(lines, key=lambda t: t.line.width)
+    assert weak.opacity < strong.opacity
+
+
+def test_overlap_groups_count_shared_and_own_edges():
+    rng = random.Random(0)
+    graph = transformer_graph(3, 2)
+    a_edges = rng.sample(graph.edges, 12)
+    b_edges = a_edges[:5] + rng.sample([e for e in graph.edges if e not in a_edges], 9)
+    a = transformer_circuit(a_edges, target="1-after")
+    b = transformer_circuit(b_edges, target="2-after")
+    fig = overlap_figure([a, b], ["A", "B"])
+    legend = {t.name for t in fig.data if t.showlegend}
+    assert legend == {"shared by all (5)", "only A (7)", "only B (9)"}
+    assert len(curves(fig)) == 5 + 7 + 9
+    texts = hover_texts(fig)
+    w, r = a_edges[0]
+    assert f"{w} → {r}<br>in: A, B" in texts
+    three = overlap_figure([a, b, a])
+    assert any(t.name.startswith("in 2 of 3") for t in three.data if t.showlegend)
+
+
+def test_overlap_refuses_too_few_circuits_or_different_models():
+    a = transformer_circuit(EDGES)
+    with pytest.raises(ValueError, match="at least two"):
+        overlap_figure([a])
+    other = Circuit.from_edges({("embed", "out"): 1.0}, {"graph": transformer_graph(2, 2).summary()})
+    with pytest.raises(ValueError, match="different graphs"):
+        overlap_figure([a, other])
+    with pytest.raises(ValueError, match="2 labels for 3"):
+        overlap_figure([a, a, a], ["x", "y"])
+
+
+def test_windowed_recurrent_circuit_draws_rows_and_state_edges():
+    windows = (("haystack", 0, 5), ("label", 5, 6), ("continuation", 6, 9))
+    graph = windowed_recurrent_graph("lstm", 1, windows)
+    state = next(e for e in graph.edges if ".state@" in e[1])
+    edges = [state, ("embed@label", "l0.in@label"), ("l0@label", "out@label")]
+    c = Circuit.from_edges(dict.fromkeys(edges, 1.0), {"graph": graph.summary()})
+    fig = circuit_figure(c)
+    assert len(curves(fig)) == 3
+    assert list(fig.layout.yaxis.ticktext) == ["haystack", "label", "continuation"]
+    assert any(t.name == "→ state" for t in fig.data if t.mode == "lines")
+
+
+def test_gpt2_small_sized_circuit_stays_a_few_traces():
+    graph = transformer_graph(12, 12)
+    assert graph.n_edges == 32936
+    kept = random.Random(1).sample(graph.edges, 1500)
+    scores = {e: random.Random(hash(e)).random() for e in kept}
+    fig = circuit_figure(transformer_circuit(kept, 12, 12, scores=scores))
+    assert len(curves(fig)) == 1500
+    assert len(fig.data) <= 6 * 4 + 6  # kinds x score bands, + hover, nodes, ports
+
+
+def test_graph_of_a_built_model_places_every_component():
+    from mechlab.models import build_model
+
+    graph = build_graph(build_model("tiny"))
+    names = {w.name for w in graph.writers} | {"out"}
+    pos = node_positions(graph.summary(), names)
+    assert names <= set(pos)
+    assert len({pos[n] for n in names}) == len(names)  # no two components on one spot
+    assert all(a != b for a, b in itertools.combinations([pos[n][0] for n in ("embed", "m0", "out")], 2))
+
+
+def test_cli_view_renders_committed_circuits_and_refuses_bad_input(tmp_path, capsys):
+    from pathlib import Path
+
+    from mechlab.cli import main
+
+    committed = sorted(Path("circuits/recall-cpu").glob("*-after_seed0.json"))
+    out = tmp_path / "view.html"
+    assert main(["view", *map(str, committed), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert page.count("* plotly.js v") == 1 and page.count("Plotly.newPlot(") == 3  # overlap + 2
+    assert "only 1-after (seed 0)" in page
+    assert main(["view", str(committed[0]), "--out", str(tmp_path / "x.png")]) == 2
+    assert main(["view", str(committed[0]), "--label", "a", "--label", "b", "--out", str(out)]) == 2
+    assert main(["view", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "must be an .html file" in err and "one --label per circuit" in err and "not found" in err
