@@ -14,6 +14,7 @@ import torch
 
 import mechlab
 from mechlab.prune import Circuit, overlap
+from mechlab.viz import overlap_figure
 
 torch.set_num_threads(2)
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples" / "checkpoints").is_dir())
@@ -41,6 +42,12 @@ two.plot()
 o = overlap(one, two)
 print(f"shared edges {o.n_shared_edges}, Jaccard {o.jaccard:.3f}, overlap coefficient {o.overlap_coefficient:.3f}")
 print(sorted(o.shared_edges)[:10])
+
+# %% [markdown]
+# Both circuits on one layout: shared edges in purple, each target's own in its colour.
+
+# %%
+overlap_figure([one, two], ["1-after", "2-after"])
 
 # %% [markdown]
 # A quick circuit of our own (fewer steps and traces than the defaults, to stay fast).
