@@ -6,13 +6,31 @@
 Run it while another process keeps the cores busy to see what spinning threads cost.
 """
 
-import os, sys, time, torch
-torch.set_num_threads(int(sys.argv[1]))
+import os
+import sys
+import time
+
+import torch
+
 import mechlab
-m = mechlab.load_checkpoint("examples/checkpoints/recall-cpu/last.pt").model
-x = torch.randn(64, 64, m.cfg.d_in)
-for _ in range(3): m(x).pow(2).mean().backward()
-ts=[]
-for _ in range(15):
-    t=time.perf_counter(); m(x).pow(2).mean().backward(); ts.append(time.perf_counter()-t)
-ts.sort(); print(sys.argv[1], os.environ.get("OMP_WAIT_POLICY"), f"median {ts[len(ts)//2]*1000:.1f} ms")
+
+
+def main(threads: int, repeats: int = 15) -> float:
+    """Median seconds of one forward+backward at ``threads`` threads."""
+    torch.set_num_threads(threads)
+    model = mechlab.load_checkpoint("examples/checkpoints/recall-cpu/last.pt").model
+    x = torch.randn(64, 64, model.cfg.d_in)
+    for _ in range(3):  # warm-up
+        model(x).pow(2).mean().backward()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(x).pow(2).mean().backward()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    median = main(n)
+    print(f"{n} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}: median {median * 1000:.1f} ms")
