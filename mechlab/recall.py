@@ -53,9 +53,9 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from mechlab.models.base import predict_in_chunks
+from mechlab.progress import tqdm
 from mechlab.tasks.lds import LDSConfig, rollout
 from mechlab.tasks.nih import NiH, default_haystack, nih
 

@@ -236,9 +236,8 @@ def dynamics(
         ``{"examples": [...], "steps": [...], "offsets": {offset: [median per checkpoint]},
         "q1": {...}, "q3": {...}}``.
     """
-    from tqdm.auto import tqdm
-
     from mechlab.checkpoint import load_checkpoint
+    from mechlab.progress import tqdm
 
     paths = sorted(Path(run_dir).glob("checkpoints/step_*.pt"))
     if not paths:

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from mechlab.patching.backends import Patch, make_backend
 from mechlab.patching.grid import (
@@ -22,6 +21,7 @@ from mechlab.patching.grid import (
     resolve_positions,
 )
 from mechlab.patching.result import PatchResult
+from mechlab.progress import tqdm
 
 
 def make_patch(model, cell: Cell, source: Tensor) -> Patch:

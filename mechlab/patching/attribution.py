@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from mechlab.patching.grid import (
     DIRECTIONS,
@@ -39,6 +38,7 @@ from mechlab.patching.grid import (
     resolve_positions,
 )
 from mechlab.patching.result import PatchResult
+from mechlab.progress import tqdm
 
 GRADIENT_AT = ("base", "clean", "corrupted")
 

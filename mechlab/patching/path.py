@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from mechlab.patching.activation import make_patch
 from mechlab.patching.backends import Patch, make_backend
@@ -38,6 +37,7 @@ from mechlab.patching.grid import (
     resolve_positions,
 )
 from mechlab.patching.result import PatchResult
+from mechlab.progress import tqdm
 
 Receiver = str | tuple[str, int]
 

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens import HookedRootModule
+
+from mechlab.progress import tqdm
 
 # Hooks whose position axis is the query axis (dim 2): [batch, head, query_pos, key_pos].
 ATTENTION_HOOKS = ("hook_attn_scores", "hook_pattern")

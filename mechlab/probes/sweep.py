@@ -13,7 +13,6 @@ from sklearn.base import BaseEstimator, clone, is_classifier
 from sklearn.model_selection import GroupKFold, cross_val_score
 from threadpoolctl import threadpool_limits
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens import HookedRootModule
 
 from mechlab.models.base import ModelConfig
@@ -26,6 +25,7 @@ from mechlab.probes.targets import (
     target_positions,
     target_spec,
 )
+from mechlab.progress import tqdm
 from mechlab.tasks.nih import NiH
 
 VALUES = ("score", "selectivity", "random_model_score", "control_score")

@@ -54,9 +54,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from mechlab.io import atomic_write_text
+from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.data import (
     PruneData,
