@@ -14,6 +14,7 @@ import torch
 import mechlab
 
 torch.set_num_threads(2)
+mechlab.viz.notebook_renderers()  # figures stay visible in the saved notebook (PNG: kaleido)
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples" / "checkpoints").is_dir())
 CKPT = ROOT / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
 

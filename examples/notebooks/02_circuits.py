@@ -17,6 +17,7 @@ from mechlab.prune import Circuit, overlap
 from mechlab.viz import overlap_figure
 
 torch.set_num_threads(2)
+mechlab.viz.notebook_renderers()  # figures stay visible in the saved notebook (PNG: kaleido)
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples" / "checkpoints").is_dir())
 CKPT = ROOT / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
 CIRCUITS = ROOT / "circuits" / "recall-cpu"

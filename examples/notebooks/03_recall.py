@@ -16,6 +16,7 @@ import mechlab
 from mechlab.viz import recall_figure
 
 torch.set_num_threads(2)
+mechlab.viz.notebook_renderers()  # figures stay visible in the saved notebook (PNG: kaleido)
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples" / "checkpoints").is_dir())
 ckpt = mechlab.load_checkpoint(ROOT / "examples" / "checkpoints" / "recall-cpu" / "last.pt")
 

@@ -2,13 +2,14 @@
 
 from mechlab.viz.circuits import circuit_figure, overlap_figure
 from mechlab.viz.curves import faithfulness_curves_figure
-from mechlab.viz.figures import figure_for_suite, write_html
+from mechlab.viz.figures import figure_for_suite, notebook_renderers, write_html
 from mechlab.viz.recall import recall_dynamics_figure, recall_figure
 
 __all__ = [
     "circuit_figure",
     "faithfulness_curves_figure",
     "figure_for_suite",
+    "notebook_renderers",
     "overlap_figure",
     "recall_dynamics_figure",
     "recall_figure",

@@ -15,6 +15,36 @@ def write_html(fig: go.Figure, path: str | Path) -> Path:
     return atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
+def notebook_renderers(static: bool = True) -> str:
+    """Make inline figures survive a saved notebook, and return the renderer in use.
+
+    Each figure is stored as plotly's own mimetype (interactive in JupyterLab and VS Code),
+    as HTML with plotly.js inlined once per notebook (nbconvert, classic Notebook) and,
+    with ``static`` and kaleido installed (``pip install kaleido``; it drives a local
+    Chrome or Chromium), as a PNG that GitHub and plain viewers show.
+
+    Args:
+        static: Also store a PNG of every figure.
+
+    Returns:
+        The plotly renderer string now in ``plotly.io.renderers.default``.
+    """
+    import importlib.util
+    import warnings
+
+    import plotly.io as pio
+
+    names = ["plotly_mimetype", "notebook"]
+    if static:
+        if importlib.util.find_spec("kaleido") is None:
+            warnings.warn("kaleido is not installed: figures are saved without a static PNG "
+                          "(pip install kaleido)", stacklevel=2)  # fmt: skip
+        else:
+            names.append("png")
+    pio.renderers.default = "+".join(names)
+    return pio.renderers.default
+
+
 _PAGE_STYLE = (
     "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
     "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
