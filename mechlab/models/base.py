@@ -124,11 +124,18 @@ class ReadIn(nn.Module):
 
 
 class ReadOut(nn.Module):
-    """Linear read-out ``[batch, pos, d_model] -> [batch, pos, d_output]``."""
+    """Linear read-out ``[batch, pos, d_model] -> [batch, pos, d_output]``.
+
+    In tokens mode the bias starts at zero, as language-model heads have none (GPT-2's and
+    Mamba's ``lm_head``), so a fresh token model exports to Hugging Face as it is.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.proj = nn.Linear(cfg.d_model, cfg.d_output)
+        if cfg.io == "tokens":
+            with torch.no_grad():
+                self.proj.bias.zero_()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_output"]:
         return self.proj(x)

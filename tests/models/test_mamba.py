@@ -399,9 +399,8 @@ def test_parity_with_hf_mamba(hooked, hf_overrides):
 
 
 def test_export_to_hf_round_trip():
-    model = make_model("tokens", d_model=32)
-    with torch.no_grad():
-        model.read_out.proj.bias.zero_()
+    model = make_model("tokens", d_model=32)  # fresh: its read-out bias starts at zero
+    assert model.read_out.proj.bias.abs().max() == 0
     hf_cfg = transformers.MambaConfig(
         vocab_size=11, hidden_size=32, num_hidden_layers=2, state_size=4, use_cache=False,
         tie_word_embeddings=False,
@@ -411,6 +410,14 @@ def test_export_to_hf_round_trip():
     ids = make_input(model)
     with torch.no_grad():
         torch.testing.assert_close(hf(ids, use_cache=False).logits, model(ids), rtol=0, atol=1e-4)
+
+
+def test_export_refuses_a_read_out_bias_hf_cannot_hold():
+    model = make_model("tokens", d_model=32)
+    with torch.no_grad():
+        model.read_out.proj.bias[3] = 0.5  # as training may leave it
+    with pytest.raises(ValueError, match="read_out.proj.bias is not zero"):
+        to_hf_state_dict(model)
 
 
 def test_load_rejects_mismatched_hf_model():
