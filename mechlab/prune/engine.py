@@ -66,6 +66,7 @@ from mechlab.prune.graph import (
 LOSSES = ("model", "truth")
 LR = 0.1  # learning rate of the masks (constant)
 LAMBDA_LR = 1.0  # peak learning rate of the Lagrange multipliers
+NORMALIZED_LOSS_SCALE = 10.0  # the default loss: 10 x (task loss / fully ablated loss)
 WARN_FAITHFULNESS = 0.1  # warn below this faithfulness ...
 WARN_COMPLEMENT = 0.9  # ... or above this complement faithfulness
 
@@ -308,13 +309,15 @@ class BinaryMasks:
     """The circuit as masks: kept edges and nodes, and how they were chosen.
 
     Attributes:
-        edges: ``[n_edges]`` bool, the kept edges (all open: deterministic mask > 0).
+        edges: ``[n_edges]`` bool, the kept edges (all open and on a complete path).
         nodes: ``[n_writers]`` bool, the kept writers.
         edge_threshold: On ``log_alpha`` (``inf`` when no edge is kept).
         node_threshold: On the nodes' ``log_alpha``, or None without node masks.
         n_countable: Edges the sparsity counts (those not from an inert writer).
         n_open: Countable edges that are open (and whose writer is kept).
         n_wanted: Edges the asked sparsity keeps; more than ``n_open`` when limited.
+        n_open_on_paths: Open edges on a complete path through open edges
+            (:func:`live_edges`); the others could not change the output.
     """
 
     edges: Tensor
@@ -324,11 +327,140 @@ class BinaryMasks:
     n_countable: int
     n_open: int
     n_wanted: int
+    n_open_on_paths: int = -1
 
     @property
     def limited_by_open_edges(self) -> bool:
         """Whether fewer edges than asked are kept because too few are open."""
         return self.n_open < self.n_wanted
+
+    @property
+    def limited_by_paths(self) -> bool:
+        """Whether fewer edges than asked (and open) are kept because the next ones by
+        ``log_alpha`` would not all lie on complete paths within the quota."""
+        return int(self.edges.sum()) < min(self.n_wanted, self.n_open)
+
+
+def _graph_arrays(graph: EdgeGraph, ablation: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Edge endpoints as writer indices, and which writers can start a path.
+
+    Returns:
+        ``edge_writer`` ``[n_edges]`` (the writer's index), ``edge_feeds`` ``[n_edges]``
+        (the index of the writer the edge's reader feeds, -1 for a read-out) and
+        ``source`` ``[n_writers]`` bool: under interchange ablation the writers no reader
+        feeds (the embeddings), under mean and zero ablation every writer (a component
+        whose inputs are all ablated still differs from its own ablated output there).
+    """
+    edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges], dtype=torch.long)
+    feeds = [graph.writer_index.get(graph.reader_by_name[r].component, -1) for _, r in graph.edges]
+    edge_feeds = torch.tensor(feeds, dtype=torch.long)
+    if ablation == "interchange":
+        source = torch.ones(graph.n_writers, dtype=torch.bool)
+        source[edge_feeds[edge_feeds >= 0]] = False
+    else:
+        source = torch.ones(graph.n_writers, dtype=torch.bool)
+    return edge_writer, edge_feeds, source
+
+
+def _reach(
+    edges: Tensor, edge_writer: Tensor, edge_feeds: Tensor, source: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Writers reached from a source through ``edges`` (``fed``) and writers with a path
+    through ``edges`` to a read-out (``useful``), both ``[n_writers]`` bool."""
+    feeds_writer = edge_feeds >= 0
+    fed = source.clone()
+    while True:
+        new = source.clone()
+        new[edge_feeds[edges & fed[edge_writer] & feeds_writer]] = True
+        if torch.equal(new, fed):
+            break
+        fed = new
+    useful = torch.zeros_like(source)
+    while True:
+        new = torch.zeros_like(useful)
+        new[edge_writer[edges & (~feeds_writer | useful[edge_feeds.clamp(min=0)])]] = True
+        if torch.equal(new, useful):
+            break
+        useful = new
+    return fed, useful
+
+
+def live_edges(graph: EdgeGraph, edges: Tensor, ablation: str = "interchange") -> Tensor:
+    """``[n_edges]`` bool: the edges of ``edges`` that lie on a complete path of ``edges``.
+
+    A complete path runs from a source writer (see :func:`_graph_arrays`) through kept
+    edges and components to a read-out. An edge off every such path cannot change the
+    output: if its reader's component has no kept path onward, what it reads is
+    discarded; under interchange ablation, if its writer has no kept path from the
+    input, every input of the writer is the corrupted run's, so its output equals its
+    ablated output and the edge carries no difference. Keeping such edges spends the
+    sparsity budget on nothing.
+
+    Args:
+        graph: The edge graph.
+        edges: ``[n_edges]`` bool, a set of edges.
+        ablation: ``"interchange"``, ``"mean"`` or ``"zero"``.
+
+    Returns:
+        ``[n_edges]`` bool, a subset of ``edges``.
+    """
+    edge_writer, edge_feeds, source = _graph_arrays(graph, ablation)
+    edges = edges.cpu().bool()
+    fed, useful = _reach(edges, edge_writer, edge_feeds, source)
+    onward = (edge_feeds < 0) | useful[edge_feeds.clamp(min=0)]
+    return edges & fed[edge_writer] & onward
+
+
+def select_on_paths(
+    graph: EdgeGraph, scores: Tensor, eligible: Tensor, n_keep: int, ablation: str = "interchange"
+) -> tuple[Tensor, float]:
+    """The largest set of live edges among the best-scored ones that fits in ``n_keep``.
+
+    For a threshold ``tau`` let ``L(tau)`` be the live edges (:func:`live_edges`) among
+    the eligible edges scored at least ``tau``; ``|L(tau)|`` only grows as ``tau``
+    falls. The lowest ``tau`` with ``|L(tau)| <= n_keep`` is chosen and ``L(tau)`` kept.
+    Plain top-k breaks a tie between two equally good paths by taking one edge of each
+    (no complete path, nothing carried); this keeps a whole path. When the next level
+    would overshoot the quota, the rest of it is filled, in order of score, with single
+    edges that are live together with the kept ones (from a reached writer into a
+    component with a kept way to the read-out).
+
+    Args:
+        graph: The edge graph.
+        scores: ``[n_edges]`` ranking scores (``log_alpha``).
+        eligible: ``[n_edges]`` bool, the edges that may be kept.
+        n_keep: At most this many edges.
+        ablation: The ablation (it decides where paths may start).
+
+    Returns:
+        ``(edges [n_edges] bool, the smallest kept score)`` (``inf`` when nothing is kept).
+    """
+    s = scores.detach().double().cpu()
+    eligible = eligible.cpu().bool()
+    levels = torch.unique(s[eligible]).flip(0)  # distinct eligible scores, high to low
+    best = torch.zeros_like(eligible)
+    if n_keep <= 0 or levels.numel() == 0:
+        return best, math.inf
+    lo, hi = 0, levels.numel() - 1  # find the last level whose live set fits
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        live = live_edges(graph, eligible & (s >= float(levels[mid])), ablation)
+        if int(live.sum()) <= n_keep:
+            best, lo = live, mid + 1
+        else:
+            hi = mid - 1
+    edge_writer, edge_feeds, source = _graph_arrays(graph, ablation)
+    candidates = (eligible & ~best).nonzero().flatten()
+    candidates = candidates[torch.argsort(s[candidates], descending=True, stable=True)]
+    fed, useful = _reach(best, edge_writer, edge_feeds, source)
+    for i in candidates.tolist():
+        if int(best.sum()) >= n_keep:
+            break
+        feeds = int(edge_feeds[i])
+        if fed[edge_writer[i]] and (feeds < 0 or useful[feeds]):
+            best[i] = True
+            fed, useful = _reach(best, edge_writer, edge_feeds, source)
+    return best, float(s[best].min()) if best.any() else math.inf
 
 
 def binarize(
@@ -337,15 +469,18 @@ def binarize(
     sparsity: float,
     node_sparsity: float | None,
     countable: Tensor | None = None,
+    ablation: str = "interchange",
 ) -> BinaryMasks:
-    """Choose the circuit: the open edges of highest mask, as many as the sparsity asks.
+    """Choose the circuit: whole paths of open edges of highest mask, within the quota.
 
     Nodes first (when node masks were trained): keep the ``round((1 - node_sparsity) n)``
     writers of highest ``log_alpha`` among the open ones. Then edges: among the
-    countable, open edges (deterministic mask > 0) whose writer is kept, keep the
-    ``round((1 - sparsity) n_countable)`` of highest ``log_alpha`` (which orders them as
-    the deterministic mask does, without the ties of its clamp), threshold found by
-    bisection; fewer when fewer are open (:attr:`BinaryMasks.limited_by_open_edges`).
+    countable, open edges (deterministic mask > 0) whose writer is kept, at most
+    ``round((1 - sparsity) n_countable)``, ranked by ``log_alpha`` (which orders them
+    as the deterministic mask does, without the ties of its clamp) and kept only where
+    they complete a path from the input to the read-out (:func:`select_on_paths`);
+    fewer when fewer are open (:attr:`BinaryMasks.limited_by_open_edges`) or when the
+    next path does not fit (:attr:`BinaryMasks.limited_by_paths`).
 
     Args:
         graph: The edge graph.
@@ -353,6 +488,7 @@ def binarize(
         sparsity: Edge sparsity over the countable edges.
         node_sparsity: Writer sparsity, or None.
         countable: ``[n_edges]`` bool, the edges the sparsity counts (default: all).
+        ablation: The ablation the masks were trained under (where paths may start).
 
     Returns:
         The :class:`BinaryMasks`.
@@ -368,13 +504,15 @@ def binarize(
     countable = torch.ones(graph.n_edges, dtype=torch.bool) if countable is None else countable
     edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges])
     edge_la = result.edge_log_alpha.cpu()
-    eligible = nodes[edge_writer] & countable & (hc.deterministic_mask(edge_la) > 0)
+    eligible = nodes[edge_writer] & countable.cpu() & (hc.deterministic_mask(edge_la) > 0)
     n_countable, n_open = int(countable.sum()), int(eligible.sum())
     n_wanted = hc.keep_count(n_countable, sparsity)
-    edge_threshold = hc.bisect_threshold(edge_la, min(n_wanted, n_open), eligible)
-    edges = (edge_la.double() >= edge_threshold) & eligible
+    edges, edge_threshold = select_on_paths(
+        graph, edge_la, eligible, min(n_wanted, n_open), ablation
+    )
+    n_on_paths = int(live_edges(graph, eligible, ablation).sum())
     return BinaryMasks(
-        edges, nodes, edge_threshold, node_threshold, n_countable, n_open, n_wanted
+        edges, nodes, edge_threshold, node_threshold, n_countable, n_open, n_wanted, n_on_paths
     )
 
 
@@ -439,7 +577,8 @@ def check_prune_args(
     lambda_lr: float = LAMBDA_LR,
     batch_size: int = 64,
     node_sparsity: float | None = None,
-    loss_scale: float = 1.0,
+    loss_scale: float | None = None,
+    normalize_loss: bool | None = None,
     **_: Any,
 ) -> None:
     """Validate :func:`prune`'s scalar arguments (one-line ValueError), before any work.
@@ -458,7 +597,24 @@ def check_prune_args(
     _check_count("batch_size", batch_size)
     _check_positive("lr", lr)
     _check_positive("lambda_lr", lambda_lr)
-    _check_positive("loss_scale", loss_scale)
+    if loss_scale is not None:
+        _check_positive("loss_scale", loss_scale)
+    if normalize_loss is not None and not isinstance(normalize_loss, bool):
+        raise ValueError(f"normalize_loss must be True, False or None, got {normalize_loss!r}")
+
+
+def loss_settings(loss_scale: float | None, normalize_loss: bool | None) -> tuple[float, bool]:
+    """The effective ``(loss_scale, normalize_loss)`` of :func:`prune`'s arguments.
+
+    Default (both None): the task loss divided by the fully ablated model's, times
+    :data:`NORMALIZED_LOSS_SCALE` (10), i.e. ``10 (1 - faithfulness)`` of the batch. A
+    ``loss_scale`` given alone means the raw loss times it (the study's 1000 x MSE);
+    ``normalize_loss`` given explicitly always wins.
+    """
+    normalize = loss_scale is None if normalize_loss is None else normalize_loss
+    if loss_scale is None:
+        loss_scale = NORMALIZED_LOSS_SCALE if normalize else 1.0
+    return float(loss_scale), normalize
 
 
 def prune(
@@ -476,8 +632,8 @@ def prune(
     lambda_warmup: int | None = None,
     batch_size: int = 64,
     loss: str = "model",
-    loss_scale: float = 1.0,
-    normalize_loss: bool = False,
+    loss_scale: float | None = None,
+    normalize_loss: bool | None = None,
     node_sparsity: float | None = None,
     init_mean: float = hc.INIT_MEAN,
     progress: bool = True,
@@ -510,11 +666,12 @@ def prune(
         batch_size: Traces per step.
         loss: ``"model"`` (match the full model's predictions: MSE, or KL for token
             models) or ``"truth"`` (match the ground truth).
-        loss_scale: Multiplies the task loss (the study uses 1000 x MSE, with
-            ``normalize_loss=False``).
+        loss_scale: Multiplies the task loss. None (default): 10 when the loss is
+            normalized, else 1; a number given without ``normalize_loss`` means the raw
+            loss times it (the study: 1000 x MSE). See :func:`loss_settings`.
         normalize_loss: Divide the task loss by that of the fully ablated model on the
             training traces (:func:`ablated_loss`), so the search does not depend on
-            the scale of the outputs.
+            the scale of the outputs. None (default): when ``loss_scale`` is None.
         node_sparsity: Also mask writer nodes, at this target sparsity (None: no node masks).
         init_mean: Mean of the initial ``log_alpha`` (see :mod:`mechlab.prune.masks`).
         progress: Show a progress bar.
@@ -536,7 +693,9 @@ def prune(
     check_prune_args(
         sparsity, ablation=ablation, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
         batch_size=batch_size, node_sparsity=node_sparsity, loss_scale=loss_scale,
+        normalize_loss=normalize_loss,
     )  # fmt: skip
+    loss_scale, normalize_loss = loss_settings(loss_scale, normalize_loss)
     check_target(target, data.train)
     if loss == "truth" and (data.train.truth is None or data.test.truth is None):
         raise ValueError("loss 'truth' needs traces with ground truth (Traces.truth)")
@@ -565,12 +724,67 @@ def prune(
             seed=seed, progress=progress, init_mean=init_mean, countable=countable,
             loss_scale=loss_scale, lambda_warmup=lambda_warmup, loss_norm=loss_norm,
         )  # fmt: skip
-        binary = binarize(graph, result, sparsity, node_sparsity, countable)
-        mean_reference = data.train.inputs.to(device) if ablation == "mean" else None
-        metrics = evaluate_masks(
-            model, graph, data.test.to(device), target, ablation, binary.edges, binary.nodes,
-            mean_reference=mean_reference,
+        settings = {
+            "checkpoint_sha256": checkpoint_sha256, "loss": loss, "loss_scale": loss_scale,
+            "loss_normalized": normalize_loss,
+            "loss_normalized_by": loss_norm,  # the fully ablated model's training loss (or 1)
+            "seed": seed, "steps": steps, "warmup": steps // 2 if warmup is None else warmup,
+            "lambda_warmup": max(1, steps // 10) if lambda_warmup is None else lambda_warmup,
+            "lr": lr, "lambda_lr": lambda_lr, "init_mean": init_mean, "batch_size": batch_size,
+        }  # fmt: skip
+        circuit = finish_circuit(
+            model, graph, data, target, ablation, result, sparsity, node_sparsity, countable,
+            scored, settings, started,
         )  # fmt: skip
+    warning = circuit.metadata["warnings"]
+    if warning:
+        warnings.warn(warning[0], UserWarning, stacklevel=2)
+    return circuit
+
+
+def finish_circuit(
+    model: nn.Module,
+    graph: EdgeGraph,
+    data: PruneData,
+    target: Target,
+    ablation: str,
+    result: MaskResult,
+    sparsity: float,
+    node_sparsity: float | None,
+    countable: Tensor,
+    scored: list[int] | None,
+    settings: dict[str, Any],
+    started: float,
+) -> Circuit:
+    """Choose the circuit from optimised masks, score it on the held-out traces, record how.
+
+    The model must be frozen and in eval mode (:func:`~mechlab.prune.forward.frozen_eval`).
+
+    Args:
+        model: The model.
+        graph: The graph pruned.
+        data: The traces (the held-out set is scored).
+        target: The target.
+        ablation: The ablation.
+        result: The optimised masks.
+        sparsity: Edge sparsity asked.
+        node_sparsity: Node sparsity asked, or None.
+        countable: ``[n_edges]`` bool, the edges the sparsity counts.
+        scored: The scored positions of a windowed graph, else None.
+        settings: Search settings recorded in the metadata as they are (seed, lr, ...).
+        started: ``time.perf_counter()`` when the search started.
+
+    Returns:
+        The :class:`~mechlab.prune.circuit.Circuit`; ``metadata["warnings"]`` holds the
+        :func:`faithfulness_warning`, if any (not issued here).
+    """
+    device = next(model.parameters()).device
+    binary = binarize(graph, result, sparsity, node_sparsity, countable, ablation)
+    mean_reference = data.train.inputs.to(device) if ablation == "mean" else None
+    metrics = evaluate_masks(
+        model, graph, data.test.to(device), target, ablation, binary.edges, binary.nodes,
+        mean_reference=mean_reference,
+    )  # fmt: skip
     seconds = time.perf_counter() - started
     det = hc.deterministic_mask(result.edge_log_alpha.cpu())
     kept = binary.edges.nonzero().flatten().tolist()
@@ -580,18 +794,20 @@ def prune(
     )
     warning = faithfulness_warning(metrics)
     metadata = {
-        "checkpoint_sha256": checkpoint_sha256,
+        "checkpoint_sha256": settings.get("checkpoint_sha256"),
         "target": target_name(target),
         "ablation": ablation,
-        "loss": loss,
-        "loss_scale": loss_scale,
-        "loss_normalized_by": loss_norm,  # the fully ablated model's training loss (or 1)
+        **{k: v for k, v in settings.items() if k != "checkpoint_sha256"},
         "sparsity_asked": sparsity,
         "sparsity_reached": 1.0 - n_kept / binary.n_countable,
         "n_edges_kept": n_kept,
         "n_edges_asked": binary.n_wanted,
         "n_open_edges": binary.n_open,
         "sparsity_limited_by_open_edges": binary.limited_by_open_edges,
+        # open edges on a complete input -> read-out path; kept fewer when the next path
+        # by log_alpha would not fit in the quota
+        "n_open_edges_on_paths": binary.n_open_on_paths,
+        "sparsity_limited_by_paths": binary.limited_by_paths,
         "n_edges_countable": binary.n_countable,
         "n_edges_excluded_inert": graph.n_edges - int(countable_edges(graph, ablation).sum()),
         "inert_writers": inert_writers(graph, ablation),
@@ -604,15 +820,7 @@ def prune(
             float(node_det[binary.nodes].min()) if node_det is not None and binary.nodes.any()
             else None
         ),
-        "seed": seed,
         "data_seed": data.info.get("data_seed"),
-        "steps": steps,
-        "warmup": steps // 2 if warmup is None else warmup,
-        "lambda_warmup": max(1, steps // 10) if lambda_warmup is None else lambda_warmup,
-        "lr": lr,
-        "lambda_lr": lambda_lr,
-        "init_mean": init_mean,
-        "batch_size": batch_size,
         "graph": graph.summary(),
         "data": dict(data.info),
         "metrics": metrics,
@@ -624,8 +832,6 @@ def prune(
     if graph.windows:  # edges no scored read-out can be reached from: out of the count
         metadata["n_edges_excluded_unreachable"] = int(unreachable_edges(graph, scored).sum())
         metadata["target_windows"] = target_windows(graph, scored)
-    if warning:
-        warnings.warn(warning, UserWarning, stacklevel=2)
     edges = {graph.edges[i]: float(det[i]) for i in kept}
     log_alpha = {edge: float(result.edge_log_alpha[i]) for i, edge in enumerate(graph.edges)}
     return Circuit.from_edges(edges, metadata=metadata, log_alpha=log_alpha)

@@ -13,7 +13,15 @@ from mechlab.models import build_model
 from mechlab.models.transformer import Transformer, TransformerConfig
 from mechlab.prune import engine
 from mechlab.prune.data import PruneData, Traces
-from mechlab.prune.engine import MaskResult, binarize, faithfulness_warning, prune, prune_seeds
+from mechlab.prune.engine import (
+    MaskResult,
+    binarize,
+    faithfulness_warning,
+    live_edges,
+    prune,
+    prune_seeds,
+    select_on_paths,
+)
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import make_ablation, masked_forward, writer_outputs
 from mechlab.prune.graph import build_graph, countable_edges
@@ -335,21 +343,62 @@ def test_bad_arguments_raise_value_errors():
 # ---------------------------------------------------------------------------------------
 
 
-def test_binarize_keeps_only_open_edges_and_says_so():
+def test_binarize_keeps_only_open_edges_on_complete_paths_and_says_so():
     graph = build_graph(small_model("lstm", n_layers=3))  # 10 edges
+    # l0.in: 0 embed; l1.in: 1 embed, 2 l0; l2.in: 3 embed, 4 l0, 5 l1; out: 6 embed, 7 l0, 8 l1, 9 l2
     # deterministic mask > 0 iff log_alpha > log(1/11) = -2.398: edges 0, 3, 7 are open
     la = torch.full((10,), -5.0)
     la[[0, 3, 7]] = torch.tensor([0.5, 3.0, -2.0])
     result = MaskResult(la, None, [])
     b = binarize(graph, result, 0.5, None)  # asks for 5 edges
     assert b.n_wanted == 5 and b.n_open == 3 and b.limited_by_open_edges
-    assert b.edges.nonzero().flatten().tolist() == [0, 3, 7]
-    b = binarize(graph, result, 0.8, None)  # asks for 2: the two highest open masks
-    assert b.edges.nonzero().flatten().tolist() == [0, 3] and not b.limited_by_open_edges
+    # edge 3 (embed -> l2.in) is open but l2 has no open way to the read-out
+    assert b.n_open_on_paths == 2 and b.edges.nonzero().flatten().tolist() == [0, 7]
+    b = binarize(graph, result, 0.8, None)  # asks for 2: top-k would take 3 and 0, no path
+    assert b.edges.nonzero().flatten().tolist() == [0, 7] and not b.limited_by_open_edges
+    assert not b.limited_by_paths
+    b = binarize(graph, result, 0.9, None)  # asks for 1: no single edge is a path
+    assert not b.edges.any() and b.limited_by_paths and b.edge_threshold == math.inf
     countable = torch.ones(10, dtype=torch.bool)
-    countable[3] = False  # an inert edge is never kept, and not counted
+    countable[7] = False  # an inert edge is never kept, and not counted
     b = binarize(graph, result, 0.8, None, countable)
-    assert b.n_countable == 9 and b.edges.nonzero().flatten().tolist() == [0, 7]
+    assert b.n_countable == 9 and not b.edges.any()
+
+
+def test_live_edges_by_hand():
+    graph = build_graph(small_model("lstm", n_layers=3))
+    edges = torch.zeros(10, dtype=torch.bool)
+    edges[[0, 4, 9, 2, 6]] = True  # embed->l0->l2->out, l0->l1.in (l1 leads nowhere), embed->out
+    assert live_edges(graph, edges).nonzero().flatten().tolist() == [0, 4, 6, 9]
+    edges = torch.zeros(10, dtype=torch.bool)
+    edges[[5, 9]] = True  # l1 -> l2 -> out, but nothing reaches l1 from the input
+    assert not live_edges(graph, edges, "interchange").any()
+    # under mean and zero ablation a component whose inputs are all ablated still acts
+    assert live_edges(graph, edges, "mean").nonzero().flatten().tolist() == [5, 9]
+    assert live_edges(graph, edges, "zero").nonzero().flatten().tolist() == [5, 9]
+
+
+def test_select_on_paths_takes_a_whole_path_of_two_tied_ones():
+    graph = build_graph(small_model("lstm", n_layers=2))
+    # l0.in: 0 embed; l1.in: 1 embed, 2 l0; out: 3 embed, 4 l0, 5 l1
+    # paths of two edges: embed->l0->out (0, 4) and embed->l1->out (1, 5); scores interleave
+    scores = torch.tensor([0.50, 0.48, -9.0, -9.0, 0.46, 0.49])
+    eligible = scores > 0
+    top2 = set(torch.topk(scores, 2).indices.tolist())
+    assert top2 == {0, 5}  # one edge of each path: nothing would be carried
+    kept, tau = select_on_paths(graph, scores, eligible, 2)
+    assert kept.nonzero().flatten().tolist() == [1, 5] and tau == pytest.approx(0.48)
+    kept, _ = select_on_paths(graph, scores, eligible, 4)
+    assert kept.nonzero().flatten().tolist() == [0, 1, 4, 5]
+    kept, _ = select_on_paths(graph, scores, eligible, 3)  # the second path does not fit
+    assert kept.nonzero().flatten().tolist() == [1, 5]
+
+
+def test_loss_settings():
+    assert engine.loss_settings(None, None) == (engine.NORMALIZED_LOSS_SCALE, True)
+    assert engine.loss_settings(1000.0, None) == (1000.0, False)  # the study: raw 1000 x MSE
+    assert engine.loss_settings(None, False) == (1.0, False)
+    assert engine.loss_settings(2.0, True) == (2.0, True)
 
 
 def test_pos_edges_are_excluded_under_interchange_and_mean_only():
@@ -438,10 +487,16 @@ def test_prune_seeds_varies_data_and_optimiser_seeds():
 def test_normalized_loss_divides_by_the_fully_ablated_loss():
     model = small_model("transformer")
     data = random_data(model)
-    circuit = prune(model, data, "all", 0.8, steps=2, normalize_loss=True, progress=False)
+    circuit = prune(model, data, "all", 0.8, steps=2, progress=False)  # the default
     graph = build_graph(model)
     by_hand = evaluate_masks(model, graph, data.train, "all", "interchange",
                              torch.zeros(graph.n_edges, dtype=torch.bool))["ablated_vs_full"]  # fmt: skip
-    assert circuit.metadata["loss_normalized_by"] == pytest.approx(by_hand, rel=1e-5)
-    plain = prune(model, data, "all", 0.8, steps=2, progress=False)
-    assert plain.metadata["loss_normalized_by"] == 1.0
+    meta = circuit.metadata
+    assert meta["loss_normalized_by"] == pytest.approx(by_hand, rel=1e-5)
+    assert meta["loss_normalized"] and meta["loss_scale"] == engine.NORMALIZED_LOSS_SCALE
+    plain = prune(model, data, "all", 0.8, steps=2, normalize_loss=False, progress=False)
+    assert plain.metadata["loss_normalized_by"] == 1.0 and plain.metadata["loss_scale"] == 1.0
+    raw = prune(model, data, "all", 0.8, steps=2, loss_scale=1000.0, progress=False)
+    assert raw.metadata["loss_normalized_by"] == 1.0 and not raw.metadata["loss_normalized"]
+    with pytest.raises(ValueError, match="normalize_loss"):
+        prune(model, data, "all", 0.8, steps=2, normalize_loss="yes", progress=False)

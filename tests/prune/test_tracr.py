@@ -131,13 +131,15 @@ def _recover(name: str, seed: int) -> dict:
     return edge_recovery(list(circuit.edges), truth)
 
 
+@pytest.mark.parametrize("name", ["hist", "xproportion"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_default_search_recovers_hist_exactly(seed):
-    result = _recover("hist", seed)
+def test_default_search_recovers_the_program_exactly(name, seed):
+    result = _recover(name, seed)
     assert result["exact"] and result["precision"] == 1.0 and result["recall"] == 1.0
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["reverse", "sort_unique"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_default_search_recovers_reverse_exactly(seed):
-    assert _recover("reverse", seed)["exact"]
+def test_default_search_recovers_slow_programs_exactly(name, seed):
+    assert _recover(name, seed)["exact"]
