@@ -1,0 +1,481 @@
+"""Joint pruning: several targets pruned at once on one model, with a reward for sharing edges.
+
+Two targets with little circuit overlap may use different mechanisms, or the model may
+hold redundant routes and each pruning run may merely pick a different one. Pruning the
+targets jointly, with a term that pays for using the same edges, tells these apart: if
+the circuits can be made to share at no loss of faithfulness, the low overlap was
+redundancy; if sharing costs faithfulness, the targets need different edges.
+
+:func:`joint_prune` optimises one set of hard-concrete edge masks per target, each with
+its own task loss (as :func:`~mechlab.prune.engine.prune`: normalised by the fully
+ablated model's loss, times 10, by default) and its own Lagrangian sparsity constraint,
+plus the sharing term
+
+    share * mean over pairs (a, b) of  sum_e |P_a(e) - P_b(e)| / k_ab
+
+where ``P_t(e)`` is the probability that target ``t``'s mask on edge ``e`` is non-zero
+(the expected-L0 term of :mod:`mechlab.prune.masks`), summed over the countable edges,
+and ``k_ab`` is the mean number of edges the two sparsities keep. The term is 0 when
+both targets open the same edges and 2 when they open disjoint sets of the kept size;
+``share = 0`` leaves the targets independent. Every target draws the same batches and
+the same mask noise as :func:`prune` with the same seed (common random numbers), so at
+``share = 0`` each target's circuit is the one :func:`prune` finds.
+
+:func:`share_sweep` runs a small grid of ``share`` values over seeds and reports, per
+target, faithfulness and complement faithfulness on held-out traces, the Jaccard of the
+circuits, and how much faithfulness sharing costs against ``share = 0``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mechlab.models.base import predict_in_chunks
+from mechlab.progress import tqdm
+from mechlab.prune import masks as hc
+from mechlab.prune.circuit import Circuit
+from mechlab.prune.data import (
+    PruneData,
+    Target,
+    check_target,
+    target_mask,
+    target_name,
+    target_positions,
+)
+from mechlab.prune.engine import (
+    LAMBDA_LR,
+    LR,
+    MaskResult,
+    _lr_factor,
+    ablated_loss,
+    check_prune_args,
+    check_sparsity,
+    finish_circuit,
+    loss_settings,
+)
+from mechlab.prune.forward import (
+    divergence,
+    frozen_eval,
+    make_ablation,
+    masked_forward,
+    select_traces,
+    truth_error,
+)
+from mechlab.prune.graph import countable_edges, pruning_graph
+
+SHARES = (0.0, 0.1, 0.3, 1.0)  # the default sweep
+
+
+def check_share(share: Any) -> float:
+    """Return ``share`` as a float, or raise a one-line ValueError (finite, >= 0)."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share):
+        raise ValueError(f"share must be a finite number >= 0, got {share!r}")
+    if share < 0:
+        raise ValueError(f"share must be >= 0 (0: independent targets), got {share!r}")
+    return float(share)
+
+
+def check_joint_targets(targets: Any, data: PruneData) -> list[Target]:
+    """The targets as a list, or a one-line ValueError: at least two, distinct, known."""
+    if isinstance(targets, str) or not isinstance(targets, Sequence):
+        raise ValueError(f"targets must be a list of at least two targets, got {targets!r}")
+    targets = list(targets)
+    if len(targets) < 2:
+        raise ValueError(f"joint pruning needs at least two targets, got {len(targets)}")
+    names = [target_name(t) for t in targets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"targets must be distinct, got {names}")
+    for t in targets:
+        check_target(t, data.train)
+    return targets
+
+
+def sharing_penalty(p: Tensor, n_keep: Sequence[int]) -> Tensor:
+    """``mean over pairs (a, b) of sum_e |p[a, e] - p[b, e]| / ((k_a + k_b) / 2)``.
+
+    Args:
+        p: ``[n_targets, n_edges]`` probabilities that each target's mask is non-zero.
+        n_keep: Edges each target's sparsity keeps.
+
+    Returns:
+        A scalar: 0 when all targets open the same edges, 2 for disjoint sets of the kept sizes.
+    """
+    terms = [
+        (p[a] - p[b]).abs().sum() / max(0.5 * (n_keep[a] + n_keep[b]), 1.0)
+        for a, b in combinations(range(p.shape[0]), 2)
+    ]
+    return torch.stack(terms).mean()
+
+
+class _Lagrangians(nn.Module):
+    """``lambda1[t] (s_t - t) + lambda2[t] (s_t - t)^2`` per target, all starting at zero."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.lambda1 = nn.Parameter(torch.zeros(n))
+        self.lambda2 = nn.Parameter(torch.zeros(n))
+
+    def forward(self, s: Tensor, t: float) -> Tensor:
+        gap = s - t
+        return (self.lambda1 * gap + self.lambda2 * gap * gap).sum()
+
+
+@dataclass
+class JointResult:
+    """What :func:`joint_prune` returns.
+
+    Attributes:
+        circuits: Target name -> its :class:`~mechlab.prune.circuit.Circuit` (metadata:
+            ``joint=True``, ``share``, ``partners``, ``jaccard_with``).
+        share: The sharing weight.
+        jaccard: ``"a|b"`` -> Jaccard of the two circuits' edge sets.
+    """
+
+    circuits: dict[str, Circuit]
+    share: float
+    jaccard: dict[str, float] = field(default_factory=dict)
+
+
+def _jaccard(a: Circuit, b: Circuit) -> float:
+    ea, eb = set(a.edges), set(b.edges)
+    return len(ea & eb) / len(ea | eb) if ea | eb else 1.0
+
+
+def joint_prune(
+    model: nn.Module,
+    data: PruneData,
+    targets: Sequence[Target],
+    sparsity: float = 0.95,
+    share: float = 0.0,
+    *,
+    ablation: str = "interchange",
+    steps: int = 500,
+    seed: int = 0,
+    lr: float = LR,
+    lambda_lr: float = LAMBDA_LR,
+    warmup: int | None = None,
+    lambda_warmup: int | None = None,
+    batch_size: int = 64,
+    loss: str = "model",
+    loss_scale: float | None = None,
+    normalize_loss: bool | None = None,
+    init_mean: float = hc.INIT_MEAN,
+    progress: bool = True,
+    checkpoint_sha256: str | None = None,
+) -> JointResult:
+    """Prune several targets of one model at once, rewarding shared edges (module docstring).
+
+    Args:
+        model: A mechlab model.
+        data: Training and held-out traces, the same for every target.
+        targets: At least two distinct targets (``"k-after"``, ``"all"`` or callables).
+        sparsity: Edge sparsity of every target's circuit, over the countable edges.
+        share: Weight of the sharing term, finite and >= 0 (0: independent targets).
+        ablation: ``"interchange"``, ``"mean"`` or ``"zero"``.
+        steps: Optimiser steps.
+        seed: Seed of the masks' initialisation, noise and batches (the same for every
+            target, and the same as :func:`~mechlab.prune.engine.prune`'s).
+        lr: Adam learning rate of the masks.
+        lambda_lr: Peak learning rate of the Lagrange multipliers.
+        warmup: Steps of the sparsity ramp (default ``steps // 2``).
+        lambda_warmup: Warm-up of the multipliers' learning rate (default ``steps // 10``).
+        batch_size: Traces per step.
+        loss: ``"model"`` or ``"truth"``.
+        loss_scale: As :func:`~mechlab.prune.engine.prune` (default: normalised x 10).
+        normalize_loss: As :func:`~mechlab.prune.engine.prune`.
+        init_mean: Mean of the initial ``log_alpha``.
+        progress: Show a progress bar.
+        checkpoint_sha256: Recorded in the circuits' metadata.
+
+    Returns:
+        The :class:`JointResult`.
+
+    Raises:
+        ValueError: Fewer than two or repeated targets, an unknown target, a bad
+            ``share`` or any of :func:`prune`'s bad arguments, before any work.
+    """
+    share = check_share(share)
+    check_prune_args(
+        sparsity, ablation=ablation, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
+        batch_size=batch_size, loss_scale=loss_scale, normalize_loss=normalize_loss,
+    )  # fmt: skip
+    targets = check_joint_targets(targets, data)
+    loss_scale, normalize_loss = loss_settings(loss_scale, normalize_loss)
+    if loss == "truth" and (data.train.truth is None or data.test.truth is None):
+        raise ValueError("loss 'truth' needs traces with ground truth (Traces.truth)")
+    if ablation == "interchange" and (data.train.corrupted is None or data.test.corrupted is None):
+        raise ValueError("ablation 'interchange' needs corrupted traces (Traces.corrupted)")
+    graph = pruning_graph(model, data.train.windows, None)
+    scored = [target_positions(t, data.train) if graph.windows else None for t in targets]
+    n_keep = [check_sparsity(graph, ablation, sparsity, s) for s in scored]
+    countable = [countable_edges(graph, ablation, s) for s in scored]
+
+    device = next(model.parameters()).device
+    train = data.train.to(device)
+    started = time.perf_counter()
+    with frozen_eval(model), torch.no_grad():
+        ablated = make_ablation(model, ablation, train, graph=graph)
+        positions = [target_mask(t, train) for t in targets]
+        reference = train.truth if loss == "truth" else predict_in_chunks(model, train.inputs)
+        norms = [
+            ablated_loss(model, graph, train, pos, reference, ablated) if normalize_loss else 1.0
+            for pos in positions
+        ]
+    settings = {
+        "seed": seed, "steps": steps, "warmup": steps // 2 if warmup is None else warmup,
+        "lambda_warmup": max(1, steps // 10) if lambda_warmup is None else lambda_warmup,
+        "lr": lr, "lambda_lr": lambda_lr, "batch_size": batch_size, "init_mean": init_mean,
+    }  # fmt: skip
+    with frozen_eval(model):
+        results = _optimise_joint(
+            model, graph, train, positions, reference, ablated, sparsity, share, countable,
+            n_keep, norms, loss_scale, progress=progress, **settings,
+        )  # fmt: skip
+        names = [target_name(t) for t in targets]
+        circuits: dict[str, Circuit] = {}
+        for i, t in enumerate(targets):
+            recorded = {
+                "checkpoint_sha256": checkpoint_sha256, "loss": loss, "loss_scale": loss_scale,
+                "loss_normalized": normalize_loss, "loss_normalized_by": norms[i], **settings,
+                "joint": True, "share": share, "partners": [n for n in names if n != names[i]],
+            }  # fmt: skip
+            circuits[names[i]] = finish_circuit(
+                model, graph, data, t, ablation, results[i], sparsity, None, countable[i],
+                scored[i], recorded, started,
+            )  # fmt: skip
+    jaccard = {
+        f"{a}|{b}": _jaccard(circuits[a], circuits[b]) for a, b in combinations(names, 2)
+    }
+    for name, circuit in circuits.items():
+        circuit.metadata["jaccard_with"] = {
+            other: _jaccard(circuit, circuits[other]) for other in names if other != name
+        }
+        for warning in circuit.metadata["warnings"]:
+            warnings.warn(warning, UserWarning, stacklevel=2)
+    return JointResult(circuits=circuits, share=share, jaccard=jaccard)
+
+
+def _optimise_joint(
+    model: nn.Module,
+    graph,
+    traces,
+    positions: list[Tensor],
+    reference: Tensor,
+    ablated,
+    sparsity: float,
+    share: float,
+    countable: list[Tensor],
+    n_keep: list[int],
+    norms: list[float],
+    loss_scale: float,
+    *,
+    seed: int,
+    steps: int,
+    warmup: int,
+    lambda_warmup: int,
+    lr: float,
+    lambda_lr: float,
+    batch_size: int,
+    init_mean: float,
+    progress: bool,
+) -> list[MaskResult]:
+    """The optimisation of :func:`joint_prune`: one mask set per target, one Adam.
+
+    Each target's masks, noise and batches follow :func:`~mechlab.prune.engine.optimise_masks`
+    with the same seed, so at ``share = 0`` every target's run is that function's run.
+    """
+    device = reference.device
+    io = model.cfg.io
+    n_t = len(positions)
+    gen = torch.Generator().manual_seed(seed)
+    init = hc.init_log_alpha(graph.n_edges, gen, init_mean)  # [n_edges], as optimise_masks
+    edge_la = nn.Parameter(init.repeat(n_t, 1).to(device))  # [n_targets, n_edges]
+    counted = torch.stack(countable).to(device)  # [n_targets, n_edges]
+    shared_counted = counted.all(0)  # the sharing term looks at edges every target counts
+    lag = _Lagrangians(n_t).to(device)
+    opt = torch.optim.Adam(
+        [{"params": [edge_la], "lr": lr},
+         {"params": list(lag.parameters()), "lr": lambda_lr, "maximize": True}]
+    )  # fmt: skip
+    factors = [lambda i: 1.0, lambda i: _lr_factor(i, steps, lambda_warmup)]
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, factors)
+    n = len(traces)
+    order, cursor = torch.randperm(n, generator=gen), 0
+    histories: list[list[dict[str, float]]] = [[] for _ in range(n_t)]
+    bar = tqdm(range(1, steps + 1), disable=not progress, desc="joint pruning", unit="step",
+               dynamic_ncols=True)  # fmt: skip
+    for step in bar:
+        if batch_size >= n:
+            index = torch.arange(n)
+        else:
+            if cursor + batch_size > n:
+                order, cursor = torch.randperm(n, generator=gen), 0
+            index = order[cursor : cursor + batch_size]
+            cursor += batch_size
+        index_d = index.to(device)
+        x = traces.inputs[index_d]
+        abl = select_traces(ablated, index_d)
+        u = hc.uniform_noise(graph.n_edges, gen).to(device)  # the same noise for every target
+        tasks = []
+        for t in range(n_t):
+            z = hc.sample_mask(edge_la[t], u)  # [n_edges]
+            pred = masked_forward(model, graph, x, abl, z)
+            mask, ref = positions[t][index_d], reference[index_d][positions[t][index_d]]
+            if io == "tokens" and ref.dtype == torch.long:
+                tasks.append(truth_error(pred[mask], ref, io).mean())
+            else:
+                tasks.append(divergence(pred[mask], ref, io).mean())
+        target = hc.target_schedule(step, sparsity, warmup)
+        s = torch.stack([hc.expected_sparsity(edge_la[t][counted[t]]) for t in range(n_t)])
+        task_total = sum(loss_scale * task / norm for task, norm in zip(tasks, norms, strict=True))
+        total = task_total + lag(s, target)
+        penalty = torch.zeros((), device=device)
+        if share > 0:
+            penalty = sharing_penalty(hc.prob_nonzero(edge_la[:, shared_counted]), n_keep)
+            total = total + share * penalty
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        opt.step()
+        schedule.step()
+        if step == 1 or step % 10 == 0 or step == steps:
+            for t in range(n_t):
+                histories[t].append({
+                    "step": step, "loss": tasks[t].item(), "sparsity": s[t].item(),
+                    "target": target, "lambda1": lag.lambda1[t].item(),
+                    "lambda2": lag.lambda2[t].item(), "sharing": penalty.item(),
+                })  # fmt: skip
+            bar.set_postfix(sharing=f"{penalty.item():.3f}")
+    bar.close()
+    la = edge_la.detach().clone()
+    return [MaskResult(la[t], None, histories[t]) for t in range(n_t)]
+
+
+@dataclass
+class ShareSweep:
+    """A :func:`share_sweep`: per share and seed, each target's metrics and the overlap.
+
+    Attributes:
+        targets: Target names.
+        rows: One dict per (share, seed): ``share``, ``seed``, per target
+            ``faithfulness`` / ``complement_faithfulness`` / ``n_edges``, and ``jaccard``
+            (mean over target pairs).
+        results: The :class:`JointResult` of every row, in the same order.
+    """
+
+    targets: list[str]
+    rows: list[dict[str, Any]]
+    results: list[JointResult] = field(repr=False, default_factory=list)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per share: means over seeds, and the cost of sharing against ``share = 0``.
+
+        ``cost[t] = mean faithfulness at share 0 - mean faithfulness at this share``
+        (positive: sharing costs faithfulness); None when share 0 was not run.
+        """
+        shares = sorted({r["share"] for r in self.rows})
+        mean = {}
+        for sh in shares:
+            rows = [r for r in self.rows if r["share"] == sh]
+            entry: dict[str, Any] = {"share": sh, "n_seeds": len(rows),
+                                     "jaccard": sum(r["jaccard"] for r in rows) / len(rows)}  # fmt: skip
+            for t in self.targets:
+                for key in ("faithfulness", "complement_faithfulness", "n_edges"):
+                    entry[f"{t}.{key}"] = sum(r[t][key] for r in rows) / len(rows)
+            mean[sh] = entry
+        for entry in mean.values():
+            for t in self.targets:
+                base = mean.get(0.0)
+                entry[f"{t}.cost"] = (
+                    None if base is None else base[f"{t}.faithfulness"] - entry[f"{t}.faithfulness"]
+                )
+        return [mean[sh] for sh in shares]
+
+    def table(self) -> str:
+        """A plain-text table: one line per (share, seed), then the means per share."""
+        head = ["share", "seed", "jaccard"] + [
+            f"{t} {k}" for t in self.targets for k in ("edges", "faith", "compl")
+        ]
+        lines = ["  ".join(f"{h:>14}" for h in head)]
+        for r in self.rows:
+            cells = [f"{r['share']:.3g}", str(r["seed"]), f"{r['jaccard']:.3f}"]
+            for t in self.targets:
+                cells += [str(r[t]["n_edges"]), f"{r[t]['faithfulness']:.3f}",
+                          f"{r[t]['complement_faithfulness']:.3f}"]  # fmt: skip
+            lines.append("  ".join(f"{c:>14}" for c in cells))
+        lines.append("")
+        lines.append("means over seeds; cost = faithfulness at share 0 minus at this share")
+        head = ["share", "jaccard"] + [f"{t} {k}" for t in self.targets for k in ("faith", "cost")]
+        lines.append("  ".join(f"{h:>14}" for h in head))
+        for e in self.summary():
+            cells = [f"{e['share']:.3g}", f"{e['jaccard']:.3f}"]
+            for t in self.targets:
+                cost = e[f"{t}.cost"]
+                cells += [f"{e[f'{t}.faithfulness']:.3f}", "-" if cost is None else f"{cost:+.3f}"]
+            lines.append("  ".join(f"{c:>14}" for c in cells))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON): targets, rows and the summary."""
+        return {"targets": self.targets, "rows": self.rows, "summary": self.summary()}
+
+
+def check_shares(shares: Any) -> list[float]:
+    """The shares as a non-empty list of floats, or a one-line ValueError."""
+    if isinstance(shares, (str, bytes)) or not isinstance(shares, Sequence) or not shares:
+        raise ValueError(f"shares must be a non-empty list of numbers >= 0, got {shares!r}")
+    return [check_share(s) for s in shares]
+
+
+def share_sweep(
+    model: nn.Module,
+    data: PruneData | Any,
+    targets: Sequence[Target],
+    shares: Sequence[float] = SHARES,
+    seeds: Sequence[int] = (0,),
+    **kwargs: Any,
+) -> ShareSweep:
+    """Run :func:`joint_prune` for every ``share`` and seed and tabulate the cost of sharing.
+
+    Args:
+        model: The model.
+        data: Traces, or a function seed -> traces (so seeds vary the data too).
+        targets: At least two targets.
+        shares: Sharing weights (include 0 for the cost column).
+        seeds: Seeds.
+        **kwargs: Passed to :func:`joint_prune`.
+
+    Returns:
+        The :class:`ShareSweep`.
+    """
+    shares = check_shares(shares)
+    if not seeds:
+        raise ValueError("seeds must not be empty")
+    check_prune_args(**{"sparsity": kwargs.get("sparsity", 0.95), **kwargs})
+    rows, results = [], []
+    names = [target_name(t) for t in targets]
+    for seed in seeds:
+        seed_data = data(seed) if callable(data) else data
+        check_joint_targets(targets, seed_data)
+        for sh in shares:
+            res = joint_prune(model, seed_data, targets, share=sh, seed=seed, **kwargs)
+            row: dict[str, Any] = {"share": sh, "seed": seed}
+            for name, circuit in res.circuits.items():
+                if callable(data):
+                    circuit.metadata["data_seed"] = seed
+                m = circuit.metadata["metrics"]
+                row[name] = {"faithfulness": m["faithfulness"],
+                             "complement_faithfulness": m["complement_faithfulness"],
+                             "n_edges": circuit.n_edges}  # fmt: skip
+            row["jaccard"] = sum(res.jaccard.values()) / len(res.jaccard)
+            rows.append(row)
+            results.append(res)
+    return ShareSweep(targets=names, rows=rows, results=results)

@@ -1,0 +1,192 @@
+"""Joint pruning (mechlab.prune.joint) on planted models with position-gated MLPs.
+
+The model (3 layers, 2 heads, every head zero, LayerNorms the identity as in
+tests/prune/test_planted.py) writes the input into slot 0; the position table writes a
+gate: ``g = 1`` at even positions and ``1 - g`` at odd ones (the position table is inert
+under interchange ablation, so the gates act whatever the masks). MLP ``m1`` copies the
+input to slot 2 at even positions only, ``m2`` to slot 3 at odd positions only (ReLU
+units ``relu(+-x + 10 g - 10)``, exactly 0 when the gate is shut), and ``m0``, when
+present, copies it to slot 1 everywhere. The read-out adds the slots.
+
+* ``disjoint``: no ``m0``; target ``even`` needs ``embed -> m1.in, m1 -> out`` and
+  ``odd`` needs ``embed -> m2.in, m2 -> out``: nothing can be shared for free.
+* ``shareable``: read-out ``0.5 (slot 1 + slot 2 + slot 3)``; each target can use the
+  shared path through ``m0`` or its own gated MLP, equally well (faithfulness 0.75
+  either way, asked for 2 edges). Sharing should make both take ``m0``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mechlab.models.transformer import Transformer, TransformerConfig
+from mechlab.prune.data import Traces
+from mechlab.prune.engine import prune
+from mechlab.prune.graph import build_graph, countable_edges
+from mechlab.prune.joint import joint_prune, share_sweep, sharing_penalty
+from tests.prune.test_planted import LN_EPS, LN_WEIGHT, planted_data, write
+
+SHARED = {("embed", "m0.in"), ("m0", "out")}
+EVEN = {("embed", "m1.in"), ("m1", "out")}
+ODD = {("embed", "m2.in"), ("m2", "out")}
+
+
+def even(traces: Traces) -> torch.Tensor:
+    mask = torch.zeros(traces.inputs.shape[:2], dtype=torch.bool)
+    mask[:, 0::2] = True
+    return mask
+
+
+def odd(traces: Traces) -> torch.Tensor:
+    return ~even(traces)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def gated_model(shared: bool) -> Transformer:
+    """The planted model of the module docstring (``shared``: with the m0 path)."""
+    cfg = TransformerConfig(d_model=20, n_layers=3, n_heads=2, d_head=2, d_mlp=4, d_in=2,
+                            d_out=2, n_ctx=8, layer_norm_eps=LN_EPS, act_fn="relu")  # fmt: skip
+    model = Transformer(cfg)
+    weight = 0.5 if shared else 1.0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for block in model.blocks:
+            block.ln1.w.fill_(LN_WEIGHT)
+            block.ln2.w.fill_(LN_WEIGHT)
+        model.ln_final.w.fill_(LN_WEIGHT)
+        write(model.read_in.proj.weight.T, 0, (0, 1))  # slot 0: the input
+        gate = torch.zeros(cfg.n_ctx)
+        gate[0::2] = 1.0
+        model.W_pos[:, 16], model.W_pos[:, 18] = gate, -gate  # slot 4: g, 1 - g
+        model.W_pos[:, 17], model.W_pos[:, 19] = 1 - gate, -(1 - gate)
+        for layer, gate_dim in ((0, None), (1, 16), (2, 17)):
+            if layer == 0 and not shared:
+                continue
+            mlp = model.blocks[layer].mlp
+            for i, sign in enumerate((1.0, -1.0, 1.0, -1.0)):
+                mlp.W_in[i // 2, i] = sign  # +-x_j
+                if gate_dim is not None:
+                    mlp.W_in[gate_dim, i], mlp.b_in[i] = 10.0, -10.0
+            for i, sign in enumerate((1.0, -1.0, 1.0, -1.0)):  # relu(x) - relu(-x) = x
+                mlp.W_out[i, 4 * (layer + 1) + i // 2] = sign
+                mlp.W_out[i, 4 * (layer + 1) + 2 + i // 2] = -sign
+            model.read_out.proj.weight[0, 4 * (layer + 1)] = weight
+            model.read_out.proj.weight[1, 4 * (layer + 1) + 1] = weight
+    return model.eval()
+
+
+def two_edge_sparsity(model) -> float:
+    return 1 - 2 / int(countable_edges(build_graph(model), "interchange").sum())
+
+
+def test_gated_models_are_what_they_claim():
+    data = planted_data(n_pos=6)
+    x = data.test.inputs
+    for shared in (False, True):
+        model = gated_model(shared)
+        with torch.no_grad():
+            out = model(x)
+        torch.testing.assert_close(out, x, atol=1e-5, rtol=0)  # every path adds up to x
+        circuit_of = {"even": EVEN, "odd": ODD}
+        for name, target in (("even", even), ("odd", odd)):
+            kept = prune(model, data, target, two_edge_sparsity(model), seed=0, progress=False)
+            assert set(kept.edges) in ([circuit_of[name], SHARED] if shared else [circuit_of[name]])
+            expected = 0.75 if shared else 1.0
+            assert kept.metadata["metrics"]["faithfulness"] == pytest.approx(expected, abs=0.02)
+
+
+def test_sharing_penalty_by_hand():
+    p = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]])
+    assert float(sharing_penalty(p, [2, 2])) == pytest.approx(2.0)  # disjoint
+    assert float(sharing_penalty(p[[0, 0]], [2, 2])) == 0.0
+    three = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    # pairs: 0, 2/1, 2/1 -> mean 4/3
+    assert float(sharing_penalty(three, [1, 1, 1])) == pytest.approx(4 / 3)
+
+
+def test_share_zero_is_independent_pruning():
+    model = gated_model(shared=True)
+    data = planted_data(1, n_pos=6)
+    sparsity = two_edge_sparsity(model)
+    for seed in (0, 1):
+        joint = joint_prune(model, data, [even, odd], sparsity, share=0.0, seed=seed, progress=False)
+        for name, target in (("even", even), ("odd", odd)):
+            alone = prune(model, data, target, sparsity, seed=seed, progress=False)
+            circuit = joint.circuits[name]
+            assert set(circuit.edges) == set(alone.edges)
+            for edge, value in alone.log_alpha.items():
+                assert circuit.log_alpha[edge] == pytest.approx(value, abs=1e-4)
+            meta = circuit.metadata
+            assert meta["joint"] and meta["share"] == 0.0 and meta["partners"] == [
+                "odd" if name == "even" else "even"
+            ]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limitation, measured: share=1 shares in 2 of 4 seeds; share 2 or 3 always "
+    "shares, but in 2 of 3 seeds the path of one target's gated MLP (the other target "
+    "loses its faithfulness); a reward on both-open edges did no better (docs/pruning.md)",
+)
+@pytest.mark.parametrize("seed", [0, 2])
+def test_sharing_picks_the_shared_path(seed):
+    model = gated_model(shared=True)
+    data = planted_data(seed, n_pos=6)
+    result = joint_prune(model, data, [even, odd], two_edge_sparsity(model), share=1.0, seed=seed,
+                         progress=False)  # fmt: skip
+    assert set(result.circuits["even"].edges) == SHARED, f"seed {seed}"
+    assert set(result.circuits["odd"].edges) == SHARED, f"seed {seed}"
+    assert result.jaccard == {"even|odd": 1.0}
+    for circuit in result.circuits.values():
+        assert circuit.metadata["metrics"]["faithfulness"] == pytest.approx(0.75, abs=0.02)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sharing_cannot_invent_shared_edges_for_free(seed):
+    model = gated_model(shared=False)
+    data = planted_data(seed, n_pos=6)
+    sweep = share_sweep(model, data, [even, odd], shares=[0.0, 1.0], seeds=[seed],
+                        sparsity=two_edge_sparsity(model), progress=False)  # fmt: skip
+    for row, res in zip(sweep.rows, sweep.results, strict=True):
+        faith = [row[t]["faithfulness"] for t in ("even", "odd")]
+        if row["share"] == 0.0:
+            assert set(res.circuits["even"].edges) == EVEN and set(res.circuits["odd"].edges) == ODD
+        # either the circuits stay apart (and faithful) or sharing cost faithfulness
+        assert row["jaccard"] == 0.0 and min(faith) > 0.99 or min(faith) < 0.9
+    summary = sweep.summary()
+    assert summary[0]["share"] == 0.0 and summary[0]["even.cost"] == 0.0
+    assert "cost" in sweep.table()
+
+
+def test_bad_input_is_refused_in_one_line():
+    model = gated_model(shared=True)
+    data = planted_data(n_pos=6)
+    cases = [
+        ({"share": -0.1}, "share must be >= 0"),
+        ({"share": math.nan}, "share must be a finite number"),
+        ({"share": math.inf}, "share must be a finite number"),
+        ({"share": "0.1"}, "share must be a finite number"),
+        ({"targets": [even]}, "at least two targets"),
+        ({"targets": "all"}, "list of at least two"),
+        ({"targets": ["all", "all"]}, "distinct"),
+        ({"targets": ["all", "3-before"]}, "unknown target"),
+        ({"sparsity": 1.5}, "sparsity"),
+    ]
+    for change, message in cases:
+        kwargs = {"targets": [even, odd], "sparsity": 0.9, "share": 0.1, **change}
+        with pytest.raises(ValueError, match=message) as info:
+            joint_prune(model, data, steps=1, progress=False, **kwargs)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="shares"):
+        share_sweep(model, data, [even, odd], shares=[], steps=1, progress=False)
