@@ -43,6 +43,19 @@ class UsageProblem(ValueError):
     """Bad input from the command line: reported as one line, exit status 2."""
 
 
+def _use_threads(threads: int | None) -> int:
+    """Set torch's CPU threads when given; returns how many run (torch loads here). The
+    count is printed when the command ends (:func:`main`)."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+_THREADED = ("eval", "prune", "recall", "curve", "report")  # commands that say their thread count
+
+
 def _echo_table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -148,12 +161,14 @@ def eval_(
     seed: int = typer.Option(0),
     protocol: str = typer.Option("study", help="NiH construction: study (the default: oldest system queried, misdirection to the next) or uniform (query and misdirection drawn uniformly)."),
     trials: int | None = typer.Option(None, min=1, help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
     import json
 
     from mechlab.evals import SUITES, run_suite
     from mechlab.io import atomic_write_text
+    from mechlab.tasks.lds_evals import nih_protocol
     from mechlab.viz import figure_for_suite, write_html
 
     suites = list(SUITES) if suite == ["all"] else suite
@@ -162,6 +177,8 @@ def eval_(
             raise UsageProblem(f"unknown suite {name!r}; choose from {list(SUITES)} or all")
     if not ckpt.exists():
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
+    nih_protocol(protocol)
+    _use_threads(threads)
     out = out or ckpt.resolve().parent / "eval"  # created by the first write, not before
     for name in suites:
         report = run_suite(ckpt, name, n_traces=traces, n_haystack=haystack, seg_len=seg_len, seed=seed,
@@ -207,7 +224,6 @@ def report(
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
-    import torch
 
     from mechlab.report import ReportConfig, make_report
 
@@ -216,9 +232,7 @@ def report(
     cfg = ReportConfig(targets=tuple(target), seeds=tuple(seed), eval_traces=eval_traces,
                        prune_traces=prune_traces, recall_traces=recall_traces,
                        components=components, protocol=protocol, steps=steps)  # fmt: skip
-    if threads is not None:
-        torch.set_num_threads(threads)
-    typer.echo(f"torch threads: {torch.get_num_threads()}", err=True)
+    _use_threads(threads)
     result = make_report(ckpt, cfg, device=device, progress=progress,
                          log=lambda line: typer.echo(line, err=True))  # fmt: skip
     page = result.write(out)
@@ -254,8 +268,6 @@ def recall(
     """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
     import json
 
-    import torch
-
     from mechlab.io import atomic_write_text
     from mechlab.recall import recall_checkpoint, recall_dynamics
     from mechlab.viz import recall_dynamics_figure, recall_figure, write_html
@@ -266,8 +278,7 @@ def recall(
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
     if checkpoints is not None and not checkpoints.is_dir():
         raise UsageProblem(f"run directory {str(checkpoints)!r} not found")
-    if threads is not None:
-        torch.set_num_threads(threads)
+    _use_threads(threads)
     out = out or (ckpt.resolve().parent if ckpt is not None else checkpoints.resolve()) / "recall"
     kwargs = {"n_traces": traces, "n_haystack": haystack, "seg_len": seg_len, "seed": seed,
               "protocol": protocol, "offsets": tuple(offset) or None, "device": device}
@@ -339,6 +350,7 @@ def prune(
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     protocol: str = typer.Option("default", help="default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. Options given explicitly override it."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
 ) -> None:
     """Find circuits by edge pruning on needle-in-a-haystack traces: JSON + offline HTML per circuit."""
     import warnings
@@ -358,6 +370,7 @@ def prune(
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
     check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len,
                         protocol=PRUNE_PROTOCOLS[protocol]["nih"])  # all, before any work
+    _use_threads(threads)
     out = out or ckpt.resolve().parent / "circuits"  # created by the first write, not before
     found: dict[str, list] = {}
     for name in target:
@@ -593,8 +606,7 @@ def curve(
         raise UsageProblem(f"unknown --rank {rank!r}; choose {' or '.join(RANKINGS)}")
     if not ckpt.is_file():
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
-    if threads is not None:
-        torch.set_num_threads(threads)
+    _use_threads(threads)
     loaded, data = checkpoint_prune_data(
         ckpt, n_train=traces, n_test=test_traces, n_haystack=haystack, seg_len=seg_len,
         corruption=corruption, protocol=protocol, device=device,
@@ -748,6 +760,13 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
             # In non-standalone mode a command's `raise typer.Exit(n)` comes back as the result.
             result = app(args=argv, prog_name="mechlab", standalone_mode=False)
+        command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+        if command in _THREADED and "torch" in sys.modules and result in (None, 0):
+            import torch
+
+            policy = os.environ.get("OMP_WAIT_POLICY", "default")
+            typer.echo(f"torch threads: {torch.get_num_threads()} (--threads N to change; "
+                       f"OMP_WAIT_POLICY={policy})", err=True)  # fmt: skip
     except _EXIT as exc:
         return exc.exit_code
     except _ABORT:

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from mechlab.models.base import predict_in_chunks
+from mechlab.progress import tqdm
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.data import (
@@ -157,6 +157,7 @@ def optimise_masks(
     loss_scale: float = 1.0,
     lambda_warmup: int | None = None,
     loss_norm: float = 1.0,
+    desc: str = "pruning",
 ) -> MaskResult:
     """Optimise hard-concrete edge (and node) masks; the model must be frozen and in eval mode.
 
@@ -187,6 +188,7 @@ def optimise_masks(
         loss_scale: Multiplies the task loss.
         lambda_warmup: Warm-up steps of the multipliers' learning rate (default ``steps // 10``).
         loss_norm: The task loss is divided by it (see :func:`ablated_loss`).
+        desc: What the progress bar says it runs.
 
     Returns:
         The :class:`MaskResult`.
@@ -218,7 +220,7 @@ def optimise_masks(
     order, cursor = torch.randperm(n, generator=gen), 0
     history = []
     bar = tqdm(
-        range(1, steps + 1), disable=not progress, desc="pruning", unit="step", dynamic_ncols=True
+        range(1, steps + 1), disable=not progress, desc=desc, unit="step", dynamic_ncols=True
     )
     for step in bar:
         if batch_size >= n:
@@ -723,6 +725,7 @@ def prune(
             steps=steps, warmup=warmup, lr=lr, lambda_lr=lambda_lr, batch_size=batch_size,
             seed=seed, progress=progress, init_mean=init_mean, countable=countable,
             loss_scale=loss_scale, lambda_warmup=lambda_warmup, loss_norm=loss_norm,
+            desc=f"pruning {target if isinstance(target, str) else 'custom target'} (seed {seed})",
         )  # fmt: skip
         settings = {
             "checkpoint_sha256": checkpoint_sha256, "loss": loss, "loss_scale": loss_scale,

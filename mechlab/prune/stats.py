@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import hypergeom
 from torch import nn
-from tqdm.auto import tqdm
 
+from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit, overlap
 from mechlab.prune.data import PruneData
 from mechlab.prune.evaluate import evaluate_circuit

@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from tqdm.auto import tqdm
 
 from mechlab.checkpoint import load_checkpoint, save_checkpoint
 from mechlab.devices import check_device
@@ -46,6 +45,7 @@ from mechlab.io import atomic_write_text, remove_orphan_temps
 from mechlab.models import build_model
 from mechlab.models.base import MechModel
 from mechlab.models.registry import MAX_ELEMENTS_ENV, max_elements
+from mechlab.progress import tqdm
 from mechlab.train.config import TrainConfig
 from mechlab.train.task import Task, make_task
 
