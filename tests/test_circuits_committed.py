@@ -25,10 +25,11 @@ def test_committed_circuit_matches_the_bundled_checkpoint(path):
     circuit = Circuit.from_json(path)
     meta = circuit.metadata
     assert meta["checkpoint_sha256"] == load_checkpoint(CKPT).sha256
-    # at the asked sparsity, or sparser when too few edges were open, and then it says so
+    # at the asked sparsity, or sparser when too few edges were open or no further complete
+    # path fitted, and then it says so
     assert meta["sparsity_reached"] >= meta["sparsity_asked"] - 0.005
     if meta["sparsity_reached"] > meta["sparsity_asked"] + 0.005:
-        assert meta["sparsity_limited_by_open_edges"]
+        assert meta["sparsity_limited_by_open_edges"] or meta.get("sparsity_limited_by_paths")
     assert circuit.n_edges <= meta["n_open_edges"]
     assert all(score > 0 for score in circuit.edges.values())  # open edges only
     assert 0 < meta["edge_threshold_mask"] <= 1

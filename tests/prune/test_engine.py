@@ -395,7 +395,8 @@ def test_select_on_paths_takes_a_whole_path_of_two_tied_ones():
 
 
 def test_loss_settings():
-    assert engine.loss_settings(None, None) == (engine.NORMALIZED_LOSS_SCALE, True)
+    assert engine.loss_settings(None, None) == (1.0, False)  # the default: the raw loss
+    assert engine.loss_settings(None, True) == (engine.NORMALIZED_LOSS_SCALE, True)
     assert engine.loss_settings(1000.0, None) == (1000.0, False)  # the study: raw 1000 x MSE
     assert engine.loss_settings(None, False) == (1.0, False)
     assert engine.loss_settings(2.0, True) == (2.0, True)
@@ -487,15 +488,16 @@ def test_prune_seeds_varies_data_and_optimiser_seeds():
 def test_normalized_loss_divides_by_the_fully_ablated_loss():
     model = small_model("transformer")
     data = random_data(model)
-    circuit = prune(model, data, "all", 0.8, steps=2, progress=False)  # the default
+    circuit = prune(model, data, "all", 0.8, steps=2, normalize_loss=True, progress=False)
     graph = build_graph(model)
     by_hand = evaluate_masks(model, graph, data.train, "all", "interchange",
                              torch.zeros(graph.n_edges, dtype=torch.bool))["ablated_vs_full"]  # fmt: skip
     meta = circuit.metadata
     assert meta["loss_normalized_by"] == pytest.approx(by_hand, rel=1e-5)
     assert meta["loss_normalized"] and meta["loss_scale"] == engine.NORMALIZED_LOSS_SCALE
-    plain = prune(model, data, "all", 0.8, steps=2, normalize_loss=False, progress=False)
+    plain = prune(model, data, "all", 0.8, steps=2, progress=False)  # the default: raw
     assert plain.metadata["loss_normalized_by"] == 1.0 and plain.metadata["loss_scale"] == 1.0
+    assert not plain.metadata["loss_normalized"]
     raw = prune(model, data, "all", 0.8, steps=2, loss_scale=1000.0, progress=False)
     assert raw.metadata["loss_normalized_by"] == 1.0 and not raw.metadata["loss_normalized"]
     with pytest.raises(ValueError, match="normalize_loss"):

@@ -133,13 +133,15 @@ def test_share_zero_is_independent_pruning():
             ]
 
 
-@pytest.mark.xfail(
+_NOT_YET = pytest.mark.xfail(
     strict=True,
     reason="known limitation, measured: share=1 shares in 2 of 4 seeds; share 2 or 3 always "
     "shares, but in 2 of 3 seeds the path of one target's gated MLP (the other target "
     "loses its faithfulness); a reward on both-open edges did no better (docs/pruning.md)",
 )
-@pytest.mark.parametrize("seed", [0, 2])
+
+
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=_NOT_YET), 2])  # 2: shares (raw loss)
 def test_sharing_picks_the_shared_path(seed):
     model = gated_model(shared=True)
     data = planted_data(seed, n_pos=6)
