@@ -218,7 +218,7 @@ def report(
     recall_traces: int = typer.Option(256, min=1, help="NiH traces of the recall verdicts."),
     components: bool = typer.Option(True, help="Patch each head / layer in the recall analysis."),
     protocol: str = typer.Option("default", help="Pruning protocol: default, uniform or study (see mechlab prune --help)."),
-    steps: int | None = typer.Option(None, min=1, help="Optimiser steps of each pruning run (default: the protocol's)."),
+    steps: int = typer.Option(300, min=1, help="Optimiser steps of each pruning run (mechlab prune: 500)."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show progress bars."),
