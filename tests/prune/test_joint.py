@@ -44,12 +44,7 @@ def odd(traces: Traces) -> torch.Tensor:
     return ~even(traces)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def gated_model(shared: bool) -> Transformer:

@@ -42,12 +42,7 @@ from mechlab.prune.graph import build_graph, countable_edges
 LN_EPS, LN_WEIGHT = 1e8, 1e4  # float32: var + 1e8 == 1e8, so every norm is the identity
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def write(W: torch.Tensor, slot: int, rows: tuple[int, int], scale: float = 1.0) -> None:

@@ -48,12 +48,7 @@ WINDOWS = (("haystack", 0, 6), ("label", 6, 7), ("continuation", 7, 10))
 N_POS = 10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def small_model(arch: str, n_layers: int = 2, seed: int = 0):
