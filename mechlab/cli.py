@@ -659,6 +659,16 @@ def bench_prune_(
     _echo_table(rows)
 
 
+@bench_app.command("startup")
+def bench_startup_(
+    repeats: int = typer.Option(5, min=1, help="Runs of each command line (after a warm-up run)."),
+) -> None:
+    """How long mechlab takes to answer: --help of every command and import mechlab, fresh processes."""
+    from mechlab.bench.startup import bench_startup
+
+    typer.echo(bench_startup(repeats=repeats).format_table())
+
+
 @bench_app.command("hooks")
 def bench_hooks(
     families: str = typer.Option("transformer,lstm,dense_ssm,mamba", help="Comma-separated families."),
