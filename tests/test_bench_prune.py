@@ -13,3 +13,14 @@ def test_bench_prune_memory_below_naive_stacking():
     assert result.memory_ours > 0 and result.memory_naive > 0
     assert result.memory_ratio < 1.0
     assert result.step_seconds > 0 and result.plain_seconds > 0
+
+
+def test_peak_memory_keeps_the_profilers_native_lines_off_the_terminal():
+    import subprocess
+    import sys
+
+    code = ("import torch; from mechlab.bench.prune import peak_memory; "
+            "print(peak_memory(lambda: torch.ones(1000) * 2))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip()) >= 4000  # the 1000-float result was allocated
+    assert "USDT" not in out.stderr and "profiler_start" not in out.stderr

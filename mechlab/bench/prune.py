@@ -3,7 +3,10 @@ pass's peak memory against the naive scheme that stacks every upstream writer pe
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +58,22 @@ def _naive_forward(model, graph, x, ablated, z) -> Tensor:
     return model.read_out(_layer_norm(model.ln_final, read(_edge_block(z, graph, "out", 1))[0]))
 
 
+@contextmanager
+def _native_stderr_silenced():
+    """Send what native code writes to file descriptor 2 to /dev/null meanwhile (the
+    profiler's ``USDT: ... profiler_start`` lines); Python's own stderr is flushed first."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
     """Peak bytes allocated while ``fn()`` runs (above what was allocated before).
 
@@ -71,7 +90,7 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
         return torch.cuda.max_memory_allocated(device) - before
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(
+    with _native_stderr_silenced(), profile(
         activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
     ) as prof:
         fn()
