@@ -349,3 +349,63 @@ def overlap_figure(
     if title is None:
         title = "Overlap: " + " vs ".join(labels) + f" ({counts.get('shared', 0)} edges shared by all)"
     return _finish(fig, pos, title)
+
+
+def circuits_across_checkpoints_figure(
+    circuits: Sequence[Circuit], steps: Sequence[int] | None = None, title: str | None = None
+) -> go.Figure:
+    """How one target's circuit changes over a run: kept edges by checkpoint.
+
+    Top: a heatmap, one row per edge kept at any checkpoint (in graph order of first
+    appearance), one column per checkpoint, coloured by the edge's score (blank where it
+    was not kept). Bottom: each checkpoint's edge count and its Jaccard with the last
+    checkpoint's circuit.
+
+    Args:
+        circuits: Circuits of one model's graph, in training order (e.g. ``mechlab prune``
+            run on each ``checkpoints/step_*.pt`` of a run).
+        steps: The checkpoints' steps (default: each circuit's ``checkpoint_step``
+            metadata, else 0, 1, ...).
+        title: Figure title.
+
+    Returns:
+        A plotly figure.
+
+    Raises:
+        ValueError: No circuits, steps of the wrong length, or circuits of different graphs.
+    """
+    from plotly.subplots import make_subplots
+
+    if not circuits:
+        raise ValueError("give at least one circuit")
+    if steps is None:
+        steps = [int(c.metadata.get("checkpoint_step", i)) for i, c in enumerate(circuits)]
+    if len(steps) != len(circuits):
+        raise ValueError(f"{len(steps)} steps for {len(circuits)} circuits")
+    if len({repr(sorted(c.metadata.get("graph", {}).items())) for c in circuits}) > 1:
+        raise ValueError("the circuits come from different graphs; they must share one model's graph")
+    rows: list[tuple[str, str]] = []
+    for c in circuits:
+        rows += [e for e in c.edges if e not in rows]
+    z = [[c.edges.get(e) for c in circuits] for e in rows]  # None: not kept
+    last = set(circuits[-1].edges)
+    jaccard = [len(set(c.edges) & last) / len(set(c.edges) | last) if set(c.edges) | last else 1.0
+               for c in circuits]  # fmt: skip
+    labels = [str(s) for s in steps]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04)
+    fig.add_trace(go.Heatmap(
+        z=z, x=labels, y=[f"{w} → {r}" for w, r in rows], colorscale="Viridis", zmin=0, zmax=1,
+        colorbar={"title": "score", "len": 0.7, "y": 0.62}, hoverongaps=False,
+        hovertemplate="step %{x}<br>%{y}<br>score %{z:.3f}<extra></extra>",
+    ), row=1, col=1)  # fmt: skip
+    fig.add_trace(go.Scatter(x=labels, y=[len(c.edges) for c in circuits], name="edges kept",
+                             mode="lines+markers"), row=2, col=1)  # fmt: skip
+    fig.add_trace(go.Scatter(x=labels, y=jaccard, name="Jaccard with the last", mode="lines+markers",
+                             yaxis="y3"), row=2, col=1)  # fmt: skip
+    target = circuits[-1].metadata.get("target", "?")
+    fig.update_layout(
+        title=title or f"Circuit for {target} across {len(circuits)} checkpoints",
+        height=int(min(1600, max(450, 18 * len(rows) + 250))), legend={"orientation": "h", "y": -0.08},
+        xaxis2={"title": "checkpoint step", "type": "category"},
+    )  # fmt: skip
+    return fig

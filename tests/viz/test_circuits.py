@@ -160,3 +160,21 @@ def test_cli_view_renders_committed_circuits_and_refuses_bad_input(tmp_path, cap
     assert main(["view", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "must be an .html file" in err and "one --label per circuit" in err and "not found" in err
+
+
+def test_circuits_across_checkpoints_rows_scores_and_jaccard():
+    from mechlab.viz import circuits_across_checkpoints_figure
+
+    early = transformer_circuit(EDGES[:3], scores={EDGES[0]: 0.5}, target="1-after", checkpoint_step=10)
+    late = transformer_circuit(EDGES[2:6], target="1-after", checkpoint_step=20)
+    fig = circuits_across_checkpoints_figure([early, late])
+    heat = fig.data[0]
+    assert len(heat.y) == 6 and list(heat.x) == ["10", "20"]  # every edge kept at any step
+    assert list(heat.z[0]) == [0.5, None] and list(heat.z[2]) == [1.0, 1.0]  # blank where not kept
+    counts, jaccard = fig.data[1], fig.data[2]
+    assert list(counts.y) == [3, 4]
+    assert list(jaccard.y) == [pytest.approx(1 / 6), 1.0]
+    with pytest.raises(ValueError, match="2 steps for 1"):
+        circuits_across_checkpoints_figure([early], steps=[1, 2])
+    with pytest.raises(ValueError, match="at least one"):
+        circuits_across_checkpoints_figure([])
