@@ -22,9 +22,11 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: wraps to the terminal's width, readable at 80 columns
     help="mechlab: train small sequence models, look inside them, find their circuits.",
 )
-bench_app = typer.Typer(no_args_is_help=True, help="Speed and memory benchmarks (ratios, medians).")
+bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Speed and memory benchmarks (ratios, medians).")  # fmt: skip
 app.add_typer(bench_app, name="bench")
 
 

@@ -276,3 +276,17 @@ def test_the_cli_lets_idle_openmp_threads_sleep_unless_told_otherwise():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
     assert out.stdout.strip().splitlines()[-1] == "ACTIVE"
+
+
+def test_every_help_fits_an_80_column_terminal():
+    import subprocess
+    import sys
+
+    for command in ["", "report", "train", "eval", "recall", "prune", "view", "overlap", "curve",
+                    "info", "bench prune", "bench startup"]:  # fmt: skip
+        out = subprocess.run([sys.executable, "-m", "mechlab.cli", *command.split(), "--help"],
+                             capture_output=True, text=True, check=True,
+                             env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+        long = [line for line in out.stdout.splitlines() if len(line) > 80]
+        assert not long, (command, long[:2])
+        assert "Usage: mechlab" in out.stdout
