@@ -408,6 +408,10 @@ def prune(
     names = list(found)
     for a, b in zip(names, names[1:], strict=False):
         o = overlap(found[a][0], found[b][0])
+        if o.n_edges_a == 0 or o.n_edges_b == 0:
+            typer.echo(f"overlap {a} vs {b}: not defined, a circuit is empty "
+                       f"({o.n_edges_a} and {o.n_edges_b} edges)")  # fmt: skip
+            continue
         typer.echo(f"overlap {a} vs {b}: {o.n_shared_edges} shared edges, Jaccard {o.jaccard:.3f}, "
                    f"overlap coefficient {o.overlap_coefficient:.3f}")
     if len(seed) >= 2:
