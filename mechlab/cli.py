@@ -418,6 +418,18 @@ def prune(
         typer.echo(seed_stability(found).summary())
 
 
+def _load_circuits(paths: list[Path]) -> list:
+    """Every circuit file, each checked (one line naming the file or the field) before any work."""
+    from mechlab.prune import Circuit
+
+    loaded = []
+    for path in paths:
+        if not path.is_file():
+            raise UsageProblem(f"circuit {str(path)!r} not found")
+        loaded.append(Circuit.from_json(path))
+    return loaded
+
+
 @app.command()
 def view(
     circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
@@ -426,7 +438,6 @@ def view(
 ) -> None:
     """Render circuits: one file draws its graph; two or more add the overlap view on one layout."""
     from mechlab.io import atomic_write_text
-    from mechlab.prune import Circuit
     from mechlab.viz import circuit_figure, overlap_figure
     from mechlab.viz.figures import page_html
 
@@ -434,11 +445,7 @@ def view(
         raise UsageProblem(f"give one --label per circuit: {len(label)} labels for {len(circuits)} circuits")
     if out.suffix.lower() not in (".html", ".htm"):
         raise UsageProblem(f"--out must be an .html file, got {str(out)!r}")
-    loaded = []
-    for path in circuits:
-        if not path.is_file():
-            raise UsageProblem(f"circuit {str(path)!r} not found")
-        loaded.append(Circuit.from_json(path))
+    loaded = _load_circuits(circuits)
     names = label or [f"{c.metadata.get('target', p.stem)} (seed {c.metadata.get('seed', '?')})"
                       for c, p in zip(loaded, circuits, strict=True)]  # fmt: skip
     sections = []
@@ -469,18 +476,14 @@ def overlap_(
 
     from mechlab.io import atomic_write_text
     from mechlab.pipelines import checkpoint_prune_data
-    from mechlab.prune import Circuit, overlap, seed_stability
+    from mechlab.prune import overlap, seed_stability
     from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
 
     if len(circuits) < 2:
         raise UsageProblem("give at least two circuit files")
     if not 0 < level < 1:
         raise UsageProblem(f"--level must be in (0, 1), got {level}")
-    loaded = []
-    for path in circuits:
-        if not path.exists():
-            raise UsageProblem(f"circuit {str(path)!r} not found")
-        loaded.append(Circuit.from_json(path))
+    loaded = _load_circuits(circuits)
     _check_one_checkpoint(loaded, circuits, ckpt, mixed_checkpoints)
     rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
     pairs = []
