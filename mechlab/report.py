@@ -277,7 +277,6 @@ def _overlap(
 ) -> dict[str, Any]:
     """Overlap statistics (pos edges excluded: they cannot matter) and cross-evaluation."""
     from mechlab.pipelines import checkpoint_prune_data
-    from mechlab.prune.circuit import overlap
     from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
 
     flat = [c for found in circuits.values() for c in found]
@@ -285,10 +284,6 @@ def _overlap(
     inert = set(first.metadata.get("inert_writers", []))  # their edges cannot matter
     edges = [e for e in graph_edges(first) if e[0] not in inert]
     report = overlap_report(flat, edges, n_boot=cfg.n_boot, n_null=cfg.n_null)
-    for key, entry in report["across"].items():
-        a, b = key.split(" vs ")
-        pairs = [overlap(x, y).jaccard for x in circuits[a] for y in circuits[b]]
-        entry["jaccard_observed"] = sum(pairs) / len(pairs)
     # cross-evaluation on the first seed's held-out traces
     info = first.metadata.get("data", {})
     checkpoint, data = checkpoint_prune_data(

@@ -88,24 +88,15 @@ def test_circuit_and_overlap_pages_render_offline(browser, tmp_path):
     open_page(browser, tmp_path / "overlap.html", 3, "overlap")
 
 
-def test_report_page_renders_offline(browser, tmp_path):
-    from mechlab.checkpoint import save_checkpoint
-    from mechlab.models import build_model
+def test_report_page_renders_offline(browser, tmp_path, tiny_lds_checkpoint):
     from mechlab.report import ReportConfig, make_report
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch.manual_seed(0)
-        model = build_model({"arch": "transformer", "d_model": 16, "n_layers": 2, "n_heads": 2,
-                             "io": "continuous", "d_in": 2 * 4 + 2 + 3, "d_out": 3, "n_ctx": 24})  # fmt: skip
-        task = {"d_state": 3, "n_pairs": 4, "n_ctx": 24, "max_systems": 3, "max_cuts": 8,
-                "n_train_systems": 60, "n_test_systems": 30}  # fmt: skip
-        ckpt = save_checkpoint(model, tmp_path / "lds.pt", task="lds", task_cfg=task,
-                               train_cfg={"eval_haystack": 2, "eval_seg_len": 4})  # fmt: skip
         cfg = ReportConfig(eval_traces=8, prune_traces=8, recall_traces=8, steps=2, seeds=(0,),
                            components=False, n_boot=20, n_null=20)  # fmt: skip
-        report = make_report(ckpt, cfg, progress=False)
+        report = make_report(tiny_lds_checkpoint, cfg, progress=False)
     finally:
         torch.set_num_threads(threads)
     page = report.write(tmp_path / "report")

@@ -6,41 +6,22 @@ import json
 import re
 
 import pytest
-import torch
 
-from mechlab.checkpoint import save_checkpoint
 from mechlab.cli import main
-from mechlab.models import build_model
 from mechlab.prune import Circuit, overlap
 from mechlab.report import ReportConfig, make_report
 
-TASK = {"d_state": 3, "n_pairs": 4, "n_ctx": 24, "max_systems": 3, "max_cuts": 8,
-        "n_train_systems": 60, "n_test_systems": 30}  # fmt: skip
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def ckpt_path(tmp_path_factory):
-    torch.manual_seed(0)
-    model = build_model({"arch": "transformer", "d_model": 16, "n_layers": 2, "n_heads": 2,
-                         "io": "continuous", "d_in": 2 * 4 + 2 + 3, "d_out": 3, "n_ctx": 24})  # fmt: skip
-    path = tmp_path_factory.mktemp("ckpt") / "lds.pt"
-    save_checkpoint(model, path, task="lds", task_cfg=TASK,
-                    train_cfg={"eval_haystack": 2, "eval_seg_len": 4})  # fmt: skip
-    return path
-
 
 SMALL = {"eval_traces": 16, "prune_traces": 16, "recall_traces": 16, "steps": 4, "n_boot": 50,
          "n_null": 50}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def written(ckpt_path, tmp_path_factory):
+def written(tiny_lds_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     lines: list[str] = []
-    report = make_report(ckpt_path, ReportConfig(**SMALL), progress=False, log=lines.append)
+    report = make_report(tiny_lds_checkpoint, ReportConfig(**SMALL), progress=False, log=lines.append)
     page = report.write(out)
     return report, out, page, lines
 
@@ -79,9 +60,9 @@ def test_the_json_behind_the_page_is_what_the_page_reports(written):
     assert len(saved["cross_evaluation"]) == 4 * 2  # every circuit on both targets
 
 
-def test_cli_report_runs_and_bad_input_creates_nothing(ckpt_path, tmp_path, capsys):
+def test_cli_report_runs_and_bad_input_creates_nothing(tiny_lds_checkpoint, tmp_path, capsys):
     out = tmp_path / "r"
-    args = ["report", "--ckpt", str(ckpt_path), "--eval-traces", "8", "--prune-traces", "8",
+    args = ["report", "--ckpt", str(tiny_lds_checkpoint), "--eval-traces", "8", "--prune-traces", "8",
             "--recall-traces", "8", "--steps", "2", "--seed", "0", "--no-components", "--no-progress"]
     assert main([*args, "--out", str(out)]) == 0
     captured = capsys.readouterr()

@@ -540,7 +540,9 @@ def overlap_report(
     Returns:
         JSON-ready dict: ``within`` (target -> Jaccard interval, targets with >= 2
         circuits) and ``across`` (``"a vs b"`` -> ``jaccard``, ``overlap_coefficient``
-        intervals (None with one circuit per target), ``null_uniform``, ``null_degree``).
+        intervals (None with one circuit per target), ``jaccard_observed`` and
+        ``overlap_coefficient_observed`` (mean over every pair), ``null_uniform``,
+        ``null_degree``).
     """
     if not circuits:
         raise ValueError("overlap_report needs at least one circuit")
@@ -556,6 +558,9 @@ def overlap_report(
     for (na, ga), (nb, gb) in itertools.combinations(groups.items(), 2):
         entry: dict[str, Any] = {}
         for stat in STATISTICS:
+            # the statistic itself, mean over every (a, b) pair: there even with one circuit each
+            pairs = [_statistic(a.edge_set(), b.edge_set(), stat) for a in ga for b in gb]
+            entry[f"{stat}_observed"] = sum(pairs) / len(pairs)
             if len(ga) >= 2 or len(gb) >= 2:
                 first, second = (ga, gb) if len(ga) >= 2 else (gb, ga)
                 entry[stat] = bootstrap_overlap(first, second, statistic=stat, **boot).to_dict()

@@ -27,7 +27,7 @@ from mechlab.prune.data import Traces
 from mechlab.prune.engine import prune
 from mechlab.prune.graph import build_graph, countable_edges
 from mechlab.prune.joint import joint_prune, share_sweep, sharing_penalty
-from tests.prune.test_planted import LN_EPS, LN_WEIGHT, planted_data, write
+from tests.prune.test_planted import LN_EPS, blank_transformer, planted_data
 
 SHARED = {("embed", "m0.in"), ("m0", "out")}
 EVEN = {("embed", "m1.in"), ("m1", "out")}
@@ -51,16 +51,9 @@ def gated_model(shared: bool) -> Transformer:
     """The planted model of the module docstring (``shared``: with the m0 path)."""
     cfg = TransformerConfig(d_model=20, n_layers=3, n_heads=2, d_head=2, d_mlp=4, d_in=2,
                             d_out=2, n_ctx=8, layer_norm_eps=LN_EPS, act_fn="relu")  # fmt: skip
-    model = Transformer(cfg)
+    model = blank_transformer(cfg)
     weight = 0.5 if shared else 1.0
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        for block in model.blocks:
-            block.ln1.w.fill_(LN_WEIGHT)
-            block.ln2.w.fill_(LN_WEIGHT)
-        model.ln_final.w.fill_(LN_WEIGHT)
-        write(model.read_in.proj.weight.T, 0, (0, 1))  # slot 0: the input
         gate = torch.zeros(cfg.n_ctx)
         gate[0::2] = 1.0
         model.W_pos[:, 16], model.W_pos[:, 18] = gate, -gate  # slot 4: g, 1 - g

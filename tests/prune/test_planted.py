@@ -52,18 +52,10 @@ def write(W: torch.Tensor, slot: int, rows: tuple[int, int], scale: float = 1.0)
         W[row, 4 * slot + 2 + i] = -scale
 
 
-def planted_transformer(kind: str, n_layers: int = 2, n_heads: int = 2):
-    """A transformer with the planted ``kind`` circuit (``"value"`` or ``"qk"``).
-
-    Returns:
-        ``(model, planted edges)``.
-    """
-    cfg = TransformerConfig(d_model=16, n_layers=n_layers, n_heads=n_heads, d_head=2, d_mlp=4,
-                            d_in=2, d_out=2, n_ctx=8, layer_norm_eps=LN_EPS, act_fn="gelu")  # fmt: skip
+def blank_transformer(cfg: TransformerConfig) -> Transformer:
+    """A transformer that writes nothing but its input, into slot 0: every weight zero, every
+    norm the identity (see the module docstring)."""
     model = Transformer(cfg)
-    first, last = 0, n_layers - 1
-    hA, hB = (0, 1) if n_heads == 2 else (2, 1)
-    a, b = f"a{first}.h{hA}", f"a{last}.h{hB}"
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
@@ -72,6 +64,22 @@ def planted_transformer(kind: str, n_layers: int = 2, n_heads: int = 2):
             block.ln2.w.fill_(LN_WEIGHT)
         model.ln_final.w.fill_(LN_WEIGHT)
         write(model.read_in.proj.weight.T, 0, (0, 1))  # slot 0: the input
+    return model
+
+
+def planted_transformer(kind: str, n_layers: int = 2, n_heads: int = 2):
+    """A transformer with the planted ``kind`` circuit (``"value"`` or ``"qk"``).
+
+    Returns:
+        ``(model, planted edges)``.
+    """
+    cfg = TransformerConfig(d_model=16, n_layers=n_layers, n_heads=n_heads, d_head=2, d_mlp=4,
+                            d_in=2, d_out=2, n_ctx=8, layer_norm_eps=LN_EPS, act_fn="gelu")  # fmt: skip
+    model = blank_transformer(cfg)
+    first, last = 0, n_layers - 1
+    hA, hB = (0, 1) if n_heads == 2 else (2, 1)
+    a, b = f"a{first}.h{hA}", f"a{last}.h{hB}"
+    with torch.no_grad():
         head_a, head_b = model.blocks[first].attn, model.blocks[last].attn
         head_a.W_V[hA, 0, 0], head_a.W_V[hA, 1, 1] = 1.0, 1.0  # uniform attention over slot 0
         write(head_a.W_O[hA], 1, (0, 1), 2.0)  # -> slot 1
