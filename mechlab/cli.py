@@ -108,7 +108,7 @@ def info(
 
 @app.command()
 def train(
-    task: str = typer.Option("lds", help="Task: lds (interleaved linear systems)."),
+    task: str | None = typer.Option(None, help="Task: lds (interleaved linear systems; the default) or state_tracking (Z_m / S_5; see docs/state_tracking.md)."),
     preset: str | None = typer.Option(None, help="Training preset: tiny, small, medium, big, or a bundled one."),
     out: Path | None = typer.Option(None, help="Run directory (metrics, checkpoints)."),
     steps: int | None = typer.Option(None, help="Optimiser steps."),

@@ -52,6 +52,7 @@ from mechlab.models.recurrence import StepHook, is_hooked
 # The study's Dense-SSM: one layer, hidden (state) size 256. Add io / vocabulary fields.
 PRESETS: dict[str, dict] = {
     "dense_ssm_256": {"d_state": 256, "n_layers": 1},
+    "st_dense_ssm_small": {"d_state": 32, "d_model": 32, "n_layers": 1},  # CPU-sized
 }
 
 

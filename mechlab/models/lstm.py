@@ -21,8 +21,13 @@ itself to the stream.
 The weights live in a ``torch.nn.LSTM`` (one layer, ``batch_first``). When none of a
 layer's step hooks is in use, the forward pass calls that module (cuDNN / the fused
 CPU kernel); otherwise it runs the step loop above, in which each step's gates and
-states go through a :class:`~mechlab.models.recurrence.StepHook`. Both paths compute
-the same function; ``model.fused = False`` forces the loop. On CUDA, cuDNN's LSTM uses
+states go through a :class:`~mechlab.models.recurrence.StepHook`. When the step hooks
+only read (``run_with_cache``; hooks marked
+:func:`~mechlab.models.recurrence.reads_only`), the fused module still runs and every
+step's gates and cell state are recovered from its hidden states (:meth:`LSTMMixer.step_values`:
+one batched matrix product for the gates, an elementwise scan for ``c``), then handed to
+each hook once. All paths compute the same function; ``model.fused = False`` forces the
+loop. On CUDA, cuDNN's LSTM uses
 TF32 unless ``torch.backends.cudnn.allow_tf32 = False``; the paths then differ by about
 ``2e-4`` instead of ``1e-6`` (H200, d_model 64, 251 steps), which matters when a clean
 fused run is compared with a hooked one.
@@ -46,12 +51,14 @@ from mechlab.models.base import (
     ReadOut,
     ResidualBlock,
 )
-from mechlab.models.recurrence import StepHook, is_hooked
+from mechlab.models.recurrence import StepHook, hook_use, read_trajectory
+from mechlab.models.scan import linear_recurrence
 
 # The study's LSTMs (one layer, hidden 768 and 256). Add io / vocabulary fields to use them.
 PRESETS: dict[str, dict] = {
     "lstm_768": {"d_model": 768, "n_layers": 1},
     "lstm_256": {"d_model": 256, "n_layers": 1},
+    "st_lstm_small": {"d_model": 64, "n_layers": 1},  # CPU-sized, for the state-tracking study
 }
 
 
@@ -139,8 +146,9 @@ class LSTMMixer(nn.Module):
             ``[batch, pos, d_model]``, and with ``return_state`` the state
             ``[batch, 2, d_hidden]`` (``h``, ``c``) after the last position.
         """
-        if self.fused and not is_hooked(*self.step_points()):
-            if initial_state is None and not return_state:
+        use = hook_use(*self.step_points())
+        if self.fused and use != "write":
+            if use == "none" and initial_state is None and not return_state:
                 h, _ = self.rnn(x)  # [batch, pos, d_hidden]
                 return self.out_proj(h)
             if initial_state is None:
@@ -149,9 +157,58 @@ class LSTMMixer(nn.Module):
                 h0, c0 = initial_state.transpose(0, 1).contiguous().unbind(0)
                 h, (h_n, c_n) = self.rnn(x, (h0.unsqueeze(0), c0.unsqueeze(0)))
             state = torch.stack([h_n[0], c_n[0]], dim=1)  # [batch, 2, d_hidden]
+            if use == "read":
+                self.read_steps(x, h, initial_state)
         else:
             h, state = self.unrolled(x, initial_state, return_state=True)
         return (self.out_proj(h), state) if return_state else self.out_proj(h)
+
+    @torch.no_grad()
+    def step_values(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        h: Float[Tensor, "batch pos d_hidden"],
+        initial_state: Float[Tensor, "batch 2 d_hidden"] | None = None,
+    ) -> dict[str, Tensor]:
+        """Every step's gates and cell state, recovered from the fused path's hidden states.
+
+        The gates follow from ``h_{t-1}`` in one batched matrix product, and the cell states
+        from the elementwise recurrence ``c_t = f_t c_{t-1} + i_t g_t``
+        (:func:`~mechlab.models.scan.linear_recurrence`); no gradients.
+
+        Args:
+            x: The (normalised) input.
+            h: Every ``h_t`` ``[batch, pos, d_hidden]``, as the fused LSTM returned them.
+            initial_state: As in :meth:`forward`.
+
+        Returns:
+            ``{"i", "f", "g", "o", "c", "h"}`` -> ``[batch, pos, d_hidden]`` each.
+        """
+        rnn = self.rnn
+        if initial_state is None:
+            h0 = c0 = None
+            h_prev = torch.cat([h.new_zeros(h[:, :1].shape), h[:, :-1]], dim=1)  # [batch, pos, d_hidden]
+        else:
+            h0, c0 = initial_state.unbind(1)  # [batch, d_hidden] each
+            h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
+        # the same sums in the same order as the unrolled loop: [batch, pos, 4 * d_hidden]
+        gates = (x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + rnn.bias_hh_l0) + h_prev @ rnn.weight_hh_l0.T
+        i, f, g, o = gates.chunk(4, dim=-1)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        c = linear_recurrence(f, i * g, c0)  # [batch, pos, d_hidden]
+        return {"i": i, "f": f, "g": g, "o": o, "c": c, "h": h}
+
+    def read_steps(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        h: Float[Tensor, "batch pos d_hidden"],
+        initial_state: Float[Tensor, "batch 2 d_hidden"] | None = None,
+    ) -> None:
+        """Hand every step hook its whole trajectory once (read-only hooks only, see
+        :mod:`mechlab.models.recurrence`)."""
+        values = self.step_values(x, h, initial_state)
+        for point, name in zip(self.step_points(), "ifgoch", strict=True):
+            read_trajectory(point, values[name])
 
     def unrolled(
         self,

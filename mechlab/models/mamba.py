@@ -58,6 +58,14 @@ from mechlab.models.base import (
 )
 from mechlab.models.recurrence import StepHook, is_hooked
 
+# Mamba is not in the state-tracking study; these are sized like its other models: one
+# layer of width 256 like the recurrent ones, and 6 x 256 like its transformer.
+PRESETS: dict[str, dict] = {
+    "st_mamba_1x256": {"d_model": 256, "n_layers": 1},
+    "st_mamba_6x256": {"d_model": 256, "n_layers": 6},
+    "st_mamba_small": {"d_model": 64, "n_layers": 1},  # CPU-sized
+}
+
 
 @dataclass
 class MambaConfig(ModelConfig):

@@ -48,6 +48,10 @@ PRESETS: dict[str, dict] = {
     "small": {"d_model": 96, "n_layers": 6, "n_heads": 6, **_RECALL_IO},
     "medium": {"d_model": 128, "n_layers": 12, "n_heads": 8, **_RECALL_IO},
     "big": {"d_model": 192, "n_layers": 24, "n_heads": 12, **_RECALL_IO},
+    # The state-tracking study's GPT-2 style models (vocabulary and n_ctx come from the task).
+    "st_transformer_6x256": {"d_model": 256, "n_layers": 6, "n_heads": 4},
+    "st_transformer_2x256": {"d_model": 256, "n_layers": 2, "n_heads": 4},
+    "st_transformer_small": {"d_model": 64, "n_layers": 2, "n_heads": 4},  # CPU-sized
 }
 
 

@@ -1,6 +1,6 @@
 """Data for mechlab's studies: the interleaved linear-systems recall task (``lds``), its
 evaluation traces (``lds_evals``) and its analysis-ready needle-in-a-haystack traces
-(``nih``).
+(``nih``); state tracking on Z_m and S_5 (``state_tracking``).
 
 A checkpoint names its task in ``metadata["task"]`` and stores the task's config in
 ``metadata["task_cfg"]``; :func:`task_config` turns them back into the config object.
@@ -31,9 +31,19 @@ from mechlab.tasks.lds_evals import (
     uninterleaved,
 )
 from mechlab.tasks.nih import NiH, default_haystack, nih
+from mechlab.tasks.state_tracking import (
+    S5_PERMUTATIONS,
+    SequenceSet,
+    StateTrackingConfig,
+    StateTrackingData,
+    compose,
+    identity,
+    make_data,
+    normalised_accuracy,
+)
 
 # task name -> its config class (a dataclass with from_dict/to_dict)
-TASK_CONFIGS: dict[str, type] = {"lds": LDSConfig}
+TASK_CONFIGS: dict[str, type] = {"lds": LDSConfig, "state_tracking": StateTrackingConfig}
 
 
 def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> Any:
@@ -79,6 +89,14 @@ __all__ = [
     "OPEN",
     "PROBES",
     "START",
+    "S5_PERMUTATIONS",
+    "SequenceSet",
+    "StateTrackingConfig",
+    "StateTrackingData",
+    "compose",
+    "identity",
+    "make_data",
+    "normalised_accuracy",
     "EvalTraces",
     "LDSBatch",
     "LDSConfig",

@@ -11,14 +11,14 @@ from typing import Any
 
 import yaml
 
-TASKS = ("lds",)
+TASKS = ("lds", "state_tracking")
 LR_SCHEDULES = ("constant", "cosine")
 LOSS_REDUCTIONS = ("sum", "mean")
 _INT_FIELDS = (
     "steps", "batch_size", "grad_accum", "warmup_steps", "seed", "log_every", "eval_every", "eval_traces",
     "eval_haystack", "eval_seg_len", "n_checkpoints", "save_every",
 )
-_FLOAT_FIELDS = ("lr", "weight_decay", "grad_clip", "min_lr_ratio")
+_FLOAT_FIELDS = ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "early_stop_loss")
 
 
 @dataclass
@@ -26,7 +26,7 @@ class TrainConfig:
     """Everything a training run needs; saved beside the run and in every checkpoint.
 
     Args:
-        task: Task name (``"lds"``: interleaved linear systems).
+        task: Task name (``"lds"``: interleaved linear systems; ``"state_tracking"``: Z_m / S_5).
         task_cfg: Fields of the task's config (e.g. ``LDSConfig``) that differ from its defaults.
         model: Model config for :func:`mechlab.build_model` (``{"preset": "tiny"}``,
             ``{"arch": "lstm", "d_model": 64}``, ...). ``d_in``, ``d_out`` and ``n_ctx`` are
@@ -49,7 +49,10 @@ class TrainConfig:
         device: ``"cpu"`` or ``"cuda"``.
         log_every: Steps between metrics lines.
         eval_every: Steps between evaluations (0: only at the end).
-        eval_traces: Traces per evaluation.
+        eval_traces: Traces per evaluation (state tracking: OOD sequences; its validation
+            set is always evaluated whole).
+        early_stop_loss: Stop once an evaluation's ``val_loss`` is below this (0 disables;
+            the state-tracking study's success criterion is 1e-4).
         eval_haystack: Haystack systems in the evaluation's needle-in-a-haystack suite.
         eval_seg_len: Observations per haystack segment in that suite.
         n_checkpoints: Log-spaced checkpoints kept for training-dynamics analysis.
@@ -78,6 +81,7 @@ class TrainConfig:
     eval_seg_len: int = 10
     n_checkpoints: int = 12
     save_every: int = 200
+    early_stop_loss: float = 0.0
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -111,6 +115,8 @@ class TrainConfig:
         for name in ("eval_every", "warmup_steps", "n_checkpoints"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.early_stop_loss < 0:
+            raise ValueError(f"early_stop_loss must be >= 0 (0 disables it), got {self.early_stop_loss!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
         if not isinstance(self.device, str) or not self.device.strip():
@@ -145,6 +151,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                "steps": 200_000, "loss_reduction": "sum"},
     "big": {"model": {"preset": "big"}, "batch_size": 640, "lr": 1.477e-5, "steps": 200_000,
             "loss_reduction": "sum"},
+    # The state-tracking study (Ebrahimi et al. 2026): Adam (no weight decay, no clipping),
+    # batch 64, 250k steps, success at validation loss < 1e-4; its 6 x 256 transformer.
+    "state-tracking": {"task": "state_tracking", "model": {"preset": "st_transformer_6x256"}, "batch_size": 64,
+                       "lr": 1e-3, "weight_decay": 0.0, "grad_clip": 0.0, "steps": 250_000,
+                       "early_stop_loss": 1e-4, "eval_every": 500, "eval_traces": 2000},
+    # The same on 2 CPU cores: a 2 x 64 transformer, a few thousand steps.
+    "state-tracking-cpu": {"task": "state_tracking", "model": {"preset": "st_transformer_small"},
+                           "batch_size": 64, "lr": 1e-3, "weight_decay": 0.0, "grad_clip": 0.0,
+                           "steps": 3000, "early_stop_loss": 1e-4, "eval_every": 250, "eval_traces": 500,
+                           "n_checkpoints": 6},
 }
 
 

@@ -13,6 +13,13 @@ import torch
 from torch import Tensor
 
 from mechlab.tasks.lds import LDSConfig, make_libraries, sample_batch
+from mechlab.tasks.state_tracking import (
+    StateTrackingConfig,
+    make_data,
+    masked_cross_entropy,
+    set_accuracy,
+    set_loss,
+)
 
 
 class Task(Protocol):
@@ -102,7 +109,44 @@ class LDSTask:
         return out
 
 
-TASK_CLASSES = {"lds": LDSTask}
+class StateTrackingTask:
+    """State tracking on Z_m or S_5 (the induction-bias study): token cross-entropy on the
+    scored positions of the task's format (:mod:`mechlab.tasks.state_tracking`)."""
+
+    def __init__(self, overrides: dict[str, Any]):
+        self.cfg = StateTrackingConfig.from_dict(overrides)
+        self.data = make_data(self.cfg)
+
+    def model_fields(self) -> dict[str, Any]:
+        return {"io": "tokens", "d_vocab": self.cfg.d_vocab, "d_vocab_out": self.cfg.d_vocab_out,
+                "n_ctx": self.cfg.n_ctx}  # fmt: skip
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.cfg.to_dict()
+
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        return self.data.batch(batch_size, generator)
+
+    def loss(
+        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
+        n_scored: Tensor | None = None,
+    ) -> Tensor:
+        """Cross-entropy per scored token (``reduction`` is for the continuous task; unused)."""
+        return masked_cross_entropy(pred, targets, mask, n_scored)
+
+    def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
+        """Validation loss (teacher forcing) and accuracy on the whole validation set, and
+        accuracy on the first ``cfg.eval_traces`` sequences of the OOD set."""
+        device = next(model.parameters()).device
+        val = self.data.val.to(device)
+        ood = self.data.ood.subset(slice(0, int(cfg.eval_traces))).to(device)
+        out = {"val_loss": set_loss(model, self.cfg, val)}
+        out.update({f"val_{k}": v for k, v in set_accuracy(model, self.cfg, val).items() if "norm" not in k})
+        out.update({f"ood_{k}": v for k, v in set_accuracy(model, self.cfg, ood).items()})
+        return out
+
+
+TASK_CLASSES = {"lds": LDSTask, "state_tracking": StateTrackingTask}
 
 
 def make_task(name: str, overrides: dict[str, Any]) -> Task:

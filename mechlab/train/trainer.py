@@ -489,6 +489,7 @@ class Trainer:
         )
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
         loss, last_eval, window_start, window_examples = float("nan"), {}, time.perf_counter(), 0
+        early = False
         try:
             while self.step < cfg.steps:
                 if self._stop_signal is not None:
@@ -518,6 +519,7 @@ class Trainer:
                     last_eval = self.evaluate()
                     metrics.write({"step": self.step, "examples": self.step * cfg.batch_size, "eval": last_eval})
                     bar.write(f"step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+                    early = cfg.early_stop_loss > 0 and last_eval.get("val_loss", math.inf) < cfg.early_stop_loss
                 if self.step in keep:
                     problem = self._weights_problem()
                     if problem is not None:
@@ -526,13 +528,16 @@ class Trainer:
                             f"{self._kept()}"
                         )
                     self._save(self.out_dir / "checkpoints" / f"step_{self.step:07d}.pt", loss, with_optimizer=False)
-                if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                if self.step % cfg.save_every == 0 or self.step == cfg.steps or early:
                     problem = self._save_last(loss)
                     if problem is not None:
                         raise TrainingStopped(
                             f"the weights of step {self.step} failed the NaN guard ({problem}); the run "
                             f"stopped and {self._kept()}"
                         )
+                if early:  # validation loss below early_stop_loss
+                    bar.write(f"step {self.step}: val_loss below early_stop_loss={cfg.early_stop_loss:g}; stopped")
+                    break
         except KeyboardInterrupt:
             self._stop("interrupted", loss)
         finally:
