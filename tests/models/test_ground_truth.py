@@ -29,6 +29,7 @@ from mechlab.models.ground_truth import (
     token_duals,
 )
 from mechlab.models.lstm import LSTM
+from mechlab.tasks import state_tracking as st
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -276,7 +277,6 @@ def test_float_drift_of_the_dense_ssm_state_is_tiny():
 def test_exact_on_the_task_modules_data(group, m, fmt, builder):
     """Loss ~0 and accuracy 1 on the task's validation and OOD (2L) sets, via its own
     encode / set_loss / set_accuracy (a check of the task code as much as of the models)."""
-    st = pytest.importorskip("mechlab.tasks.state_tracking")
     cfg = st.StateTrackingConfig(group=group, m=m, L=6, format=fmt, lengths="uniform",
                                  n_train=50, n_val=100, n_ood=50, seed=0)  # fmt: skip
     data = st.make_data(cfg)
