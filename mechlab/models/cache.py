@@ -25,6 +25,8 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import Slice, SliceInput
 from transformer_lens.utilities import remove_batch_dim as drop_batch_dim
 
+from mechlab.models.recurrence import reads_only
+
 if TYPE_CHECKING:
     from mechlab.models.base import MechModel
 
@@ -165,7 +167,8 @@ def caching_hooks(
     fwd_hooks, bwd_hooks = [], []
     for name in model.hook_dict:
         if keep(name):
-            fwd_hooks.append((name, partial(save, is_backward=False)))
+            # caching only reads: per-step points can then run the mixers' fast paths
+            fwd_hooks.append((name, reads_only(partial(save, is_backward=False))))
             if incl_bwd:
                 bwd_hooks.append((name, partial(save, is_backward=True)))
     return fwd_hooks, bwd_hooks, finalize

@@ -25,7 +25,9 @@ Forward pass: when ``hook_A`` is not in use, each step computes
 ``h_t = W_A (h_{t-1} outer x_t)`` without forming ``A(x_t)``; when it is, each step's
 ``A(x_t)`` is built and passed through the hook (the cache then holds
 ``[batch, pos, d_state, d_state]``, which is large: 4 bytes * batch * pos * d_state^2).
-Both paths compute the same numbers.
+Both paths compute the same numbers. When the hooks only read (``run_with_cache``),
+every ``A(x_t)`` comes from one matrix product per chunk of positions
+(:func:`mechlab.models.scan.dense_scan`) and each hook gets its whole trajectory once.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ from mechlab.models.base import (
     ReadOut,
     ResidualBlock,
 )
-from mechlab.models.recurrence import StepHook, is_hooked
+from mechlab.models.recurrence import StepHook, hook_use, is_hooked, read_trajectory
+from mechlab.models.scan import DEFAULT_CHUNK, dense_scan
+
+SCANS = ("loop", "chunked")  # how the mixers run the recurrence (see DenseSSMMixer)
 
 # The study's Dense-SSM: one layer, hidden (state) size 256. Add io / vocabulary fields.
 PRESETS: dict[str, dict] = {
@@ -96,6 +101,13 @@ class DenseSSMMixer(nn.Module):
     (the transition ``A(x_t)``) and ``hook_h`` ``[batch, pos, d_state]`` (the state after
     reading position ``t``).
 
+    ``scan`` chooses the plain forward's algorithm: ``"loop"`` (default: per step
+    ``h_t = W_A (h_{t-1} outer x_t)``, never forming ``A(x_t)``) or ``"chunked"``
+    (:func:`mechlab.models.scan.dense_scan`: each chunk's ``A(x_t)`` in one matrix
+    product, then a batched mat-vec per step). Read-only hooks (``run_with_cache``) get
+    the chunked scan's transitions and states, once each; a hook that may write gets the
+    step-by-step loop.
+
     Args:
         d_model: Width of the input ``x_t`` and of the output.
         d_state: Size of the state.
@@ -105,6 +117,8 @@ class DenseSSMMixer(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.d_state = d_state
+        self.scan = "loop"
+        self.chunk = DEFAULT_CHUNK
         # A(x)[i, j] = W_A[i, j, :] . x
         self.W_A = nn.Parameter(torch.empty(d_state, d_state, d_model))
         self.h_init = nn.Parameter(torch.empty(d_state))  # the state before position 0
@@ -144,13 +158,26 @@ class DenseSSMMixer(nn.Module):
             ``[batch, d_state]``.
         """
         batch, n_pos, _ = x.shape
-        step_h = StepHook(self.hook_h, n_pos)
-        step_A = StepHook(self.hook_A, n_pos) if is_hooked(self.hook_A) else None
-        W_flat = self.W_A.reshape(self.d_state, self.d_state * self.d_model)  # [i, (j, k)]
+        if self.scan not in SCANS:
+            raise ValueError(f"scan must be one of {SCANS}, got {self.scan!r}")
         if initial_state is None:
             h = self.h_init.expand(batch, self.d_state)  # [batch, d_state]
         else:
             h = initial_state
+        use = hook_use(self.hook_A, self.hook_h)
+        read_A = use == "read" and len(self.hook_A._forward_hooks) > 0
+        if read_A or (use != "write" and self.scan == "chunked"):
+            # A(x_t) is needed (read-only hook_A) or asked for: the chunked scan
+            states, transitions = dense_scan(x, self.W_A, h, self.chunk, keep_transitions=read_A)
+            if transitions is not None:
+                read_trajectory(self.hook_A, transitions)
+            read_trajectory(self.hook_h, states)
+            out = self.W_out(states)  # [batch, pos, d_model]
+            return (out, states[:, -1]) if return_state else out
+        step_h = StepHook(self.hook_h, n_pos)
+        step_h.active = use == "write" and step_h.active  # read-only hooks: once, below
+        step_A = StepHook(self.hook_A, n_pos) if use == "write" and is_hooked(self.hook_A) else None
+        W_flat = self.W_A.reshape(self.d_state, self.d_state * self.d_model)  # [i, (j, k)]
         for t in range(n_pos):
             x_t = x[:, t]  # [batch, d_model]
             if step_A is None:
@@ -161,7 +188,10 @@ class DenseSSMMixer(nn.Module):
                 A = step_A(t, self.transition(x_t))  # [batch, d_state, d_state]
                 h = (A @ h.unsqueeze(-1)).squeeze(-1)
             h = step_h(t, h)
-        out = self.W_out(step_h.stacked())  # [batch, pos, d_model]
+        states = step_h.stacked()  # [batch, pos, d_state]
+        if use == "read":
+            read_trajectory(self.hook_h, states)
+        out = self.W_out(states)  # [batch, pos, d_model]
         return (out, h) if return_state else out
 
 
@@ -201,6 +231,19 @@ class DenseSSM(MechModel):
         self.read_out = ReadOut(cfg)
         self.hook_out = HookPoint()  # [batch, pos, d_output]
         self.setup()
+
+    @property
+    def scan(self) -> str:
+        """How the blocks run the recurrence: ``"loop"`` or ``"chunked"`` (see :class:`DenseSSMMixer`)."""
+        kinds = {block.ssm.scan for block in self.blocks}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @scan.setter
+    def scan(self, value: str) -> None:
+        if value not in SCANS:
+            raise ValueError(f"scan must be one of {SCANS}, got {value!r}")
+        for block in self.blocks:
+            block.ssm.scan = value
 
     def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
         """Run the model.

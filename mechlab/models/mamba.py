@@ -15,8 +15,9 @@ with a final RMSNorm ``ln_final`` before the read-out. The mixer of one block:
 Parameter names follow Hugging Face's ``transformers.MambaModel`` (``blocks.{i}`` is
 HF's ``layers.{i}``, ``ln_final`` is ``norm_f``, ``read_in.embed`` is ``embeddings``,
 ``read_out.proj`` is ``lm_head``), so :func:`load_hf_mamba_weights` and
-:func:`to_hf_state_dict` are a renaming. The scan is a sequential loop over positions,
-the same arithmetic as HF's reference ("slow") path; no CUDA kernel is needed.
+:func:`to_hf_state_dict` are a renaming. The scan is the same arithmetic as HF's
+reference ("slow") path, run chunk by chunk (:func:`mechlab.models.scan.selective_scan`;
+``model.scan = "loop"`` gives the per-step reference loop); no CUDA kernel is needed.
 
 Hook points (``B`` batch, ``T`` pos; ``E`` = d_inner, ``N`` = d_state):
 
@@ -56,7 +57,10 @@ from mechlab.models.base import (
     ReadOut,
     ResidualBlock,
 )
-from mechlab.models.recurrence import StepHook, is_hooked
+from mechlab.models.recurrence import StepHook, hook_use, is_hooked, read_trajectory
+from mechlab.models.scan import DEFAULT_CHUNK, selective_scan
+
+SCANS = ("chunked", "loop")  # how the mixers run their scan (see MambaMixer.scan)
 
 # Mamba is not in the state-tracking study; these are sized like its other models: one
 # layer of width 256 like the recurrent ones, and 6 x 256 like its transformer.
@@ -141,11 +145,20 @@ class RMSNorm(nn.Module):
 
 
 class MambaMixer(nn.Module):
-    """The selective-SSM mixer of one block (HF ``MambaMixer``)."""
+    """The selective-SSM mixer of one block (HF ``MambaMixer``).
+
+    ``scan`` chooses how the scan runs when ``hook_ssm_state`` is not written to:
+    ``"chunked"`` (default, :func:`mechlab.models.scan.selective_scan`, ``chunk``
+    positions at a time) or ``"loop"`` (the per-step reference loop, HF's slow path). A
+    hook that may write to ``hook_ssm_state`` always gets the loop; read-only hooks
+    (``run_with_cache``) get the chunked scan's states, once.
+    """
 
     def __init__(self, cfg: MambaConfig):
         super().__init__()
         self.cfg = cfg
+        self.scan = "chunked"
+        self.chunk = DEFAULT_CHUNK
         d_inner, d_state, dt_rank = cfg.d_inner, cfg.d_state, cfg.resolved_dt_rank
         self.in_proj = nn.Linear(cfg.d_model, 2 * d_inner, bias=cfg.bias)
         self.conv1d = nn.Conv1d(
@@ -267,13 +280,26 @@ class MambaMixer(nn.Module):
         """The scan h_t = exp(delta_t A) h_{t-1} + delta_t x_t B_t, y_t = C_t h_t + D x_t.
 
         It starts from h_{-1} = ``initial_state`` (default 0) and, with ``return_state``,
-        also returns the last ``h`` (float32). The state goes through ``hook_ssm_state``
-        once per step when that hook is in use (so patches at step t carry on);
-        otherwise no buffer is kept.
+        also returns the last ``h`` (float32). When a hook that may write is on
+        ``hook_ssm_state``, the state goes through it once per step (so patches at step t
+        carry on); read-only hooks get the whole trajectory once; otherwise no buffer is
+        kept. ``self.scan`` picks the chunked scan or the loop (see the class docstring).
         """
         batch, n_pos, d_inner = x.shape
         A = -torch.exp(self.A_log.float())  # [d_inner, d_state]
         delta, B, C = delta.float(), B.float(), C.float()  # the scan runs in float32, as HF's
+        use = hook_use(self.hook_ssm_state)
+        if self.scan == "chunked" and use != "write":
+            h0 = None if initial_state is None else initial_state.to(delta.dtype)
+            y, h, states = selective_scan(
+                x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=use == "read"
+            )
+            if states is not None:
+                read_trajectory(self.hook_ssm_state, states)
+            y = y.to(x.dtype) + x * self.D  # [batch, pos, d_inner]
+            return (y, h) if return_state else y
+        if self.scan not in SCANS:
+            raise ValueError(f"scan must be one of {SCANS}, got {self.scan!r}")
         delta_x = delta * x.float()  # [batch, pos, d_inner]
         step_hook = StepHook(self.hook_ssm_state, n_pos) if is_hooked(self.hook_ssm_state) else None
 
@@ -330,6 +356,19 @@ class Mamba(MechModel):
         self.read_out = ReadOut(cfg)
         self.hook_out = HookPoint()  # [batch, pos, d_output]
         self.setup()
+
+    @property
+    def scan(self) -> str:
+        """How the blocks run their scans: ``"chunked"`` or ``"loop"`` (see :class:`MambaMixer`)."""
+        kinds = {block.mixer.scan for block in self.blocks}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @scan.setter
+    def scan(self, value: str) -> None:
+        if value not in SCANS:
+            raise ValueError(f"scan must be one of {SCANS}, got {value!r}")
+        for block in self.blocks:
+            block.mixer.scan = value
 
     def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
         """Run the model.

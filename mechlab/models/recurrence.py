@@ -26,9 +26,24 @@ When no hook is attached the buffer is skipped; either way the carried steps
 are stacked, so the hooked and unhooked paths compute the same numbers.
 Inside an nnsight trace every step hook point counts as hooked, so the buffers
 are filled; outside one the fast path is back.
+
+Reading hooks (:func:`reads_only`, :func:`hook_use`): a hook that only reads, such as
+the caching hooks of ``run_with_cache``, needs no step-by-step recurrence, since nothing
+it does can change what the recurrence carries on with. A mixer whose step points carry
+only forward hooks marked with :func:`reads_only` computes every step's value with its
+fast path (the fused LSTM, the scans) and calls each step point **once** with the whole
+``[batch, pos, ...]`` trajectory (:func:`read_trajectory`); the hook's final view of the
+buffer is the same as after the step-by-step calls. Any other hook counts as possibly
+writing and keeps the step-by-step path: an unmarked forward hook (e.g. one added with
+``add_hook`` or ``model.hooks(...)``), a hook registered with ``register_forward_hook``
+directly, a backward hook (its gradient taps need the steps), and any nnsight trace.
+A marked hook that writes anyway (returns a tensor, or edits the trajectory in place)
+raises a ``ValueError``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -40,6 +55,85 @@ def is_hooked(*points: HookPoint) -> bool:
     return any(
         len(p._forward_hooks) > 0 or len(p._backward_hooks) > 0 or _in_nnsight_trace(p) for p in points
     )
+
+
+READS_ONLY = "reads_only"  # the attribute :func:`reads_only` sets on a hook function
+
+
+def reads_only(hook: Callable) -> Callable:
+    """Mark a hook function as one that only reads its activation (returns None, edits nothing).
+
+    On a per-step hook point such a hook is called once with the whole ``[batch, pos, ...]``
+    trajectory, computed by the mixer's fast path, instead of once per step (see the
+    module docstring). ``run_with_cache`` marks its caching hooks this way.
+
+    Args:
+        hook: A TransformerLens hook ``fn(activation, hook)`` (a function or a
+            ``functools.partial``).
+
+    Returns:
+        ``hook`` itself, marked.
+    """
+    setattr(hook, READS_ONLY, True)
+    return hook
+
+
+def _forward_hooks_read_only(point: HookPoint) -> bool:
+    """True when every forward hook on ``point`` went through ``add_hook`` and is marked
+    :func:`reads_only` (TransformerLens keeps the user's function on its handle)."""
+    handles = getattr(point, "fwd_hooks", [])
+    if len(handles) != len(point._forward_hooks):
+        return False  # a hook registered with register_forward_hook directly
+    return all(getattr(getattr(h, "user_hook", None), READS_ONLY, False) is True for h in handles)
+
+
+def hook_use(*points: HookPoint) -> str:
+    """How a mixer's per-step points are in use: ``"none"``, ``"read"`` or ``"write"``.
+
+    ``"write"`` (the step-by-step path is needed) when any point has a backward hook, a
+    forward hook not marked :func:`reads_only`, or an nnsight trace on it; ``"read"`` when
+    some point has forward hooks and all of them are marked read-only; ``"none"`` when no
+    point has any hook.
+
+    Args:
+        *points: The mixer's step hook points.
+
+    Returns:
+        ``"none"``, ``"read"`` or ``"write"``.
+    """
+    use = "none"
+    for p in points:
+        if len(p._backward_hooks) > 0 or _in_nnsight_trace(p):
+            return "write"
+        if len(p._forward_hooks) > 0:
+            if not _forward_hooks_read_only(p):
+                return "write"
+            use = "read"
+    return use
+
+
+def read_trajectory(point: HookPoint, trajectory: Tensor) -> None:
+    """Hand a whole ``[batch, pos, ...]`` trajectory to a point's read-only hooks, once.
+
+    The hooks see it detached (as they see the step buffer on the step-by-step path).
+
+    Args:
+        point: A per-step hook point whose forward hooks are all read-only (or none).
+        trajectory: Every step's value, as the recurrence used it.
+
+    Raises:
+        ValueError: A hook marked read-only returned a tensor or edited the trajectory.
+    """
+    if len(point._forward_hooks) == 0:
+        return
+    value = trajectory.detach()
+    version = value._version
+    out = point(value)
+    if (out is not None and out is not value) or value._version != version:
+        raise ValueError(
+            f"a hook on {point.name} is marked reads_only but changed the activation; "
+            "remove the mark (mechlab.models.recurrence.reads_only) so the step-by-step path runs"
+        )
 
 
 def _in_nnsight_trace(point: HookPoint) -> bool:

@@ -237,8 +237,9 @@ def test_nnsight_save_of_a_state_equals_the_cache():
         h0 = nm.blocks[0].ssm.hook_h.output.save()
         h1 = nm.blocks[1].ssm.hook_h.output.save()
         out = nm.output.save()
-    torch.testing.assert_close(h0, cache["blocks.0.ssm.hook_h"], atol=1e-6, rtol=0)
-    torch.testing.assert_close(h1, cache["blocks.1.ssm.hook_h"], atol=1e-6, rtol=0)
+    # (nnsight's trace runs the step-by-step loop; caching reads, so it may take the scan)
+    torch.testing.assert_close(h0, cache["blocks.0.ssm.hook_h"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h1, cache["blocks.1.ssm.hook_h"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=0)
 
 

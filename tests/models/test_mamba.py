@@ -299,7 +299,8 @@ def test_nnsight_save_and_overwrite(io):
             y = nn_model.blocks[1].mixer.hook_y.output.save()
             out = nn_model.output.save()
         torch.testing.assert_close(delta, cache["blocks.0.mixer.hook_delta"], rtol=0, atol=0)
-        torch.testing.assert_close(y, cache["blocks.1.mixer.hook_y"], rtol=0, atol=0)
+        # (the cache comes from the chunked scan, nnsight's trace from the loop)
+        torch.testing.assert_close(y, cache["blocks.1.mixer.hook_y"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(out, clean, rtol=0, atol=1e-6)
 
         with nn_model.trace(x):
@@ -328,7 +329,8 @@ def test_nnsight_iter_addresses_ssm_state_per_step(io):
             for _ in tracer.iter[t]:
                 seen = nn_model.blocks[0].mixer.hook_ssm_state.output.clone().save()
         # the buffer seen at call t is filled up to step t and empty after it
-        torch.testing.assert_close(seen[:, : t + 1], cache[name][:, : t + 1], rtol=0, atol=0)
+        # (the cache comes from the chunked scan, nnsight's trace from the loop)
+        torch.testing.assert_close(seen[:, : t + 1], cache[name][:, : t + 1], rtol=1e-5, atol=1e-6)
         assert not seen[:, t + 1 :].any()
 
         with nn_model.trace(x) as tracer:
