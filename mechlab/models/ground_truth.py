@@ -117,8 +117,8 @@ def group_order(group: str, m: int | None = None) -> int:
 
     Args:
         group: ``"zm"`` or ``"s5"``.
-        m: The modulus of Z_m (needed for ``"zm"``, at least 2; ignored for ``"s5"``
-            unless given, when it must be None).
+        m: The modulus of Z_m (needed for ``"zm"``, at least 2); ignored for ``"s5"``,
+            as by :class:`~mechlab.tasks.state_tracking.StateTrackingConfig`.
 
     Returns:
         ``m`` for Z_m, 120 for S_5.
@@ -129,8 +129,6 @@ def group_order(group: str, m: int | None = None) -> int:
     if group not in GROUPS:
         raise ValueError(f"unknown group {group!r}; choose one of {GROUPS}")
     if group == "s5":
-        if m is not None:
-            raise ValueError(f"group 's5' takes no m, got m={m!r}")
         return len(S5_ELEMENTS)
     if m is None:
         raise ValueError("group 'zm' needs m (the modulus, at least 2)")
@@ -256,7 +254,7 @@ def dense_ssm_group_model(
 
     Args:
         group: ``"zm"`` (needs ``m``) or ``"s5"``.
-        m: The modulus of Z_m, at least 2.
+        m: The modulus of Z_m, at least 2 (ignored for S_5).
         representation: ``"regular"`` (one-hot state over the group's elements; Z_m's
             cyclic shift) or ``"permutation"`` (S_5 only: the 5 x 5 matrix acting on a
             5-dim state). Default: ``"regular"`` for Z_m, ``"permutation"`` for S_5.
