@@ -1,0 +1,122 @@
+"""A sweep's outputs: the trial table, the search table (N*, bracket, kappa, OOD), as JSON
+and CSV, and the figures as offline HTML.
+
+Files written under the sweep's folder:
+
+- ``sweep.json``: the sweep's settings;
+- ``trials.json``, ``trials.csv``: one row per trial;
+- ``searches.json``, ``searches.csv``: one row per N* search;
+- ``nstar.html``, ``kappa.html``, ``ood_kappa.html``: the figures
+  (:mod:`mechlab.viz.sweep`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mechlab.io import atomic_write_text
+from mechlab.sweep.runner import SweepResult
+from mechlab.sweep.spec import SearchKey
+
+TRIAL_COLUMNS = ("key", "model", "group", "m", "L", "format", "lengths", "n_train", "lr", "seed",
+                 "steps", "batch_size", "epsilon", "val_loss", "converged", "steps_run",
+                 "ood_token_acc", "ood_seq_acc", "seconds")  # fmt: skip
+SEARCH_COLUMNS = ("model", "format", "lengths", "group", "m", "L", "n", "n_star", "status", "lo",
+                  "hi", "ratio", "cap", "steps", "kappa", "kappa_bound", "kappa_low", "kappa_high",
+                  "ood_n", "ood_token_acc", "ood_seq_acc")  # fmt: skip
+
+
+def _model_label(model: dict[str, Any], spec_models: dict[str, dict[str, Any]]) -> str:
+    for label, fields in spec_models.items():
+        if fields == model:
+            return label
+    return str(model.get("name") or model.get("preset") or model.get("arch"))
+
+
+def trial_rows(result: SweepResult) -> list[dict[str, Any]]:
+    """One flat row per trial (:data:`TRIAL_COLUMNS`)."""
+    from mechlab.sweep.store import trial_key
+
+    models = dict(result.spec.model_table())
+    rows = []
+    for t in result.trials:
+        s = t["spec"]
+        task = s["task"]
+        row = {"key": trial_key(s), "model": _model_label(s["model"], models), "group": task.get("group"),
+               "m": task.get("m"), "L": task.get("L"), "format": task.get("format"),
+               "lengths": task.get("lengths")}  # fmt: skip
+        row.update({k: s.get(k) for k in ("n_train", "lr", "seed", "steps", "batch_size", "epsilon")})
+        row.update({k: t.get(k) for k in ("val_loss", "converged", "steps_run", "ood_token_acc",
+                                          "ood_seq_acc", "seconds")})  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _kappa_of(result: SweepResult, key: SearchKey) -> dict[str, Any]:
+    k = result.kappas.get(key)
+    if k is None:
+        return {"kappa": None, "kappa_bound": None, "kappa_low": None, "kappa_high": None}
+    high = None if k.high is None or math.isinf(k.high) else k.high
+    return {"kappa": k.value, "kappa_bound": k.bound, "kappa_low": k.low, "kappa_high": high}
+
+
+def search_rows(result: SweepResult) -> list[dict[str, Any]]:
+    """One flat row per N* search (:data:`SEARCH_COLUMNS`). ``n`` is the length for a
+    fixed-length search and ``2..L`` for a joint one; kappa and OOD sit on the rows of
+    the searches they belong to (kappa on the joint search, OOD on the main ones)."""
+    rows = []
+    for key, r in result.searches.items():
+        row = {"model": key.model, "format": key.format, "lengths": key.lengths, "group": key.group,
+               "m": key.m, "L": key.L, "n": str(key.L) if key.lengths == "fixed" else f"2..{key.L}",
+               "n_star": r.n_star, "status": r.status, "lo": r.lo, "hi": r.hi, "ratio": r.ratio,
+               "cap": r.cap, "steps": r.steps}  # fmt: skip
+        row.update(_kappa_of(result, key))
+        ood = result.ood.get(key)
+        row.update({"ood_n": ood.n_train if ood else None, "ood_token_acc": ood.token_acc if ood else None,
+                    "ood_seq_acc": ood.seq_acc if ood else None})  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return buffer.getvalue()
+
+
+def write_outputs(result: SweepResult, out: str | Path, figures: bool = True) -> dict[str, Path]:
+    """Write the tables (JSON and CSV) and, with ``figures``, the HTML figures.
+
+    Args:
+        result: What :func:`mechlab.sweep.run_sweep` returned.
+        out: The sweep's folder.
+        figures: Also write the plotly figures.
+
+    Returns:
+        Name -> path of every file written.
+    """
+    out = Path(out)
+    trials, searches = trial_rows(result), search_rows(result)
+    paths = {
+        "sweep": atomic_write_text(out / "sweep.json", json.dumps(result.spec.to_dict(), indent=1, default=str) + "\n"),
+        "trials_json": atomic_write_text(out / "trials.json", json.dumps(trials, indent=1) + "\n"),
+        "trials_csv": atomic_write_text(out / "trials.csv", _csv(trials, TRIAL_COLUMNS)),
+        "searches_json": atomic_write_text(out / "searches.json", json.dumps(searches, indent=1) + "\n"),
+        "searches_csv": atomic_write_text(out / "searches.csv", _csv(searches, SEARCH_COLUMNS)),
+    }
+    if figures:
+        from mechlab.viz.figures import write_html
+        from mechlab.viz.sweep import kappa_figure, n_star_figure, ood_kappa_figure
+
+        paths["nstar"] = write_html(n_star_figure(searches), out / "nstar.html")
+        paths["kappa"] = write_html(kappa_figure(searches), out / "kappa.html")
+        paths["ood_kappa"] = write_html(ood_kappa_figure(searches), out / "ood_kappa.html")
+    return paths
