@@ -5,11 +5,18 @@ For each model family, side by side in one run: the plain forward, a
 same activations. Reported as medians and as ratios to the plain forward.
 For the LSTM the unrolled (hookable) path is also timed against the fused
 ``torch.nn.LSTM`` path.
+
+For the recurrent families, ``cache`` is ``run_with_cache`` as it runs: its hooks are
+marked read-only, so the mixers take their fast paths and hand each per-step point its
+whole trajectory once. ``cache_steps`` is the same cache with the mark taken off the
+hooks, which makes every per-step point run step by step (what any hook that may write
+gets, and what caching cost before).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from nnsight import NNsight
@@ -17,6 +24,7 @@ from nnsight import NNsight
 from mechlab.bench.timing import time_interleaved
 from mechlab.models import build_model
 from mechlab.models.base import MechModel
+from mechlab.models.cache import caching_hooks
 
 # The models benchmarked: the tiny recall-study transformer and recurrent models of similar size.
 BENCH_MODELS: dict[str, dict] = {
@@ -38,6 +46,11 @@ class HookBenchRow:
     cache: float
     nnsight: float
     unrolled: float | None = None  # LSTM only: the unrolled forward, hookable step by step
+    cache_steps: float | None = None  # recurrent families: caching step by step (hooks unmarked)
+
+    @property
+    def cache_steps_ratio(self) -> float | None:
+        return None if self.cache_steps is None else self.cache_steps / self.plain
 
     @property
     def cache_ratio(self) -> float:
@@ -46,6 +59,26 @@ class HookBenchRow:
     @property
     def nnsight_ratio(self) -> float:
         return self.nnsight / self.plain
+
+
+def cache_step_by_step(model: MechModel, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``run_with_cache``'s caching, with hooks that are not marked read-only (so every
+    per-step point runs step by step, as under a hook that may write).
+
+    Args:
+        model: The model.
+        x: Its input.
+
+    Returns:
+        Hook name -> activation.
+    """
+    cache: dict[str, torch.Tensor] = {}
+    fwd, _, finalize = caching_hooks(model, cache)
+    unmarked = [(name, partial(fn)) for name, fn in fwd]  # a new partial, without the mark
+    with model.hooks(fwd_hooks=unmarked):
+        model(x)
+    finalize()
+    return cache
 
 
 def _nnsight_save_all(traced: NNsight, x: torch.Tensor, names: list[str]) -> dict:
@@ -88,7 +121,13 @@ def bench_family(
         with torch.no_grad():
             _nnsight_save_all(traced, x, names)
 
+    def cache_steps() -> None:
+        with torch.no_grad():
+            cache_step_by_step(model, x)
+
     fns = {"plain": plain, "cache": cache, "nnsight": nnsight_all}
+    if family != "transformer":
+        fns["cache_steps"] = cache_steps
     if family == "lstm":
         # The unrolled path is what hooks need; the fused path is what training uses.
         def unrolled() -> None:
@@ -99,7 +138,7 @@ def bench_family(
             finally:
                 model.fused = True
 
-        fns = {"plain": plain, "unrolled": unrolled, "cache": cache, "nnsight": nnsight_all}
+        fns = {"plain": plain, "unrolled": unrolled, "cache": cache, "cache_steps": cache_steps, "nnsight": nnsight_all}
     times = time_interleaved(fns, repeats=repeats)
     n_params = sum(p.numel() for p in model.parameters())
     return HookBenchRow(
@@ -110,4 +149,5 @@ def bench_family(
         cache=times["cache"].median,
         nnsight=times["nnsight"].median,
         unrolled=times["unrolled"].median if "unrolled" in times else None,
+        cache_steps=times["cache_steps"].median if "cache_steps" in times else None,
     )

@@ -50,9 +50,7 @@ from mechlab.models.base import (
     ResidualBlock,
 )
 from mechlab.models.recurrence import StepHook, hook_use, is_hooked, read_trajectory
-from mechlab.models.scan import DEFAULT_CHUNK, dense_scan
-
-SCANS = ("loop", "chunked")  # how the mixers run the recurrence (see DenseSSMMixer)
+from mechlab.models.scan import DEFAULT_CHUNK, SCANS, dense_scan, use_chunked
 
 # The study's Dense-SSM: one layer, hidden (state) size 256. Add io / vocabulary fields.
 PRESETS: dict[str, dict] = {
@@ -101,12 +99,14 @@ class DenseSSMMixer(nn.Module):
     (the transition ``A(x_t)``) and ``hook_h`` ``[batch, pos, d_state]`` (the state after
     reading position ``t``).
 
-    ``scan`` chooses the plain forward's algorithm: ``"loop"`` (default: per step
-    ``h_t = W_A (h_{t-1} outer x_t)``, never forming ``A(x_t)``) or ``"chunked"``
+    ``scan`` chooses the plain forward's algorithm: ``"loop"`` (per step
+    ``h_t = W_A (h_{t-1} outer x_t)``, never forming ``A(x_t)``), ``"chunked"``
     (:func:`mechlab.models.scan.dense_scan`: each chunk's ``A(x_t)`` in one matrix
-    product, then a batched mat-vec per step). Read-only hooks (``run_with_cache``) get
-    the chunked scan's transitions and states, once each; a hook that may write gets the
-    step-by-step loop.
+    product, then a batched mat-vec per step) or ``"auto"`` (default: chunked without
+    autograd, the loop with it; :data:`mechlab.models.scan.SCANS`). Read-only hooks
+    (``run_with_cache``) get the transitions and states once each (a read-only
+    ``hook_A`` always takes the chunked scan, which forms ``A(x_t)`` anyway); a hook that
+    may write gets the step-by-step loop.
 
     Args:
         d_model: Width of the input ``x_t`` and of the output.
@@ -117,7 +117,7 @@ class DenseSSMMixer(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.d_state = d_state
-        self.scan = "loop"
+        self.scan = "auto"
         self.chunk = DEFAULT_CHUNK
         # A(x)[i, j] = W_A[i, j, :] . x
         self.W_A = nn.Parameter(torch.empty(d_state, d_state, d_model))
@@ -158,15 +158,13 @@ class DenseSSMMixer(nn.Module):
             ``[batch, d_state]``.
         """
         batch, n_pos, _ = x.shape
-        if self.scan not in SCANS:
-            raise ValueError(f"scan must be one of {SCANS}, got {self.scan!r}")
         if initial_state is None:
             h = self.h_init.expand(batch, self.d_state)  # [batch, d_state]
         else:
             h = initial_state
         use = hook_use(self.hook_A, self.hook_h)
         read_A = use == "read" and len(self.hook_A._forward_hooks) > 0
-        if read_A or (use != "write" and self.scan == "chunked"):
+        if read_A or (use != "write" and use_chunked(self.scan, x, h, self.W_A)):
             # A(x_t) is needed (read-only hook_A) or asked for: the chunked scan
             states, transitions = dense_scan(x, self.W_A, h, self.chunk, keep_transitions=read_A)
             if transitions is not None:
@@ -234,7 +232,7 @@ class DenseSSM(MechModel):
 
     @property
     def scan(self) -> str:
-        """How the blocks run the recurrence: ``"loop"`` or ``"chunked"`` (see :class:`DenseSSMMixer`)."""
+        """How the blocks run the recurrence: ``"auto"``, ``"chunked"`` or ``"loop"`` (see :class:`DenseSSMMixer`)."""
         kinds = {block.ssm.scan for block in self.blocks}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 

@@ -17,7 +17,8 @@ HF's ``layers.{i}``, ``ln_final`` is ``norm_f``, ``read_in.embed`` is ``embeddin
 ``read_out.proj`` is ``lm_head``), so :func:`load_hf_mamba_weights` and
 :func:`to_hf_state_dict` are a renaming. The scan is the same arithmetic as HF's
 reference ("slow") path, run chunk by chunk (:func:`mechlab.models.scan.selective_scan`;
-``model.scan = "loop"`` gives the per-step reference loop); no CUDA kernel is needed.
+without autograd; ``model.scan = "loop"`` gives the per-step reference loop, which also
+runs under autograd); no CUDA kernel is needed.
 
 Hook points (``B`` batch, ``T`` pos; ``E`` = d_inner, ``N`` = d_state):
 
@@ -57,10 +58,8 @@ from mechlab.models.base import (
     ReadOut,
     ResidualBlock,
 )
-from mechlab.models.recurrence import StepHook, hook_use, is_hooked, read_trajectory
-from mechlab.models.scan import DEFAULT_CHUNK, selective_scan
-
-SCANS = ("chunked", "loop")  # how the mixers run their scan (see MambaMixer.scan)
+from mechlab.models.recurrence import StepHook, hook_use, read_trajectory
+from mechlab.models.scan import DEFAULT_CHUNK, SCANS, selective_scan, use_chunked
 
 # Mamba is not in the state-tracking study; these are sized like its other models: one
 # layer of width 256 like the recurrent ones, and 6 x 256 like its transformer.
@@ -148,16 +147,18 @@ class MambaMixer(nn.Module):
     """The selective-SSM mixer of one block (HF ``MambaMixer``).
 
     ``scan`` chooses how the scan runs when ``hook_ssm_state`` is not written to:
-    ``"chunked"`` (default, :func:`mechlab.models.scan.selective_scan`, ``chunk``
-    positions at a time) or ``"loop"`` (the per-step reference loop, HF's slow path). A
-    hook that may write to ``hook_ssm_state`` always gets the loop; read-only hooks
-    (``run_with_cache``) get the chunked scan's states, once.
+    ``"chunked"`` (:func:`mechlab.models.scan.selective_scan`, ``chunk`` positions at a
+    time), ``"loop"`` (the per-step reference loop, HF's slow path) or ``"auto"``
+    (default: chunked without autograd, the loop with it; see
+    :data:`mechlab.models.scan.SCANS`). A hook that may write to ``hook_ssm_state``
+    always gets the loop, step by step; read-only hooks (``run_with_cache``) get the
+    states once.
     """
 
     def __init__(self, cfg: MambaConfig):
         super().__init__()
         self.cfg = cfg
-        self.scan = "chunked"
+        self.scan = "auto"
         self.chunk = DEFAULT_CHUNK
         d_inner, d_state, dt_rank = cfg.d_inner, cfg.d_state, cfg.resolved_dt_rank
         self.in_proj = nn.Linear(cfg.d_model, 2 * d_inner, bias=cfg.bias)
@@ -289,7 +290,7 @@ class MambaMixer(nn.Module):
         A = -torch.exp(self.A_log.float())  # [d_inner, d_state]
         delta, B, C = delta.float(), B.float(), C.float()  # the scan runs in float32, as HF's
         use = hook_use(self.hook_ssm_state)
-        if self.scan == "chunked" and use != "write":
+        if use != "write" and use_chunked(self.scan, x, delta, B, C, self.A_log, self.D):
             h0 = None if initial_state is None else initial_state.to(delta.dtype)
             y, h, states = selective_scan(
                 x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=use == "read"
@@ -298,10 +299,10 @@ class MambaMixer(nn.Module):
                 read_trajectory(self.hook_ssm_state, states)
             y = y.to(x.dtype) + x * self.D  # [batch, pos, d_inner]
             return (y, h) if return_state else y
-        if self.scan not in SCANS:
-            raise ValueError(f"scan must be one of {SCANS}, got {self.scan!r}")
         delta_x = delta * x.float()  # [batch, pos, d_inner]
-        step_hook = StepHook(self.hook_ssm_state, n_pos) if is_hooked(self.hook_ssm_state) else None
+        step_hook = StepHook(self.hook_ssm_state, n_pos) if use != "none" else None
+        if step_hook is not None and use == "read":
+            step_hook.active = False  # read-only hooks: the whole trajectory once, below
 
         if initial_state is None:
             h = delta.new_zeros(batch, d_inner, self.cfg.d_state)  # [batch, d_inner, d_state]
@@ -316,6 +317,8 @@ class MambaMixer(nn.Module):
             if step_hook is not None:
                 h = step_hook(t, h)
             ys.append((h * C_t[:, None, :]).sum(-1))  # [batch, d_inner]
+        if use == "read":
+            read_trajectory(self.hook_ssm_state, step_hook.stacked())
         y = torch.stack(ys, dim=1).to(x.dtype)  # [batch, pos, d_inner]
         return (y + x * self.D, h) if return_state else y + x * self.D
 
@@ -359,7 +362,7 @@ class Mamba(MechModel):
 
     @property
     def scan(self) -> str:
-        """How the blocks run their scans: ``"chunked"`` or ``"loop"`` (see :class:`MambaMixer`)."""
+        """How the blocks run their scans: ``"auto"``, ``"chunked"`` or ``"loop"`` (see :class:`MambaMixer`)."""
         kinds = {block.mixer.scan for block in self.blocks}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 

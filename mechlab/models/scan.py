@@ -34,6 +34,31 @@ from jaxtyping import Float
 from torch import Tensor
 
 DEFAULT_CHUNK = 16
+# How a mixer runs its recurrence: "auto" takes the chunked scan when no autograd graph
+# is built (inference, caching) and the loop when one is (training: the chunked scans'
+# backward measured about 2x slower than the loop's, docs/benchmarks.md); "chunked" and
+# "loop" force one.
+SCANS = ("auto", "chunked", "loop")
+
+
+def use_chunked(scan: str, *tensors: Tensor) -> bool:
+    """Whether a mixer set to ``scan`` runs the chunked scan on these inputs/parameters.
+
+    Args:
+        scan: One of :data:`SCANS`.
+        *tensors: What the recurrence depends on (for ``"auto"``: does any need a gradient?).
+
+    Returns:
+        True for the chunked scan, False for the loop.
+
+    Raises:
+        ValueError: ``scan`` is not one of :data:`SCANS`.
+    """
+    if scan not in SCANS:
+        raise ValueError(f"scan must be one of {SCANS}, got {scan!r}")
+    if scan != "auto":
+        return scan == "chunked"
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def _check_chunk(chunk: int) -> None:
@@ -42,10 +67,10 @@ def _check_chunk(chunk: int) -> None:
 
 
 def linear_recurrence(
-    a: Float[Tensor, "batch pos *rest"],
-    b: Float[Tensor, "batch pos *rest"],
-    h0: Float[Tensor, batch *rest] | None = None,
-) -> Float[Tensor, "batch pos *rest"]:
+    a: Float[Tensor, "batch pos ..."],
+    b: Float[Tensor, "batch pos ..."],
+    h0: Float[Tensor, "batch ..."] | None = None,
+) -> Float[Tensor, "batch pos ..."]:
     """Every state of ``h_t = a_t * h_{t-1} + b_t`` (elementwise), from ``h_{-1} = h0``.
 
     One ``addcmul`` per step on a ``[batch, *rest]`` state (cheaper on the CPU than any
@@ -60,7 +85,9 @@ def linear_recurrence(
         ``[batch, pos, *rest]``: ``h_0 .. h_{T-1}``.
     """
     if a.shape != b.shape:
-        raise ValueError(f"a and b must have the same shape, got {list(a.shape)} and {list(b.shape)}")
+        raise ValueError(
+            f"a and b must have the same shape, got {list(a.shape)} and {list(b.shape)}"
+        )
     h = b.new_zeros(b.shape[:1] + b.shape[2:]) if h0 is None else h0
     if not torch.is_grad_enabled() or not (a.requires_grad or b.requires_grad or h.requires_grad):
         out = torch.empty_like(b)  # [batch, pos, *rest]
@@ -109,9 +136,7 @@ def selective_scan(
     d_state = A.shape[1]
     h = x.new_zeros(batch, d_inner, d_state) if h0 is None else h0
     delta_x = delta * x  # [batch, pos, d_inner]
-    grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (x, delta, A, B, C, h)
-    )
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, A, B, C, h))
     states = x.new_empty(batch, n_pos, d_inner, d_state) if keep_states else None
     if grad:
         ys = []
