@@ -1,0 +1,81 @@
+"""One state-tracking trial: it learns parity, is deterministic, and refuses bad specs."""
+
+import pytest
+import torch
+
+from mechlab.train.task import make_task
+from mechlab.train.trials import TrialSpec, as_spec, init_model, run_trial
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PARITY = {"group": "zm", "m": 2, "L": 4, "format": "acot", "lengths": "uniform", "n_ood": 64}
+
+
+def parity_spec(seed, **fields):
+    values = {"model": {"preset": "st_dense_ssm_small"}, "task": dict(PARITY), "n_train": 24, "lr": 1e-2,
+              "seed": seed, "steps": 400, "batch_size": 32, "eval_every": 10}  # fmt: skip
+    return TrialSpec(**{**values, **fields})
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_dense_ssm_learns_parity(seed):
+    result = run_trial(parity_spec(seed))
+    assert result["converged"] and result["val_loss"] < 1e-4
+    assert result["steps_run"] < 400 and result["steps_run"] % 10 == 0  # stopped at a check
+    # it learned parity itself: every state at twice the training length is right
+    assert result["ood_token_acc"] == 1.0 and result["ood_seq_acc"] == 1.0
+    assert result["spec"]["seed"] == seed and result["seconds"] > 0
+
+
+def test_a_trial_is_deterministic_and_takes_a_dict():
+    spec = parity_spec(5, steps=20, eval_every=7)
+    a = run_trial(spec)
+    b = run_trial(dict(a["spec"]))
+    assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+    assert a["steps_run"] == 20 and not a["converged"]  # checks at 7, 14 and the last step
+
+
+def test_the_seed_sets_the_initial_weights():
+    a, b, c = (init_model(parity_spec(s)) for s in (1, 1, 2))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a.parameters(), c.parameters(), strict=True))
+    assert a.cfg.io == "tokens" and a.cfg.d_vocab == 5 and a.cfg.d_vocab_out == 2 and a.cfg.n_ctx == 9
+
+
+@pytest.mark.parametrize("preset", ["st_transformer_small", "st_lstm_small", "st_mamba_small"])
+def test_every_family_trains_in_token_mode(preset):
+    task = {"group": "s5", "L": 3, "format": "cot", "n_val": 20, "n_ood": 8}
+    result = run_trial(TrialSpec(model={"preset": preset}, task=task, n_train=50, lr=1e-3, seed=0, steps=3,
+                                 eval_every=3))  # fmt: skip
+    assert result["steps_run"] == 3 and result["val_loss"] == pytest.approx(result["val_loss"])  # finite
+    assert -1 / 119 <= result["ood_token_acc"] <= 1
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [({"n_train": 25}, "n_train=25 is more than the 24 unique training sequences"),
+     ({"lr": 0}, "lr must be positive"), ({"steps": 0}, "steps must be positive"),
+     ({"epsilon": float("nan")}, "epsilon must be a finite number"),
+     ({"task": {**PARITY, "n_train": 10}}, "differs from the trial's n_train"),
+     ({"task": {**PARITY, "format": "chain"}}, "unknown format"),
+     ({"model": "st_lstm_small"}, "model and task must be mappings")],
+)  # fmt: skip
+def test_bad_specs(fields, message):
+    with pytest.raises(ValueError, match=message):
+        parity_spec(1, **fields)
+
+
+def test_bad_spec_dicts():
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['learning_rate'\], missing \['lr'\]"):
+        as_spec({"model": {}, "task": {}, "n_train": 1, "seed": 0, "learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="must be a TrialSpec or a dict"):
+        as_spec([1, 2])
+
+
+def test_the_trainer_task_scores_tokens():
+    task = make_task("state_tracking", {"m": 3, "L": 3, "format": "cot", "n_train": 30, "n_val": 10, "n_ood": 5})
+    tokens, targets, mask = task.batch(8, torch.Generator().manual_seed(0))
+    assert tokens.shape == targets.shape == mask.shape and tokens.dtype == torch.long
+    assert task.model_fields() == {"io": "tokens", "d_vocab": 6, "d_vocab_out": 3, "n_ctx": 13}
+    uniform = torch.zeros(*tokens.shape, 3)
+    assert float(task.loss(uniform, targets, mask)) == pytest.approx(torch.log(torch.tensor(3.0)).item())
