@@ -747,56 +747,25 @@ def sweep_(
 
 @bench_app.command("prune")
 def bench_prune_(
-    presets: str = typer.Option("tiny,small,medium", help="Comma-separated transformer presets (also big)."),
+    presets: str = typer.Option("tiny,small,medium", help="Comma-separated transformer presets."),
     batch: int = typer.Option(16, min=1),
     n_pos: int = typer.Option(64, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(5, min=1),
     device: str = typer.Option("cpu"),
-    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
-    memory: bool = typer.Option(True, "--memory/--no-memory", help="Measure peak memory (naive stacking needs GBs on big)."),
-    straightforward: bool = typer.Option(False, help="Also time the straightforward autograd path (fast=False)."),
-    reference: Path | None = typer.Option(None, help="A checkout of princeton-nlp/Edge-Pruning: time its GPT-2 pruning step beside ours."),
-    reference_python: str | None = typer.Option(None, help="Python that runs the reference (needs transformers 4.x; default: this one)."),
 ) -> None:
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
     from mechlab.bench.prune import bench_prune
     from mechlab.models import build_model
-    from mechlab.models.transformer import PRESETS
     from mechlab.prune import build_graph
 
-    names = [p.strip() for p in presets.split(",") if p.strip()]
-    unknown = [n for n in names if n not in PRESETS]
-    if unknown:
-        raise UsageProblem(f"unknown preset {unknown[0]!r}; choose from {sorted(PRESETS)}")
-    if reference is not None:
-        from mechlab.bench.reference import check_reference
-
-        check_reference(reference)
-    n_threads = _use_threads(threads)
-    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}, "
-               f"{n_threads} threads")  # fmt: skip
-    if reference is not None:
-        from mechlab.bench.reference import bench_reference
-
-        rows = [("preset", "edges", "ours ms", "reference ms", "reference/ours", "max output diff")]
-        for name in names:
-            r = bench_reference(reference, name, batch=batch, n_pos=n_pos, repeats=repeats,
-                                python=reference_python)  # fmt: skip
-            rows.append((name, str(r.config["n_edges"]), f"{r.ours_seconds * 1e3:.1f}",
-                         f"{r.reference_seconds * 1e3:.1f}", f"{r.ratio:.2f}x", f"{r.max_output_diff:.1g}"))  # fmt: skip
-        _echo_table(rows)
-        return
-    rows = [("preset", "edges", "mem ours MB", "recompute MB", "naive MB", "ours/naive", "recompute/naive",
-             "step ms", "plain ms", "step/plain", "autograd path")]  # fmt: skip
-    for name in names:
+    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}")
+    rows = [("preset", "edges", "mem ours MB", "mem naive MB", "mem ratio", "step ms", "plain ms", "step/plain")]
+    for name in [p.strip() for p in presets.split(",") if p.strip()]:
         model = build_model(name, n_ctx=max(n_pos, 1))
-        r = bench_prune(model, batch=batch, n_pos=n_pos, repeats=repeats, device=device,
-                        memory=memory, straightforward=straightforward)  # fmt: skip
-        mem = (f"{r.memory_ours / 2**20:.0f}", f"{r.memory_recompute / 2**20:.0f}", f"{r.memory_naive / 2**20:.0f}",
-               f"{r.memory_ratio:.3f}", f"{r.memory_recompute_ratio:.3f}") if memory else ("-",) * 5  # fmt: skip
-        slow = f"{r.straightforward_seconds / r.plain_seconds:.2f}x" if straightforward else "-"
-        rows.append((name, str(build_graph(model).n_edges), *mem, f"{r.step_seconds * 1e3:.1f}",
-                     f"{r.plain_seconds * 1e3:.1f}", f"{r.time_ratio:.2f}x", slow))  # fmt: skip
+        r = bench_prune(model, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
+        rows.append((name, str(build_graph(model).n_edges), f"{r.memory_ours / 2**20:.0f}",
+                     f"{r.memory_naive / 2**20:.0f}", f"{r.memory_ratio:.2f}", f"{r.step_seconds * 1e3:.1f}",
+                     f"{r.plain_seconds * 1e3:.1f}", f"{r.time_ratio:.2f}x"))
     _echo_table(rows)
 
 
@@ -817,66 +786,23 @@ def bench_hooks(
     n_pos: int = typer.Option(251, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(7, min=1, help="Timed runs of each contender."),
     device: str = typer.Option("cpu"),
-    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
 ) -> None:
     """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
-    import torch
-
     from mechlab.bench.hooks import BENCH_MODELS, bench_family
-
-    if threads is not None:
-        torch.set_num_threads(threads)
 
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in BENCH_MODELS]
     if unknown:
         raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {sorted(BENCH_MODELS)}")
-    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}, "
-               f"{torch.get_num_threads()} thread(s)")  # fmt: skip
-    rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain",
-             "unrolled/fused", "step-by-step cache/plain")]  # fmt: skip
+    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}")
+    rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain", "unrolled/fused")]
     for family in names:
         r = bench_family(family, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
         rows.append((
             family, f"{r.n_params:,}", str(r.n_hooks), f"{r.plain * 1e3:.1f}", f"{r.cache * 1e3:.1f}",
             f"{r.nnsight * 1e3:.1f}", f"{r.cache_ratio:.2f}x", f"{r.nnsight_ratio:.2f}x",
             f"{r.unrolled / r.plain:.2f}x" if r.unrolled is not None else "-",
-            f"{r.cache_steps_ratio:.2f}x" if r.cache_steps_ratio is not None else "-",
         ))
-    _echo_table(rows)
-
-
-@bench_app.command("scan")
-def bench_scan_(
-    families: str = typer.Option("mamba,dense_ssm", help="Comma-separated families: mamba, dense_ssm."),
-    batch: int = typer.Option(64, min=1),
-    n_pos: int = typer.Option(251, "--pos", min=2, help="Sequence length."),
-    repeats: int = typer.Option(5, min=1, help="Timed runs of each contender."),
-    chunk: int = typer.Option(16, min=1, help="Positions per chunk of the chunked scan."),
-    device: str = typer.Option("cpu"),
-    threads: int = typer.Option(1, min=1, help="Torch CPU threads."),
-) -> None:
-    """The chunked scans vs the per-step loops: forward, forward+backward, and their differences."""
-    import torch
-
-    from mechlab.bench.scan import SCAN_FAMILIES, bench_scan
-
-    names = [f.strip() for f in families.split(",") if f.strip()]
-    unknown = [f for f in names if f not in SCAN_FAMILIES]
-    if unknown:
-        raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {list(SCAN_FAMILIES)}")
-    torch.set_num_threads(threads)
-    typer.echo(f"batch {batch} x {n_pos} positions, chunk {chunk}, {repeats} timed runs each, medians, "
-               f"device {device}, {threads} thread(s)")  # fmt: skip
-    rows = [("family", "loop fwd ms", "chunked fwd ms", "loop/chunked", "loop fwd+bwd ms", "chunked fwd+bwd ms",
-             "loop/chunked", "output diff", "grad diff")]  # fmt: skip
-    for family in names:
-        r = bench_scan(family, batch=batch, n_pos=n_pos, repeats=repeats, chunk=chunk, device=device)
-        rows.append((
-            family, f"{r.loop_forward * 1e3:.1f}", f"{r.chunked_forward * 1e3:.1f}", f"{r.forward_speedup:.2f}x",
-            f"{r.loop_backward * 1e3:.1f}", f"{r.chunked_backward * 1e3:.1f}", f"{r.backward_speedup:.2f}x",
-            f"{r.output_diff:.1e}", f"{r.grad_diff:.1e}",
-        ))  # fmt: skip
     _echo_table(rows)
 
 
