@@ -69,6 +69,8 @@ class Ensemble:
         for module in self.template.modules():
             if getattr(module, "fused", False):
                 module.fused = False  # torch.nn.LSTM has no vmap rule; its unrolled form does
+            if isinstance(getattr(module, "scan", None), str):
+                module.scan = "loop"  # the chunked scans write into buffers (out=), which vmap cannot batch
         params, self.buffers = stack_module_state(models)  # name -> [E, ...]
         self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
         self.exp_avg = {k: torch.zeros_like(v) for k, v in self.params.items()}
