@@ -63,7 +63,6 @@ def test_a_config_file_with_flags_over_it_runs_resumes_and_writes_the_tables(tmp
     assert json.loads((out / "sweep.json").read_text())["ms"] == [3]
 
 
-@pytest.mark.slow  # real training: about 20 s on one core
 def test_a_tiny_real_sweep_runs_end_to_end_locally(tmp_path, capsys):
     out = tmp_path / "real"
     code = main(["sweep", "--out", str(out), "--models", "st_lstm_small", "--formats", "acot", "--m", "2",
