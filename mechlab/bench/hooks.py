@@ -47,6 +47,7 @@ class HookBenchRow:
     nnsight: float
     unrolled: float | None = None  # LSTM only: the unrolled forward, hookable step by step
     cache_steps: float | None = None  # recurrent families: caching step by step (hooks unmarked)
+    cache_fused: float | None = None  # LSTM only: caching from the fused kernel + recovered gates
 
     @property
     def cache_steps_ratio(self) -> float | None:
@@ -138,7 +139,17 @@ def bench_family(
             finally:
                 model.fused = True
 
-        fns = {"plain": plain, "unrolled": unrolled, "cache": cache, "cache_steps": cache_steps, "nnsight": nnsight_all}
+        def cache_fused() -> None:  # read_path "fused": what CUDA and autograd get
+            for block in model.blocks:
+                block.lstm.read_path = "fused"
+            try:
+                cache()
+            finally:
+                for block in model.blocks:
+                    block.lstm.read_path = "auto"
+
+        fns = {"plain": plain, "unrolled": unrolled, "cache": cache, "cache_fused": cache_fused,
+               "cache_steps": cache_steps, "nnsight": nnsight_all}  # fmt: skip
     times = time_interleaved(fns, repeats=repeats)
     n_params = sum(p.numel() for p in model.parameters())
     return HookBenchRow(
@@ -150,4 +161,5 @@ def bench_family(
         nnsight=times["nnsight"].median,
         unrolled=times["unrolled"].median if "unrolled" in times else None,
         cache_steps=times["cache_steps"].median if "cache_steps" in times else None,
+        cache_fused=times["cache_fused"].median if "cache_fused" in times else None,
     )

@@ -135,9 +135,11 @@ def caching_hooks(
         pos_slice: Positions to keep, applied on each hook's position axis.
 
     Returns:
-        ``(fwd_hooks, bwd_hooks, finalize)``. A per-step hook point runs once per time
-        step on a buffer that holds every step, as the recurrence used it, only once the
-        pass is over; until ``finalize()`` runs, its entry is that whole buffer (no copy
+        ``(fwd_hooks, bwd_hooks, finalize)``. The forward hooks are marked
+        :func:`~mechlab.models.recurrence.reads_only`, so a per-step hook point is called
+        once with its whole trajectory, unless a hook that may write shares its mixer;
+        then it runs once per time step on a buffer that holds every step, as the
+        recurrence used it, only once the pass is over; until ``finalize()`` runs, its entry is that whole buffer (no copy
         per step), and ``finalize()`` applies ``device``, ``remove_batch_dim`` and
         ``pos_slice`` to it. Call it after the forward pass, before reading ``cache``.
     """

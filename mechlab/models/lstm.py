@@ -23,11 +23,14 @@ layer's step hooks is in use, the forward pass calls that module (cuDNN / the fu
 CPU kernel); otherwise it runs the step loop above, in which each step's gates and
 states go through a :class:`~mechlab.models.recurrence.StepHook`. When the step hooks
 only read (``run_with_cache``; hooks marked
-:func:`~mechlab.models.recurrence.reads_only`), the fused module still runs and every
-step's gates and cell state are recovered from its hidden states (:meth:`LSTMMixer.step_values`:
-one batched matrix product for the gates, an elementwise scan for ``c``), then handed to
-each hook once. All paths compute the same function; ``model.fused = False`` forces the
-loop. On CUDA, cuDNN's LSTM uses
+:func:`~mechlab.models.recurrence.reads_only`), every step's values are computed without
+hook calls and handed to each hook once: on CUDA, or under autograd, the fused module runs
+and the gates and cell states are recovered from its hidden states
+(:meth:`LSTMMixer.step_values`: one batched matrix product for the gates, an elementwise
+scan for ``c``); on the CPU without autograd a lean step loop that keeps every value
+(:meth:`LSTMMixer.stepped_values`) measured faster (the recovery costs about as much as the
+fused forward itself there). All paths compute the same function; ``model.fused = False``
+forces the loop. On CUDA, cuDNN's LSTM uses
 TF32 unless ``torch.backends.cudnn.allow_tf32 = False``; the paths then differ by about
 ``2e-4`` instead of ``1e-6`` (H200, d_model 64, 251 steps), which matters when a clean
 fused run is compared with a hooked one.
@@ -53,6 +56,12 @@ from mechlab.models.base import (
 )
 from mechlab.models.recurrence import StepHook, hook_use, read_trajectory
 from mechlab.models.scan import linear_recurrence
+
+# How read-only hooks get the steps' values: "fused" (the fused kernel, then the gates and
+# c recovered from its h: LSTMMixer.step_values), "stepped" (a lean step loop that keeps
+# every value: LSTMMixer.stepped_values) or "auto" (stepped on the CPU without autograd,
+# where it measured faster, fused otherwise).
+READ_PATHS = ("auto", "fused", "stepped")
 
 # The study's LSTMs (one layer, hidden 768 and 256). Add io / vocabulary fields to use them.
 PRESETS: dict[str, dict] = {
@@ -104,6 +113,9 @@ class LSTMMixer(nn.Module):
     ``hook_i``, ``hook_f``, ``hook_g``, ``hook_o`` (the gates after their
     nonlinearities), ``hook_c`` (cell state) and ``hook_h`` (hidden state).
 
+    Read-only hooks (``run_with_cache``) get each point's whole trajectory once, from the
+    path ``read_path`` picks (:data:`READ_PATHS`).
+
     Args:
         d_model: Width of the input and of the output.
         d_hidden: LSTM hidden size.
@@ -117,6 +129,7 @@ class LSTMMixer(nn.Module):
             nn.Linear(d_hidden, d_model, bias=False) if d_hidden != d_model else nn.Identity()
         )
         self.fused = fused
+        self.read_path = "auto"
         self.hook_i = HookPoint()  # [batch, pos, d_hidden] input gate
         self.hook_f = HookPoint()  # [batch, pos, d_hidden] forget gate
         self.hook_g = HookPoint()  # [batch, pos, d_hidden] candidate cell update
@@ -147,7 +160,12 @@ class LSTMMixer(nn.Module):
             ``[batch, 2, d_hidden]`` (``h``, ``c``) after the last position.
         """
         use = hook_use(*self.step_points())
-        if self.fused and use != "write":
+        if self.fused and use == "read" and self._read_by_stepping(x, initial_state):
+            values, state = self.stepped_values(x, initial_state)
+            for point, name in zip(self.step_points(), "ifgoch", strict=True):
+                read_trajectory(point, values[name])
+            h = values["h"]
+        elif self.fused and use != "write":
             if use == "none" and initial_state is None and not return_state:
                 h, _ = self.rnn(x)  # [batch, pos, d_hidden]
                 return self.out_proj(h)
@@ -162,6 +180,65 @@ class LSTMMixer(nn.Module):
         else:
             h, state = self.unrolled(x, initial_state, return_state=True)
         return (self.out_proj(h), state) if return_state else self.out_proj(h)
+
+    def _read_by_stepping(self, x: Tensor, initial_state: Tensor | None) -> bool:
+        """Whether read-only hooks get :meth:`stepped_values` (else the fused kernel plus
+        :meth:`step_values`); see ``read_path``."""
+        if self.read_path == "auto":
+            needs_grad = torch.is_grad_enabled() and (
+                x.requires_grad
+                or (initial_state is not None and initial_state.requires_grad)
+                or any(p.requires_grad for p in self.rnn.parameters())
+            )
+            return x.device.type == "cpu" and not needs_grad
+        if self.read_path not in READ_PATHS:
+            raise ValueError(f"read_path must be one of {READ_PATHS}, got {self.read_path!r}")
+        return self.read_path == "stepped"
+
+    @torch.no_grad()
+    def stepped_values(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        initial_state: Float[Tensor, "batch 2 d_hidden"] | None = None,
+    ) -> tuple[dict[str, Tensor], Tensor]:
+        """Every step's gates and states from a lean step loop, without gradients.
+
+        The input half of every pre-activation in one matrix product; then per step one
+        ``addmm`` and the nonlinearities in place on that buffer, and ``c_t``, ``h_t``
+        written into preallocated ``[batch, pos, d_hidden]`` buffers.
+
+        Args:
+            x: The (normalised) input.
+            initial_state: As in :meth:`forward`.
+
+        Returns:
+            ``({"i", "f", "g", "o", "c", "h"} -> [batch, pos, d_hidden], state)`` with the
+            final state ``[batch, 2, d_hidden]``.
+        """
+        rnn = self.rnn
+        batch, n_pos, _ = x.shape
+        d_hidden = rnn.hidden_size
+        bias = rnn.bias_ih_l0 + rnn.bias_hh_l0
+        gates = torch.addmm(bias, x.flatten(0, 1), rnn.weight_ih_l0.T).unflatten(0, (batch, n_pos))
+        cs = x.new_empty(batch, n_pos, d_hidden)
+        hs = x.new_empty(batch, n_pos, d_hidden)
+        if initial_state is None:
+            h, c = x.new_zeros(batch, d_hidden), x.new_zeros(batch, d_hidden)
+        else:
+            h, c = initial_state.unbind(1)  # [batch, d_hidden] each
+        w_hh = rnn.weight_hh_l0.T  # [d_hidden, 4 * d_hidden]
+        for t in range(n_pos):
+            step = gates[:, t]  # [batch, 4 * d_hidden]
+            step.addmm_(h, w_hh)
+            step[:, : 2 * d_hidden].sigmoid_()  # i, f
+            step[:, 2 * d_hidden : 3 * d_hidden].tanh_()  # g
+            step[:, 3 * d_hidden :].sigmoid_()  # o
+            i, f, g, o = step.chunk(4, dim=-1)
+            c = torch.mul(i, g, out=cs[:, t]).addcmul_(f, c)
+            h = torch.tanh(c, out=hs[:, t]).mul_(o)
+        i, f, g, o = gates.chunk(4, dim=-1)  # views, [batch, pos, d_hidden] each
+        values = {"i": i, "f": f, "g": g, "o": o, "c": cs, "h": hs}
+        return values, torch.stack([h, c], dim=1)
 
     @torch.no_grad()
     def step_values(
@@ -191,10 +268,16 @@ class LSTMMixer(nn.Module):
         else:
             h0, c0 = initial_state.unbind(1)  # [batch, d_hidden] each
             h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
-        # the same sums in the same order as the unrolled loop: [batch, pos, 4 * d_hidden]
-        gates = (x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + rnn.bias_hh_l0) + h_prev @ rnn.weight_hh_l0.T
-        i, f, g, o = gates.chunk(4, dim=-1)
-        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        # every step's pre-activations in two matrix products, accumulated in one buffer
+        # (fresh tensors of this size cost page faults): [batch * pos, 4 * d_hidden]
+        gates = torch.addmm(rnn.bias_ih_l0 + rnn.bias_hh_l0, x.flatten(0, 1), rnn.weight_ih_l0.T)
+        gates.addmm_(h_prev.flatten(0, 1), rnn.weight_hh_l0.T)
+        gates = gates.unflatten(0, h.shape[:2])  # [batch, pos, 4 * d_hidden]
+        d_hidden = rnn.hidden_size
+        gates[..., : 2 * d_hidden].sigmoid_()  # i, f
+        gates[..., 2 * d_hidden : 3 * d_hidden].tanh_()  # g
+        gates[..., 3 * d_hidden :].sigmoid_()  # o
+        i, f, g, o = gates.chunk(4, dim=-1)  # views, [batch, pos, d_hidden] each
         c = linear_recurrence(f, i * g, c0)  # [batch, pos, d_hidden]
         return {"i": i, "f": f, "g": g, "o": o, "c": c, "h": h}
 

@@ -16,9 +16,8 @@ Parameter names follow Hugging Face's ``transformers.MambaModel`` (``blocks.{i}`
 HF's ``layers.{i}``, ``ln_final`` is ``norm_f``, ``read_in.embed`` is ``embeddings``,
 ``read_out.proj`` is ``lm_head``), so :func:`load_hf_mamba_weights` and
 :func:`to_hf_state_dict` are a renaming. The scan is the same arithmetic as HF's
-reference ("slow") path, run chunk by chunk (:func:`mechlab.models.scan.selective_scan`;
-without autograd; ``model.scan = "loop"`` gives the per-step reference loop, which also
-runs under autograd); no CUDA kernel is needed.
+reference ("slow") path, a loop over positions (``model.scan = "chunked"`` runs
+:func:`mechlab.models.scan.selective_scan` instead); no CUDA kernel is needed.
 
 Hook points (``B`` batch, ``T`` pos; ``E`` = d_inner, ``N`` = d_state):
 
@@ -147,18 +146,17 @@ class MambaMixer(nn.Module):
     """The selective-SSM mixer of one block (HF ``MambaMixer``).
 
     ``scan`` chooses how the scan runs when ``hook_ssm_state`` is not written to:
-    ``"chunked"`` (:func:`mechlab.models.scan.selective_scan`, ``chunk`` positions at a
-    time), ``"loop"`` (the per-step reference loop, HF's slow path) or ``"auto"``
-    (default: chunked without autograd, the loop with it; see
-    :data:`mechlab.models.scan.SCANS`). A hook that may write to ``hook_ssm_state``
-    always gets the loop, step by step; read-only hooks (``run_with_cache``) get the
-    states once.
+    ``"loop"`` (default: the per-step reference loop, HF's slow path) or ``"chunked"``
+    (:func:`mechlab.models.scan.selective_scan`, ``chunk`` positions at a time; see
+    :data:`mechlab.models.scan.SCANS` for why the loop stays the default). A hook that
+    may write to ``hook_ssm_state`` always gets the loop, step by step; read-only hooks
+    (``run_with_cache``) get the states once.
     """
 
     def __init__(self, cfg: MambaConfig):
         super().__init__()
         self.cfg = cfg
-        self.scan = "auto"
+        self.scan = "loop"
         self.chunk = DEFAULT_CHUNK
         d_inner, d_state, dt_rank = cfg.d_inner, cfg.d_state, cfg.resolved_dt_rank
         self.in_proj = nn.Linear(cfg.d_model, 2 * d_inner, bias=cfg.bias)
@@ -290,7 +288,7 @@ class MambaMixer(nn.Module):
         A = -torch.exp(self.A_log.float())  # [d_inner, d_state]
         delta, B, C = delta.float(), B.float(), C.float()  # the scan runs in float32, as HF's
         use = hook_use(self.hook_ssm_state)
-        if use != "write" and use_chunked(self.scan, x, delta, B, C, self.A_log, self.D):
+        if use != "write" and use_chunked(self.scan):
             h0 = None if initial_state is None else initial_state.to(delta.dtype)
             y, h, states = selective_scan(
                 x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=use == "read"
@@ -362,7 +360,7 @@ class Mamba(MechModel):
 
     @property
     def scan(self) -> str:
-        """How the blocks run their scans: ``"auto"``, ``"chunked"`` or ``"loop"`` (see :class:`MambaMixer`)."""
+        """How the blocks run their scans: ``"loop"`` or ``"chunked"`` (see :class:`MambaMixer`)."""
         kinds = {block.mixer.scan for block in self.blocks}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 

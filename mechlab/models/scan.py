@@ -34,31 +34,28 @@ from jaxtyping import Float
 from torch import Tensor
 
 DEFAULT_CHUNK = 16
-# How a mixer runs its recurrence: "auto" takes the chunked scan when no autograd graph
-# is built (inference, caching) and the loop when one is (training: the chunked scans'
-# backward measured about 2x slower than the loop's, docs/benchmarks.md); "chunked" and
-# "loop" force one.
-SCANS = ("auto", "chunked", "loop")
+# How a mixer runs its recurrence: "loop" (default, the per-step reference) or "chunked"
+# (the functions below). Measured on the CPU (docs/benchmarks.md, `mechlab bench scan`),
+# the chunked forward is within about 15% of the loop either way and its backward about
+# 2x slower, so the loop stays the default.
+SCANS = ("loop", "chunked")
 
 
-def use_chunked(scan: str, *tensors: Tensor) -> bool:
-    """Whether a mixer set to ``scan`` runs the chunked scan on these inputs/parameters.
+def use_chunked(scan: str) -> bool:
+    """Whether a mixer set to ``scan`` runs the chunked scan.
 
     Args:
         scan: One of :data:`SCANS`.
-        *tensors: What the recurrence depends on (for ``"auto"``: does any need a gradient?).
 
     Returns:
-        True for the chunked scan, False for the loop.
+        True for ``"chunked"``, False for ``"loop"``.
 
     Raises:
         ValueError: ``scan`` is not one of :data:`SCANS`.
     """
     if scan not in SCANS:
         raise ValueError(f"scan must be one of {SCANS}, got {scan!r}")
-    if scan != "auto":
-        return scan == "chunked"
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    return scan == "chunked"
 
 
 def _check_chunk(chunk: int) -> None:

@@ -248,3 +248,19 @@ def test_bundled_lstm_checkpoint_caches_what_it_did_step_by_step():
     torch.testing.assert_close(out_fast, out_steps, rtol=1e-4, atol=1e-5)
     for name in step_names(model):
         torch.testing.assert_close(fast[name], steps[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("read_path", ["fused", "stepped"])
+def test_both_lstm_read_paths_cache_what_the_step_by_step_path_does(read_path):
+    model, x = make("lstm")
+    for block in model.blocks:
+        block.lstm.read_path = read_path
+    with torch.no_grad():
+        out_fast, fast = model.run_with_cache(x)
+    out_steps, steps = step_by_step_cache(model, x)
+    for name in steps:
+        torch.testing.assert_close(fast[name], steps[name], **TOL["lstm"], msg=name)
+    torch.testing.assert_close(out_fast, out_steps, **TOL["lstm"])
+    model.blocks[0].lstm.read_path = "sideways"
+    with pytest.raises(ValueError, match="read_path must be one of"):
+        model.run_with_cache(x)
