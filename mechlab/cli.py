@@ -333,11 +333,11 @@ def _print_recall_dynamics(d: dict) -> None:
 @app.command()
 def prune(
     ctx: typer.Context,
-    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
-    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable."),
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task (or state_tracking: see --length)."),
+    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable (state tracking: final, changed or all)."),
     sparsity: float = typer.Option(0.95, help="Fraction of edges removed, in (0, 1)."),
     ablation: str = typer.Option("interchange", help="interchange, mean or zero."),
-    corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation: misdirect_incorrect (query label swapped with another haystack system's), another probe, or shuffle."),
+    corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation: misdirect_incorrect (query label swapped with another haystack system's), another probe, or shuffle (state tracking: random, the default there, or x<k>)."),
     loss: str = typer.Option("model", help="model (match the full model) or truth (match the ground truth)."),
     node_sparsity: float | None = typer.Option(None, help="Also mask writer nodes, at this sparsity."),
     steps: int = typer.Option(500, min=1, help="Optimiser steps."),
@@ -348,13 +348,15 @@ def prune(
     test_traces: int = typer.Option(512, min=1, help="Held-out traces for the metrics."),
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
-    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: beside the checkpoint, circuits/)."),
+    length: int | None = typer.Option(None, help="State-tracking checkpoints: elements per sequence (default the run's L; targets final, changed, all; corruption random or x<k>)."),
+    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: beside the checkpoint, circuits/; state tracking: <target>_n<length>_seed<k>)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     protocol: str = typer.Option("default", help="default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. Options given explicitly override it."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
 ) -> None:
-    """Find circuits by edge pruning on needle-in-a-haystack traces: JSON + offline HTML per circuit."""
+    """Find circuits by edge pruning on needle-in-a-haystack traces (state tracking: traces that
+    change one element): JSON + offline HTML per circuit."""
     import warnings
 
     from mechlab.pipelines import PRUNE_PROTOCOLS, check_prune_targets, prune_checkpoint
@@ -370,8 +372,8 @@ def prune(
             settings[key] = None
     if not ckpt.exists():
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
-    check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len,
-                        protocol=PRUNE_PROTOCOLS[protocol]["nih"])  # all, before any work
+    check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len, length=length,
+                        corruption=corruption, protocol=PRUNE_PROTOCOLS[protocol]["nih"])  # all, before any work
     _use_threads(threads)
     out = out or ckpt.resolve().parent / "circuits"  # created by the first write, not before
     found: dict[str, list] = {}
@@ -382,10 +384,11 @@ def prune(
                 circuit = prune_checkpoint(
                     ckpt, name, n_train=traces, n_test=test_traces, n_haystack=haystack,
                     seg_len=seg_len, corruption=corruption, device=device, ablation=ablation,
-                    lr=lr, lambda_lr=lambda_lr, seed=s, progress=progress, protocol=protocol, **settings,
+                    lr=lr, lambda_lr=lambda_lr, seed=s, progress=progress, protocol=protocol,
+                    length=length, **settings,
                 )
             found.setdefault(name, []).append(circuit)
-            stem = f"{name}_seed{s}"
+            stem = f"{circuit.metadata['target']}_seed{s}"  # the target's name (state tracking: with _n<length>)
             circuit.to_json(out / f"{stem}.json")
             circuit.write_html(out / f"{stem}.html")
             m, meta = circuit.metadata["metrics"], circuit.metadata

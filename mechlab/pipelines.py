@@ -12,10 +12,18 @@ from typing import Any
 
 from mechlab.checkpoint import Checkpoint, load_checkpoint
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData, Target, check_target, nih_prune_data, target_positions
+from mechlab.prune.data import (
+    DEFAULT_CORRUPTION,
+    PruneData,
+    Target,
+    check_target,
+    nih_prune_data,
+    target_positions,
+)
 from mechlab.prune.engine import check_prune_args, check_sparsity, prune
 from mechlab.prune.graph import pruning_graph
 from mechlab.tasks import default_haystack
+from mechlab.tasks import state_tracking_prune as st_prune
 from mechlab.tasks.lds import LDSConfig
 
 PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
@@ -90,8 +98,14 @@ def checkpoint_prune_data(
     return ckpt, data
 
 
-def _lds_config(ckpt: Checkpoint) -> LDSConfig:
-    """The checkpoint's task config; a one-line ValueError unless it is the lds task's."""
+def _lds_config(ckpt: Checkpoint, length: int | None = None) -> LDSConfig:
+    """The checkpoint's task config; a one-line ValueError unless it is the lds task's
+    (or when a sequence ``length``, which only state tracking takes, is given)."""
+    if length is not None:
+        raise ValueError(
+            f"a length applies to state-tracking checkpoints; {str(ckpt.path)!r} was trained on "
+            f"task {ckpt.task!r}"
+        )
     cfg = ckpt.task_config
     if not isinstance(cfg, LDSConfig):
         raise ValueError(
@@ -122,6 +136,27 @@ def _nih_data(
     )  # fmt: skip
 
 
+def _state_tracking_data(
+    ckpt: Checkpoint,
+    target: Target,
+    length: int | None,
+    *,
+    n_train: int,
+    n_test: int,
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int = 0,
+) -> tuple[PruneData, Target]:
+    """Pruning traces of a state-tracking checkpoint (``length`` elements, default the run's
+    ``L``) and the target resolved on them; the recall default corruption means ``random``."""
+    if corruption == DEFAULT_CORRUPTION:
+        corruption = st_prune.DEFAULT_CORRUPTION
+    data = st_prune.state_tracking_prune_data(
+        ckpt.task_config, length, n_train=n_train, n_test=n_test, corruption=corruption,
+        seed=data_seed, n_ctx=ckpt.model.cfg.n_ctx,
+    )  # fmt: skip
+    return data, st_prune.resolve_target(target, data)
+
+
 def prune_checkpoint(
     path: str | Path,
     target: Target,
@@ -136,6 +171,7 @@ def prune_checkpoint(
     device: str | None = None,
     protocol: str = "default",
     loss_scale: float | None = None,
+    length: int | None = None,
     **prune_kwargs: Any,
 ) -> Circuit:
     """Prune a checkpoint of the interleaved-systems task on needle-in-a-haystack traces.
@@ -160,7 +196,14 @@ def prune_checkpoint(
             the NiH construction and the pruning settings that ``sparsity`` and
             ``prune_kwargs`` do not set (``None`` values count as not set).
         loss_scale: Multiplies the task loss (default the protocol's: 1, study 1000).
+        length: Elements per sequence of a state-tracking checkpoint (default the run's
+            ``L``; refused for other tasks).
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...).
+
+    A state-tracking checkpoint (``metadata["task"] == "state_tracking"``) is pruned on
+    :func:`mechlab.tasks.state_tracking_prune.state_tracking_prune_data` traces instead
+    (targets ``final``, ``changed``, ``all``; ``corruption`` ``random`` (what the default
+    means there) or ``x<k>``); the NiH settings are ignored.
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`; its metadata records the
@@ -175,11 +218,15 @@ def prune_checkpoint(
     check_prune_args(sparsity, **settings)
     data_seed = settings.get("seed", 0) if data_seed is None else data_seed
     ckpt = load_checkpoint(path, map_location=device or "cpu")
-    _lds_config(ckpt)
-    data = _nih_data(
-        ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-        corruption=corruption, data_seed=data_seed, protocol=nih,
-    )  # fmt: skip
+    if ckpt.task == "state_tracking":
+        data, target = _state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
+                                            corruption=corruption, data_seed=data_seed)  # fmt: skip
+    else:
+        _lds_config(ckpt, length)
+        data = _nih_data(
+            ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+            corruption=corruption, data_seed=data_seed, protocol=nih,
+        )  # fmt: skip
     check_target(target, data.train)
     # the graph pruned (windowed for a recurrent model: its countable edges depend on the target)
     graph = pruning_graph(ckpt.model, data.train.windows, settings.get("position_aware"))
@@ -199,8 +246,11 @@ def check_prune_targets(
     n_haystack: int | None = None,
     seg_len: int | None = None,
     protocol: str = "study",
+    length: int | None = None,
+    corruption: str = DEFAULT_CORRUPTION,
 ) -> None:
-    """Raise ValueError unless every target is valid for the checkpoint's NiH traces.
+    """Raise ValueError unless every target is valid for the checkpoint's NiH traces
+    (a state-tracking checkpoint's: its traces at ``length`` with ``corruption``).
 
     Cheap (a few traces are drawn), so a command can check all its targets before it
     starts pruning the first.
@@ -211,10 +261,17 @@ def check_prune_targets(
         n_haystack: Haystack systems (default: the run's evaluation setting).
         seg_len: Observations per haystack segment (bounds ``k`` of ``k-after``).
         protocol: NiH construction.
+        length: Elements per sequence (state-tracking checkpoints only).
+        corruption: Corruption (checked for state-tracking checkpoints).
     """
+    ckpt = load_checkpoint(path, map_location="cpu")
+    if ckpt.task == "state_tracking":
+        for target in targets:
+            _state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+        return
+    _lds_config(ckpt, length)
     data = _nih_data(
-        load_checkpoint(path, map_location="cpu"), n_train=1, n_test=1,
-        n_haystack=n_haystack, seg_len=seg_len, protocol=protocol,
+        ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len, protocol=protocol,
     )  # fmt: skip
     for target in targets:
         check_target(target, data.train)
