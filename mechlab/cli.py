@@ -789,23 +789,67 @@ def bench_hooks(
     n_pos: int = typer.Option(251, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(7, min=1, help="Timed runs of each contender."),
     device: str = typer.Option("cpu"),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
 ) -> None:
     """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
+    import torch
+
     from mechlab.bench.hooks import BENCH_MODELS, bench_family
+
+    if threads is not None:
+        torch.set_num_threads(threads)
 
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in BENCH_MODELS]
     if unknown:
         raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {sorted(BENCH_MODELS)}")
-    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}")
-    rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain", "unrolled/fused")]
+    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}, "
+               f"{torch.get_num_threads()} thread(s)")  # fmt: skip
+    rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain",
+             "unrolled/fused", "step-by-step cache/plain", "fused+recovered cache/plain")]  # fmt: skip
     for family in names:
         r = bench_family(family, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
         rows.append((
             family, f"{r.n_params:,}", str(r.n_hooks), f"{r.plain * 1e3:.1f}", f"{r.cache * 1e3:.1f}",
             f"{r.nnsight * 1e3:.1f}", f"{r.cache_ratio:.2f}x", f"{r.nnsight_ratio:.2f}x",
             f"{r.unrolled / r.plain:.2f}x" if r.unrolled is not None else "-",
+            f"{r.cache_steps_ratio:.2f}x" if r.cache_steps_ratio is not None else "-",
+            f"{r.cache_fused / r.plain:.2f}x" if r.cache_fused is not None else "-",
         ))
+    _echo_table(rows)
+
+
+@bench_app.command("scan")
+def bench_scan_(
+    families: str = typer.Option("mamba,dense_ssm", help="Comma-separated families: mamba, dense_ssm."),
+    batch: int = typer.Option(64, min=1),
+    n_pos: int = typer.Option(251, "--pos", min=2, help="Sequence length."),
+    repeats: int = typer.Option(5, min=1, help="Timed runs of each contender."),
+    chunk: int = typer.Option(16, min=1, help="Positions per chunk of the chunked scan."),
+    device: str = typer.Option("cpu"),
+    threads: int = typer.Option(1, min=1, help="Torch CPU threads."),
+) -> None:
+    """The chunked scans vs the per-step loops: forward, forward+backward, and their differences."""
+    import torch
+
+    from mechlab.bench.scan import SCAN_FAMILIES, bench_scan
+
+    names = [f.strip() for f in families.split(",") if f.strip()]
+    unknown = [f for f in names if f not in SCAN_FAMILIES]
+    if unknown:
+        raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {list(SCAN_FAMILIES)}")
+    torch.set_num_threads(threads)
+    typer.echo(f"batch {batch} x {n_pos} positions, chunk {chunk}, {repeats} timed runs each, medians, "
+               f"device {device}, {threads} thread(s)")  # fmt: skip
+    rows = [("family", "loop fwd ms", "chunked fwd ms", "loop/chunked", "loop fwd+bwd ms", "chunked fwd+bwd ms",
+             "loop/chunked", "output diff", "grad diff")]  # fmt: skip
+    for family in names:
+        r = bench_scan(family, batch=batch, n_pos=n_pos, repeats=repeats, chunk=chunk, device=device)
+        rows.append((
+            family, f"{r.loop_forward * 1e3:.1f}", f"{r.chunked_forward * 1e3:.1f}", f"{r.forward_speedup:.2f}x",
+            f"{r.loop_backward * 1e3:.1f}", f"{r.chunked_backward * 1e3:.1f}", f"{r.backward_speedup:.2f}x",
+            f"{r.output_diff:.1e}", f"{r.grad_diff:.1e}",
+        ))  # fmt: skip
     _echo_table(rows)
 
 
