@@ -6,20 +6,26 @@ targets jointly, with a term that pays for using the same edges, tells these apa
 the circuits can be made to share at no loss of faithfulness, the low overlap was
 redundancy; if sharing costs faithfulness, the targets need different edges.
 
-:func:`joint_prune` optimises one set of hard-concrete edge masks per target, each with
-its own task loss (as :func:`~mechlab.prune.engine.prune`: normalised by the fully
-ablated model's loss, times 10, by default) and its own Lagrangian sparsity constraint,
-plus the sharing term
+:func:`joint_prune` gives each target its own hard-concrete edge masks, task loss (as
+:func:`~mechlab.prune.engine.prune`'s) and Lagrangian sparsity constraint. With
+``share > 0`` each target's location parameters are a consensus plus a private part,
 
-    share * mean over pairs (a, b) of  sum_e |P_a(e) - P_b(e)| / k_ab
+    log_alpha_t = log_alpha_0 + delta_t,
+    penalty = share * mean over targets t of  sum_e |P_t(e) - P_0(e)| / k_t
 
-where ``P_t(e)`` is the probability that target ``t``'s mask on edge ``e`` is non-zero
-(the expected-L0 term of :mod:`mechlab.prune.masks`), summed over the countable edges,
-and ``k_ab`` is the mean number of edges the two sparsities keep. The term is 0 when
-both targets open the same edges and 2 when they open disjoint sets of the kept size;
-``share = 0`` leaves the targets independent. Every target draws the same batches and
-the same mask noise as :func:`prune` with the same seed (common random numbers), so at
-``share = 0`` each target's circuit is the one :func:`prune` finds.
+(``P(e)`` the probability that a mask is non-zero, ``k_t`` the edges target ``t`` keeps),
+so an edge that serves every target gathers every target's gradient in the consensus.
+``share = "tied"`` (``math.inf``) is the limit: one mask set, its loss the sum of the
+targets' losses. ``share = 0``: independent targets, each drawing the same batches and
+mask noise as :func:`prune` with the same seed, so each circuit is :func:`prune`'s.
+
+The search often ends with several equally useful routes still open (the masks
+saturated, the sparsity not yet met); ranking them by ``log_alpha`` would break the tie
+by optimiser noise. By default the circuits are chosen by backward elimination on the
+joint objective (:mod:`mechlab.prune.refine`): the targets' losses plus ``share`` times
+the circuits' pairwise disagreement ``|A xor B| / k``, or, tied, the summed losses of
+one circuit. On the planted models of ``tests/prune/test_joint.py`` this makes
+sharing pick the route both targets can use, every seed.
 
 :func:`share_sweep` runs a small grid of ``share`` values over seeds and reports, per
 target, faithfulness and complement faithfulness on held-out traces, the Jaccard of the
@@ -71,14 +77,26 @@ from mechlab.prune.forward import (
     truth_error,
 )
 from mechlab.prune.graph import countable_edges, pruning_graph
+from mechlab.prune.refine import (
+    REFINE_TRACES,
+    greedy_eliminate,
+    greedy_eliminate_joint,
+    open_countable,
+    refined_log_alpha,
+)
 
-SHARES = (0.0, 0.1, 0.3, 1.0)  # the default sweep
+SHARES = (0.0, 0.3, 1.0, math.inf)  # the default sweep (inf: tied)
 
 
 def check_share(share: Any) -> float:
-    """Return ``share`` as a float, or raise a one-line ValueError (finite, >= 0)."""
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share):
-        raise ValueError(f"share must be a finite number >= 0, got {share!r}")
+    """Return ``share`` as a float, or raise a one-line ValueError.
+
+    ``share`` is a number >= 0, or ``math.inf`` / ``"tied"`` (one circuit for every target).
+    """
+    if isinstance(share, str) and share.strip().lower() in ("tied", "inf"):
+        return math.inf
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or math.isnan(share):
+        raise ValueError(f"share must be a number >= 0 or 'tied', got {share!r}")
     if share < 0:
         raise ValueError(f"share must be >= 0 (0: independent targets), got {share!r}")
     return float(share)
@@ -99,21 +117,19 @@ def check_joint_targets(targets: Any, data: PruneData) -> list[Target]:
     return targets
 
 
-def sharing_penalty(p: Tensor, n_keep: Sequence[int]) -> Tensor:
-    """``mean over pairs (a, b) of sum_e |p[a, e] - p[b, e]| / ((k_a + k_b) / 2)``.
+def consensus_penalty(p: Tensor, p0: Tensor, n_keep: Sequence[int]) -> Tensor:
+    """``mean over targets t of sum_e |p[t, e] - p0[e]| / k_t``: distance from the consensus.
 
     Args:
         p: ``[n_targets, n_edges]`` probabilities that each target's mask is non-zero.
+        p0: ``[n_edges]`` the same for the consensus masks.
         n_keep: Edges each target's sparsity keeps.
 
     Returns:
-        A scalar: 0 when all targets open the same edges, 2 for disjoint sets of the kept sizes.
+        A scalar: 0 when every target opens the consensus edges.
     """
-    terms = [
-        (p[a] - p[b]).abs().sum() / max(0.5 * (n_keep[a] + n_keep[b]), 1.0)
-        for a, b in combinations(range(p.shape[0]), 2)
-    ]
-    return torch.stack(terms).mean()
+    keep = torch.tensor([max(float(k), 1.0) for k in n_keep], device=p.device)
+    return ((p - p0).abs().sum(-1) / keep).mean()
 
 
 class _Lagrangians(nn.Module):
@@ -169,6 +185,7 @@ def joint_prune(
     loss_scale: float | None = None,
     normalize_loss: bool | None = None,
     init_mean: float = hc.INIT_MEAN,
+    refine: bool = True,
     progress: bool = True,
     checkpoint_sha256: str | None = None,
 ) -> JointResult:
@@ -179,7 +196,9 @@ def joint_prune(
         data: Training and held-out traces, the same for every target.
         targets: At least two distinct targets (``"k-after"``, ``"all"`` or callables).
         sparsity: Edge sparsity of every target's circuit, over the countable edges.
-        share: Weight of the sharing term, finite and >= 0 (0: independent targets).
+        share: Weight of the sharing term, >= 0 (0: independent targets), or
+            ``math.inf`` / ``"tied"``: one circuit for every target, its loss the sum of
+            the targets' losses.
         ablation: ``"interchange"``, ``"mean"`` or ``"zero"``.
         steps: Optimiser steps.
         seed: Seed of the masks' initialisation, noise and batches (the same for every
@@ -193,6 +212,10 @@ def joint_prune(
         loss_scale: As :func:`~mechlab.prune.engine.prune` (default: normalised x 10).
         normalize_loss: As :func:`~mechlab.prune.engine.prune`.
         init_mean: Mean of the initial ``log_alpha``.
+        refine: When more edges stay open than the quota allows, choose among them by
+            backward elimination on the objective (:mod:`mechlab.prune.refine`): each
+            target's own loss, or, tied, the sum of every target's; ``False``: by
+            ``log_alpha`` rank, as :func:`~mechlab.prune.engine.prune` does.
         progress: Show a progress bar.
         checkpoint_sha256: Recorded in the circuits' metadata.
 
@@ -240,13 +263,17 @@ def joint_prune(
             model, graph, train, positions, reference, ablated, sparsity, share, countable,
             n_keep, norms, loss_scale, progress=progress, **settings,
         )  # fmt: skip
+        if refine:
+            results = _refine(model, graph, train, positions, reference, ablated, results,
+                              countable, n_keep, norms, ablation, share)  # fmt: skip
         names = [target_name(t) for t in targets]
         circuits: dict[str, Circuit] = {}
         for i, t in enumerate(targets):
             recorded = {
                 "checkpoint_sha256": checkpoint_sha256, "loss": loss, "loss_scale": loss_scale,
                 "loss_normalized": normalize_loss, "loss_normalized_by": norms[i], **settings,
-                "joint": True, "share": share, "partners": [n for n in names if n != names[i]],
+                "joint": True, "share": "tied" if math.isinf(share) else share,
+                "refined": refine, "partners": [n for n in names if n != names[i]],
             }  # fmt: skip
             circuits[names[i]] = finish_circuit(
                 model, graph, data, t, ablation, results[i], sparsity, None, countable[i],
@@ -262,6 +289,68 @@ def joint_prune(
         for warning in circuit.metadata["warnings"]:
             warnings.warn(warning, UserWarning, stacklevel=2)
     return JointResult(circuits=circuits, share=share, jaccard=jaccard)
+
+
+def _refine(
+    model: nn.Module,
+    graph,
+    traces,
+    positions: list[Tensor],
+    reference: Tensor,
+    ablated,
+    results: list[MaskResult],
+    countable: list[Tensor],
+    n_keep: list[int],
+    norms: list[float],
+    ablation: str,
+    share: float,
+) -> list[MaskResult]:
+    """The masks after backward elimination (:mod:`mechlab.prune.refine`): tied, one set
+    scored by the summed losses; otherwise one set per target, scored by each target's
+    loss plus ``share`` times their disagreement."""
+    tied = math.isinf(share)
+    io = model.cfg.io
+    n = min(len(traces), REFINE_TRACES)
+    index = torch.arange(n, device=reference.device)
+    x = traces.inputs[index]
+    abl = select_traces(ablated, index)
+    dtype = next(model.parameters()).dtype
+
+    def loss_of(targets: list[int]):
+        def loss(kept: Tensor) -> float:
+            with torch.no_grad():
+                pred = masked_forward(model, graph, x, abl, kept.to(x.device, dtype))
+                total = 0.0
+                for t in targets:
+                    mask, ref = positions[t][index], reference[index][positions[t][index]]
+                    if io == "tokens" and ref.dtype == torch.long:
+                        err = truth_error(pred[mask], ref, io).mean()
+                    else:
+                        err = divergence(pred[mask], ref, io).mean()
+                    total += float(err) / norms[t]
+            return total if math.isfinite(total) else math.inf
+
+        return loss
+
+    out = []
+    if tied:
+        la = results[0].edge_log_alpha
+        counted = torch.stack(countable).any(0).cpu()
+        kept = greedy_eliminate(graph, open_countable(la, counted), min(n_keep),
+                                loss_of(list(range(len(results)))), ablation)  # fmt: skip
+        for r in results:
+            out.append(MaskResult(refined_log_alpha(r.edge_log_alpha, kept, counted),
+                                  r.node_log_alpha, r.history))  # fmt: skip
+        return out
+    counted = [c.cpu() for c in countable]
+    kept = greedy_eliminate_joint(
+        graph, [open_countable(r.edge_log_alpha, c) for r, c in zip(results, counted, strict=True)],
+        n_keep, [loss_of([t]) for t in range(len(results))], share, ablation,
+    )  # fmt: skip
+    return [
+        MaskResult(refined_log_alpha(r.edge_log_alpha, k, c), r.node_log_alpha, r.history)
+        for r, k, c in zip(results, kept, counted, strict=True)
+    ]
 
 
 def _optimise_joint(
@@ -298,12 +387,22 @@ def _optimise_joint(
     n_t = len(positions)
     gen = torch.Generator().manual_seed(seed)
     init = hc.init_log_alpha(graph.n_edges, gen, init_mean)  # [n_edges], as optimise_masks
-    edge_la = nn.Parameter(init.repeat(n_t, 1).to(device))  # [n_targets, n_edges]
     counted = torch.stack(countable).to(device)  # [n_targets, n_edges]
     shared_counted = counted.all(0)  # the sharing term looks at edges every target counts
+    tied = math.isinf(share)
+    if share == 0:  # independent: each target's masks are prune()'s
+        consensus = None
+        private = nn.Parameter(init.repeat(n_t, 1).to(device))  # [n_targets, n_edges]
+    elif tied:  # one mask set for every target
+        consensus = nn.Parameter(init.to(device))  # [n_edges]
+        private = torch.zeros(n_t, graph.n_edges, device=device)
+    else:  # log_alpha_t = consensus + private_t; sharing pulls P_t towards the consensus
+        consensus = nn.Parameter(init.to(device))
+        private = nn.Parameter(torch.zeros(n_t, graph.n_edges, device=device))
+    mask_params = [p for p in (consensus, private) if isinstance(p, nn.Parameter)]
     lag = _Lagrangians(n_t).to(device)
     opt = torch.optim.Adam(
-        [{"params": [edge_la], "lr": lr},
+        [{"params": mask_params, "lr": lr},
          {"params": list(lag.parameters()), "lr": lambda_lr, "maximize": True}]
     )  # fmt: skip
     factors = [lambda i: 1.0, lambda i: _lr_factor(i, steps, lambda_warmup)]
@@ -325,10 +424,13 @@ def _optimise_joint(
         x = traces.inputs[index_d]
         abl = select_traces(ablated, index_d)
         u = hc.uniform_noise(graph.n_edges, gen).to(device)  # the same noise for every target
+        edge_la = private if consensus is None else consensus + private  # [n_targets, n_edges]
         tasks = []
+        pred = None
         for t in range(n_t):
-            z = hc.sample_mask(edge_la[t], u)  # [n_edges]
-            pred = masked_forward(model, graph, x, abl, z)
+            if pred is None or not tied:  # tied: one masked forward serves every target
+                z = hc.sample_mask(edge_la[t], u)  # [n_edges]
+                pred = masked_forward(model, graph, x, abl, z)
             mask, ref = positions[t][index_d], reference[index_d][positions[t][index_d]]
             if io == "tokens" and ref.dtype == torch.long:
                 tasks.append(truth_error(pred[mask], ref, io).mean())
@@ -339,8 +441,10 @@ def _optimise_joint(
         task_total = sum(loss_scale * task / norm for task, norm in zip(tasks, norms, strict=True))
         total = task_total + lag(s, target)
         penalty = torch.zeros((), device=device)
-        if share > 0:
-            penalty = sharing_penalty(hc.prob_nonzero(edge_la[:, shared_counted]), n_keep)
+        if consensus is not None and not tied:
+            p = hc.prob_nonzero(edge_la[:, shared_counted])  # [n_targets, n_shared]
+            p0 = hc.prob_nonzero(consensus[shared_counted])  # [n_shared]
+            penalty = consensus_penalty(p, p0, n_keep)
             total = total + share * penalty
         opt.zero_grad(set_to_none=True)
         total.backward()
@@ -355,7 +459,7 @@ def _optimise_joint(
                 })  # fmt: skip
             bar.set_postfix(sharing=f"{penalty.item():.3f}")
     bar.close()
-    la = edge_la.detach().clone()
+    la = (private if consensus is None else consensus + private).detach().clone()
     return [MaskResult(la[t], None, histories[t]) for t in range(n_t)]
 
 
@@ -424,8 +528,12 @@ class ShareSweep:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (JSON): targets, rows and the summary."""
-        return {"targets": self.targets, "rows": self.rows, "summary": self.summary()}
+        """Plain data (JSON; a tied share is written ``"tied"``): targets, rows and the summary."""
+
+        def plain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{**e, "share": "tied" if math.isinf(e["share"]) else e["share"]} for e in entries]
+
+        return {"targets": self.targets, "rows": plain(self.rows), "summary": plain(self.summary())}
 
 
 def check_shares(shares: Any) -> list[float]:
