@@ -150,7 +150,8 @@ class MambaMixer(nn.Module):
     (:func:`mechlab.models.scan.selective_scan`, ``chunk`` positions at a time; see
     :data:`mechlab.models.scan.SCANS` for why the loop stays the default). A hook that
     may write to ``hook_ssm_state`` always gets the loop, step by step; read-only hooks
-    (``run_with_cache``) get the states once.
+    (``run_with_cache``) get the states once, from the chunked scan when no autograd
+    graph is built (it writes the states in place), else from the loop.
     """
 
     def __init__(self, cfg: MambaConfig):
@@ -288,7 +289,12 @@ class MambaMixer(nn.Module):
         A = -torch.exp(self.A_log.float())  # [d_inner, d_state]
         delta, B, C = delta.float(), B.float(), C.float()  # the scan runs in float32, as HF's
         use = hook_use(self.hook_ssm_state)
-        if use != "write" and use_chunked(self.scan):
+        # read-only hooks without autograd: the chunked scan writes every state straight
+        # into the trajectory they get (the loop would stack 251 fresh states)
+        read_in_place = use == "read" and not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, B, C, self.A_log))
+        )
+        if use != "write" and (use_chunked(self.scan) or read_in_place):
             h0 = None if initial_state is None else initial_state.to(delta.dtype)
             y, h, states = selective_scan(
                 x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=use == "read"
