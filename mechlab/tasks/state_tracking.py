@@ -348,8 +348,9 @@ def validation_sizes(cfg: StateTrackingConfig) -> dict[int, int]:
     share, extra = divmod(cfg.n_val, len(lengths))
     out = {}
     for i, n in enumerate(lengths):
-        cap = cfg.n_states**n * cfg.val_frac
-        out[n] = int(min(share + (i < extra), math.floor(cap) if cap < 2**62 else 2**62))
+        total = cfg.n_states**n
+        cap = math.floor(total * cfg.val_frac) if total < 2**62 else 2**62  # (no float overflow)
+        out[n] = int(min(share + (i < extra), cap))
     return out
 
 
