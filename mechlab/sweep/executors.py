@@ -120,6 +120,8 @@ class RayExecutor:
         self, unit_fn: UnitFn, address: str | None = None, num_cpus: int | None = None,
         cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0, max_retries: int = 3,
     ) -> None:  # fmt: skip
+        if address not in (None, "local"):
+            _use_token_auth_if_available()  # read when Ray loads: before the import
         import ray
 
         if cpus_per_trial < 0 or gpus_per_trial < 0:
@@ -136,7 +138,12 @@ class RayExecutor:
                 kwargs["num_cpus"] = num_cpus
             else:
                 kwargs["address"] = address
-            ray.init(**kwargs)
+            try:
+                ray.init(**kwargs)
+            except ConnectionError as exc:
+                raise ValueError(f"could not join the Ray cluster at {address!r}: {exc}; if it uses token "
+                                 "authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or "
+                                 "RAY_AUTH_TOKEN_PATH) before Ray is imported") from None  # fmt: skip
             self._started = True
         self._fn = ray.put(unit_fn)
         self._remote = ray.remote(_run_unit).options(
@@ -178,6 +185,25 @@ class RayExecutor:
         self._refs.clear()
         if self._started:
             self._ray.shutdown()
+
+
+def _use_token_auth_if_available() -> None:
+    """Send this machine's Ray token when joining a cluster.
+
+    Ray >= 2.59 turns token authentication on for every cluster started with ``ray.init()``
+    or ``ray start --head`` and saves the token to ``~/.ray/auth_token``, but a client
+    joining with ``ray.init(address=...)`` sends it only when ``RAY_AUTH_MODE=token``
+    (ray-project/ray#64755), so joining fails with "Authentication token is missing". Unless
+    ``RAY_AUTH_MODE`` is set already, it is set to ``token`` here when a token exists
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``); a cluster
+    without authentication accepts such a client too. Ray reads the mode when it is
+    imported, so this runs before ``import ray``.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    token_path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_path):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _run_unit(unit_fn: UnitFn, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:

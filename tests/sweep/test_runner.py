@@ -183,3 +183,23 @@ def test_ray_a_tiny_real_sweep(local_ray, tmp_path):
         assert t["spec"]["task"]["format"] == "acot" and t["steps_run"] <= 20
         assert -1.0 <= t["ood_token_acc"] <= 1.0 and t["val_loss"] >= 0
     assert r.lo == 22 if r.status == "not_reached" else r.n_star <= 22
+
+
+@pytest.mark.slow  # about 25 s: a second process joins the running instance
+def test_ray_mechlab_sweep_joins_a_running_cluster(local_ray, tmp_path):
+    import subprocess
+    import sys
+
+    address = local_ray.get_runtime_context().gcs_address
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}  # as a fresh shell
+    out = tmp_path / "joined"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mechlab.cli", "sweep", "--out", str(out), "--address", address,
+         "--models", "st_lstm_small", "--formats", "acot", "--m", "3", "--L", "3", "--lengths", "fixed",
+         "--no-kappa", "--lrs", "1e-3", "--seeds", "10,20", "--n-val", "5", "--no-progress",
+         "--trial", "mechlab.sweep.oracle:oracle_trial"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads((out / "searches.json").read_text())
+    assert row["n_star"] == 12 and row["status"] == "found"  # ceil(3 * 3 * 1.3)
