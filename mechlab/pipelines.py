@@ -7,6 +7,7 @@ traces from its metadata and call them. The CLI is a thin skin over this module.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from mechlab.prune.data import (
 )
 from mechlab.prune.engine import check_prune_args, check_sparsity, prune
 from mechlab.prune.graph import pruning_graph
+from mechlab.prune.joint import ShareSweep, check_joint_targets, check_shares, share_sweep
 from mechlab.tasks import default_haystack
 from mechlab.tasks import state_tracking_prune as st_prune
 from mechlab.tasks.lds import LDSConfig
@@ -237,6 +239,79 @@ def prune_checkpoint(
     circuit.metadata["checkpoint_step"] = ckpt.step
     circuit.metadata["protocol"] = protocol
     return circuit
+
+
+def joint_prune_checkpoint(
+    path: str | Path,
+    targets: Sequence[Target],
+    shares: Sequence[float | str],
+    seeds: Sequence[int] = (0,),
+    sparsity: float | None = None,
+    *,
+    n_train: int = 256,
+    n_test: int = 512,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    corruption: str = "misdirect_incorrect",
+    device: str | None = None,
+    protocol: str = "default",
+    loss_scale: float | None = None,
+    **prune_kwargs: Any,
+) -> ShareSweep:
+    """Prune several targets of a checkpoint jointly, for each sharing weight and seed.
+
+    The traces are built as :func:`prune_checkpoint` builds them, seed ``k`` drawing its
+    own (so the seeds vary data and optimiser), and every share of a seed prunes the
+    same traces: the cost of sharing is measured on equal terms.
+
+    Args:
+        path: Checkpoint file.
+        targets: At least two targets (``"k-after"``, ``"all"``).
+        shares: Sharing weights (numbers >= 0, ``"tied"``); include 0 for the cost column.
+        seeds: Pruning and data seeds.
+        sparsity: Edge sparsity of every target's circuit (default the protocol's).
+        n_train: Training traces.
+        n_test: Held-out traces.
+        n_haystack: Haystack systems.
+        seg_len: Observations per haystack segment.
+        corruption: How interchange-ablation traces are corrupted.
+        device: Where to run.
+        protocol: As :func:`prune_checkpoint`.
+        loss_scale: As :func:`prune_checkpoint`.
+        **prune_kwargs: Passed to :func:`~mechlab.prune.joint.joint_prune`.
+
+    Returns:
+        The :class:`~mechlab.prune.joint.ShareSweep`; each circuit's metadata records the
+        checkpoint and the ``data_seed``.
+
+    Raises:
+        ValueError: As :func:`prune_checkpoint`, fewer than two targets, a bad share.
+    """
+    settings = prune_protocol(protocol, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
+    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
+    if settings.pop("node_sparsity", None) is not None:
+        raise ValueError(
+            f"joint pruning masks edges only, but protocol {protocol!r} or the settings ask for "
+            "node masks; use --protocol default or uniform, without node sparsity"
+        )
+    check_prune_args(sparsity, **settings)
+    shares = check_shares(shares)
+    ckpt = load_checkpoint(path, map_location=device or "cpu")
+    _lds_config(ckpt)
+
+    def data_of(seed: int) -> PruneData:
+        return _nih_data(
+            ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+            corruption=corruption, data_seed=seed, protocol=nih,
+        )  # fmt: skip
+
+    check_joint_targets(targets, data_of(seeds[0] if seeds else 0))
+    sweep = share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds,
+                        sparsity=sparsity, checkpoint_sha256=ckpt.sha256, **settings)  # fmt: skip
+    for result in sweep.results:
+        for circuit in result.circuits.values():
+            circuit.metadata.update(checkpoint=str(path), checkpoint_step=ckpt.step, protocol=protocol)
+    return sweep
 
 
 def check_prune_targets(

@@ -336,7 +336,7 @@ def _refine(
     if tied:
         la = results[0].edge_log_alpha
         counted = torch.stack(countable).any(0).cpu()
-        kept = greedy_eliminate(graph, open_countable(la, counted), min(n_keep),
+        kept = greedy_eliminate(graph, open_countable(la, counted, min(n_keep)), min(n_keep),
                                 loss_of(list(range(len(results)))), ablation)  # fmt: skip
         for r in results:
             out.append(MaskResult(refined_log_alpha(r.edge_log_alpha, kept, counted),
@@ -344,7 +344,8 @@ def _refine(
         return out
     counted = [c.cpu() for c in countable]
     kept = greedy_eliminate_joint(
-        graph, [open_countable(r.edge_log_alpha, c) for r, c in zip(results, counted, strict=True)],
+        graph, [open_countable(r.edge_log_alpha, c, k)
+                for r, c, k in zip(results, counted, n_keep, strict=True)],
         n_keep, [loss_of([t]) for t in range(len(results))], share, ablation,
     )  # fmt: skip
     return [

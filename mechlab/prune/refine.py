@@ -15,13 +15,17 @@ elimination on the actual objective decides such ties by what they cost:
 
 ``live`` drops the edges left off every complete input-to-read-out path (they cannot
 change the output), so removing one edge of a route also removes the rest of it at no
-cost. Each round costs ``|kept|`` masked forwards on the refinement traces.
+cost. Each round costs ``|kept|`` masked forwards on the refinement traces, so the
+elimination starts from at most the quota plus :data:`REFINE_EXTRA` open edges, those of
+highest ``log_alpha``: it decides among the routes the search left open, it does not
+search the whole graph.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from mechlab.prune.engine import live_edges
@@ -29,6 +33,7 @@ from mechlab.prune.graph import EdgeGraph
 from mechlab.prune.masks import deterministic_mask
 
 REFINE_TRACES = 256  # traces the elimination scores each candidate set on
+REFINE_EXTRA = 16  # the elimination starts from at most the quota plus this many open edges
 
 
 def greedy_eliminate(
@@ -135,12 +140,37 @@ def refined_log_alpha(log_alpha: Tensor, kept: Tensor, countable: Tensor) -> Ten
     return out
 
 
-def open_countable(log_alpha: Tensor, countable: Tensor) -> Tensor:
-    """``[n_edges]`` bool: countable edges whose deterministic mask is above 0."""
-    return (deterministic_mask(log_alpha.detach()) > 0).cpu() & countable.cpu().bool()
+def open_countable(
+    log_alpha: Tensor, countable: Tensor, n_keep: int | None = None, extra: int = REFINE_EXTRA
+) -> Tensor:
+    """``[n_edges]`` bool: the elimination's starting set.
+
+    The countable edges whose deterministic mask is above 0; with ``n_keep``, at most
+    ``n_keep + extra`` of them, those of highest ``log_alpha`` (the elimination costs
+    about ``(n_keep + extra) * extra`` masked forwards, whatever the graph's size).
+
+    Args:
+        log_alpha: ``[n_edges]`` location parameters.
+        countable: ``[n_edges]`` bool, the edges the sparsity counts.
+        n_keep: The quota; None: no limit.
+        extra: How many more than the quota the elimination may start from.
+
+    Returns:
+        ``[n_edges]`` bool.
+    """
+    la = log_alpha.detach().cpu()
+    candidates = (deterministic_mask(la) > 0) & countable.cpu().bool()
+    if n_keep is None or int(candidates.sum()) <= n_keep + extra:
+        return candidates
+    index = candidates.nonzero().flatten()
+    top = index[torch.argsort(la[index], descending=True, stable=True)[: n_keep + extra]]
+    pool = torch.zeros_like(candidates)
+    pool[top] = True
+    return pool
 
 
 __all__ = [
+    "REFINE_EXTRA",
     "REFINE_TRACES",
     "greedy_eliminate",
     "greedy_eliminate_joint",
