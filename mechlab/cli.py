@@ -354,6 +354,7 @@ def prune(
     progress: bool = typer.Option(True, help="Show a progress bar."),
     protocol: str = typer.Option("default", help="default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. Options given explicitly override it."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
 ) -> None:
     """Find circuits by edge pruning on needle-in-a-haystack traces (state tracking: traces that
     change one element): JSON + offline HTML per circuit."""
@@ -374,6 +375,13 @@ def prune(
         raise UsageProblem(f"checkpoint {str(ckpt)!r} not found")
     check_prune_targets(ckpt, target, n_haystack=haystack, seg_len=seg_len, length=length,
                         corruption=corruption, protocol=PRUNE_PROTOCOLS[protocol]["nih"])  # all, before any work
+    if share:
+        shares = _parse_shares(share, target)
+        _use_threads(threads)
+        _joint_prune(ckpt, target, shares, seed, out, settings, protocol=protocol, n_train=traces,
+                     n_test=test_traces, n_haystack=haystack, seg_len=seg_len, corruption=corruption,
+                     device=device, ablation=ablation, lr=lr, lambda_lr=lambda_lr, progress=progress)  # fmt: skip
+        return
     _use_threads(threads)
     out = out or ckpt.resolve().parent / "circuits"  # created by the first write, not before
     found: dict[str, list] = {}
@@ -419,6 +427,49 @@ def prune(
                    f"overlap coefficient {o.overlap_coefficient:.3f}")
     if len(seed) >= 2:
         typer.echo(seed_stability(found).summary())
+
+
+def _parse_shares(values: list[str], targets: list[str]) -> list[float]:
+    """``--share`` values as floats (``tied``: inf), checked before any work."""
+    import math
+
+    from mechlab.prune.joint import check_shares
+
+    if len(targets) < 2:
+        raise UsageProblem(f"--share prunes targets jointly: give two or more --target, got {targets}")
+    parsed: list[float | str] = []
+    for v in values:
+        try:
+            parsed.append(float(v) if v.strip().lower() not in ("tied", "inf") else math.inf)
+        except ValueError:
+            raise UsageProblem(f"--share must be a number >= 0 or tied, got {v!r}") from None
+    return check_shares(parsed)
+
+
+def _joint_prune(ckpt: Path, targets: list[str], shares: list[float], seeds: list[int], out: Path | None,
+                 settings: dict, **kwargs) -> None:
+    """``mechlab prune --share``: the share sweep, its circuits and its table."""
+    import json
+    import warnings
+
+    from mechlab.io import atomic_write_text
+    from mechlab.pipelines import joint_prune_checkpoint
+
+    out = (out or ckpt.resolve().parent / "circuits") / "joint"
+    with warnings.catch_warnings():  # each circuit's warnings are printed below, one line each
+        warnings.filterwarnings("ignore", message="circuit for", category=UserWarning)
+        sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, **settings, **kwargs)
+    for result in sweep.results:
+        label = "tied" if result.share == float("inf") else f"{result.share:g}"
+        for name, circuit in result.circuits.items():
+            stem = f"share-{label}/{name}_seed{circuit.metadata['seed']}"
+            circuit.to_json(out / f"{stem}.json")
+            circuit.write_html(out / f"{stem}.html")
+            for line in circuit.metadata["warnings"]:
+                typer.echo(f"mechlab: warning: joint {stem}: {line}", err=True)
+    written = atomic_write_text(out / "joint.json", json.dumps(sweep.to_dict(), indent=1))
+    typer.echo(sweep.table())
+    typer.echo(f"wrote {written} and the circuits under {out}/share-*/")
 
 
 def _load_circuits(paths: list[Path]) -> list:
