@@ -801,25 +801,56 @@ def sweep_(
 
 @bench_app.command("prune")
 def bench_prune_(
-    presets: str = typer.Option("tiny,small,medium", help="Comma-separated transformer presets."),
+    presets: str = typer.Option("tiny,small,medium", help="Comma-separated transformer presets (also big)."),
     batch: int = typer.Option(16, min=1),
     n_pos: int = typer.Option(64, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(5, min=1),
     device: str = typer.Option("cpu"),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    memory: bool = typer.Option(True, "--memory/--no-memory", help="Measure peak memory (naive stacking needs GBs on big)."),
+    straightforward: bool = typer.Option(False, help="Also time the straightforward autograd path (fast=False)."),
+    reference: Path | None = typer.Option(None, help="A checkout of princeton-nlp/Edge-Pruning: time its GPT-2 pruning step beside ours."),
+    reference_python: str | None = typer.Option(None, help="Python that runs the reference (needs transformers 4.x; default: this one)."),
 ) -> None:
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
     from mechlab.bench.prune import bench_prune
     from mechlab.models import build_model
+    from mechlab.models.transformer import PRESETS
     from mechlab.prune import build_graph
 
-    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}")
-    rows = [("preset", "edges", "mem ours MB", "mem naive MB", "mem ratio", "step ms", "plain ms", "step/plain")]
-    for name in [p.strip() for p in presets.split(",") if p.strip()]:
+    names = [p.strip() for p in presets.split(",") if p.strip()]
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown:
+        raise UsageProblem(f"unknown preset {unknown[0]!r}; choose from {sorted(PRESETS)}")
+    if reference is not None:
+        from mechlab.bench.reference import check_reference
+
+        check_reference(reference)
+    n_threads = _use_threads(threads)
+    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}, "
+               f"{n_threads} threads")  # fmt: skip
+    if reference is not None:
+        from mechlab.bench.reference import bench_reference
+
+        rows = [("preset", "edges", "ours ms", "reference ms", "reference/ours", "max output diff")]
+        for name in names:
+            r = bench_reference(reference, name, batch=batch, n_pos=n_pos, repeats=repeats,
+                                python=reference_python)  # fmt: skip
+            rows.append((name, str(r.config["n_edges"]), f"{r.ours_seconds * 1e3:.1f}",
+                         f"{r.reference_seconds * 1e3:.1f}", f"{r.ratio:.2f}x", f"{r.max_output_diff:.1g}"))  # fmt: skip
+        _echo_table(rows)
+        return
+    rows = [("preset", "edges", "mem ours MB", "recompute MB", "naive MB", "ours/naive", "recompute/naive",
+             "step ms", "plain ms", "step/plain", "autograd path")]  # fmt: skip
+    for name in names:
         model = build_model(name, n_ctx=max(n_pos, 1))
-        r = bench_prune(model, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
-        rows.append((name, str(build_graph(model).n_edges), f"{r.memory_ours / 2**20:.0f}",
-                     f"{r.memory_naive / 2**20:.0f}", f"{r.memory_ratio:.2f}", f"{r.step_seconds * 1e3:.1f}",
-                     f"{r.plain_seconds * 1e3:.1f}", f"{r.time_ratio:.2f}x"))
+        r = bench_prune(model, batch=batch, n_pos=n_pos, repeats=repeats, device=device,
+                        memory=memory, straightforward=straightforward)  # fmt: skip
+        mem = (f"{r.memory_ours / 2**20:.0f}", f"{r.memory_recompute / 2**20:.0f}", f"{r.memory_naive / 2**20:.0f}",
+               f"{r.memory_ratio:.3f}", f"{r.memory_recompute_ratio:.3f}") if memory else ("-",) * 5  # fmt: skip
+        slow = f"{r.straightforward_seconds / r.plain_seconds:.2f}x" if straightforward else "-"
+        rows.append((name, str(build_graph(model).n_edges), *mem, f"{r.step_seconds * 1e3:.1f}",
+                     f"{r.plain_seconds * 1e3:.1f}", f"{r.time_ratio:.2f}x", slow))  # fmt: skip
     _echo_table(rows)
 
 

@@ -24,3 +24,67 @@ def test_peak_memory_keeps_the_profilers_native_lines_off_the_terminal():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout.strip()) >= 4000  # the 1000-float result was allocated
     assert "USDT" not in out.stderr and "profiler_start" not in out.stderr
+
+
+def test_bench_prune_times_the_straightforward_path_and_can_skip_memory():
+    torch.manual_seed(0)
+    model = build_model("transformer", d_model=8, n_layers=2, n_heads=2, d_in=5, d_out=3, n_ctx=16)
+    result = bench_prune(model, batch=2, n_pos=6, repeats=1, memory=False, straightforward=True)
+    assert result.memory_ours is None and result.memory_naive is None
+    assert result.straightforward_seconds > 0 and result.step_seconds > 0
+
+
+def test_bench_prune_memory_recompute_keeps_less():
+    torch.manual_seed(0)
+    model = build_model("transformer", d_model=16, n_layers=4, n_heads=4, d_in=5, d_out=3, n_ctx=16)
+    result = bench_prune(model, batch=4, n_pos=16, repeats=1)
+    assert 0 < result.memory_recompute < result.memory_ours < result.memory_naive
+
+
+def fake_reference(root, source: str):
+    folder = root / "src" / "modeling"
+    folder.mkdir(parents=True)
+    (folder / "modeling_fpt2.py").write_text(source)
+    return root
+
+
+def test_reference_errors_are_one_line_value_errors(tmp_path):
+    import pytest
+
+    from mechlab.bench.reference import bench_reference
+
+    with pytest.raises(ValueError, match="no src/modeling/modeling_fpt2.py under"):
+        bench_reference(tmp_path / "nothing", "tiny", batch=1, n_pos=4, repeats=1)
+    missing = fake_reference(tmp_path / "a", "import mechlab_no_such_package_xyz\n")
+    with pytest.raises(ValueError, match="needs the package 'mechlab_no_such_package_xyz'"):
+        bench_reference(missing, "tiny", batch=1, n_pos=4, repeats=1)
+    old = fake_reference(tmp_path / "b", "from torch import no_such_name_in_torch_xyz\n")
+    with pytest.raises(ValueError, match="does not import here"):
+        bench_reference(old, "tiny", batch=1, n_pos=4, repeats=1)
+
+
+def test_cli_reference_without_a_checkout_says_so_in_one_line(tmp_path, capsys):
+    from mechlab.cli import main
+
+    assert main(["bench", "prune", "--presets", "tiny", "--reference", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "modeling_fpt2.py" in err
+
+
+def test_reference_log_alphas_put_every_edge_in_its_table():
+    from mechlab.bench.reference import OPEN, reference_log_alphas
+    from mechlab.prune.graph import build_graph
+
+    model = build_model("transformer", d_model=8, n_layers=2, n_heads=2, d_in=5, d_out=3, n_ctx=16)
+    graph = build_graph(model)
+    values = -1.0 - torch.arange(graph.n_edges, dtype=torch.float32)  # unlike any default
+    tables = reference_log_alphas(graph, values, n_heads=2)
+    w, e = graph.writer_index, graph.edge_index
+    assert tables["transformer.h.1.k_read_log_alphas"][w["a0.h1"], 0] == values[e[("a0.h1", "a1.h0.k")]]
+    assert tables["transformer.h.0.mlp_read_log_alphas"][w["a0.h0"]] == values[e[("a0.h0", "m0.in")]]
+    assert tables["transformer.final_read_log_alphas"][w["m1"]] == values[e[("m1", "out")]]
+    assert float(tables["transformer.h.1.attn_write_log_alphas"].min()) == OPEN
+    assert len(tables) == 3 + 6 * graph.n_layers
+    # every edge's value lands in exactly one table entry
+    found = torch.cat([t.flatten() for t in tables.values()])
+    assert all(int((found == v).sum()) == 1 for v in values.tolist())

@@ -52,6 +52,7 @@ from torch import Tensor, nn
 
 from mechlab.prune.data import Traces
 from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, Windows, build_graph, check_windows
+from mechlab.prune.mixing import FastStream, usable
 
 ABLATIONS = ("interchange", "mean", "zero")
 _MIXER_ATTR = {"lstm": "lstm", "dense_ssm": "ssm", "mamba": "mixer"}
@@ -351,6 +352,26 @@ def _layer_norm(ln: nn.Module, x: Tensor) -> Tensor:
     return F.layer_norm(x, (x.shape[-1],), ln.w, ln.b, ln.eps)
 
 
+def _transformer_forward_fast(model, graph, x, ablated, z, node_mask, recompute) -> Tensor:
+    """:func:`_transformer_forward`'s arithmetic through :mod:`mechlab.prune.mixing`: one
+    contraction per reader group, each reader's LayerNorm inside the same autograd node."""
+    H = model.cfg.n_heads
+    batch, n_pos = x.shape[:2]
+    stream = FastStream(ablated, node_mask, batch, recompute)
+    embed = model.read_in(x)  # [batch, pos, d]
+    pos = model.W_pos[:n_pos].expand(batch, n_pos, -1)
+    stream.add(torch.stack([embed, pos]))  # the two embedding writers
+    for layer, block in enumerate(model.blocks):
+        z_heads = _edge_block(z, graph, f"a{layer}.h0.q", 3 * H)  # [3H, n_up] (q, k, v)
+        x_in = stream.read_norm(z_heads, block.ln1).view(3, H, batch, n_pos, -1)
+        stream.add(_attention(block.attn, x_in))  # [H, batch, pos, d]
+        stream.add_constant(block.attn.b_O)
+        mlp_in = stream.read_norm(_edge_block(z, graph, f"m{layer}.in", 1), block.ln2)
+        stream.add(block.mlp(mlp_in.squeeze(0)).unsqueeze(0))  # [1, batch, pos, d]
+    resid = stream.read_norm(_edge_block(z, graph, "out", 1), model.ln_final).squeeze(0)
+    return model.read_out(resid)
+
+
 def _transformer_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
     cfg = model.cfg
     H = cfg.n_heads
@@ -420,6 +441,8 @@ def masked_forward(
     ablated: Ablation,
     edge_mask: Tensor,
     node_mask: Tensor | None = None,
+    fast: bool = True,
+    recompute: bool = False,
 ) -> Float[Tensor, "batch pos d_output"]:
     """Run ``model`` with every edge interpolated between its clean and ablated value.
 
@@ -432,6 +455,14 @@ def masked_forward(
             ``graph=``).
         edge_mask: ``[n_edges]`` masks in ``[0, 1]`` in graph edge order (1 = clean).
         node_mask: ``[n_writers]`` writer masks, or None (all 1).
+        fast: On a transformer whose parameters are all frozen (``requires_grad=False``,
+            as pruning has them), mix each reader group in one contraction with a
+            hand-written backward (:mod:`mechlab.prune.mixing`); False, or a model with
+            a trainable parameter, runs the straightforward autograd path. Both compute
+            the same function (to float rounding) and the same mask gradients.
+        recompute: With the fast path, keep no reader inputs for the backward pass and
+            recompute them from the stored writer differences instead (less memory,
+            one more product per reader group).
 
     Returns:
         ``[batch, pos, d_output]``: with all masks 1 the model's normal output on ``x``;
@@ -466,6 +497,10 @@ def masked_forward(
     model.check_length(x.shape[1])
     edge_mask = edge_mask.to(ablated.dtype)
     if graph.arch == "transformer":
+        if fast and usable(model, ablated):
+            return _transformer_forward_fast(
+                model, graph, x, ablated, edge_mask, node_mask, recompute
+            )
         return _transformer_forward(model, graph, x, ablated, edge_mask, node_mask)
     if graph.arch in RECURRENT_ARCHS:
         return _recurrent_forward(model, graph, x, ablated, edge_mask, node_mask)
