@@ -143,8 +143,9 @@ def selective_scan(
             decay = torch.exp(delta[:, s:e, :, None] * A)  # [batch, l, d_inner, d_state]
             inp = delta_x[:, s:e, :, None] * B[:, s:e, None, :]  # [batch, l, d_inner, d_state]
             hs = []
-            for j in range(e - s):
-                h = torch.addcmul(inp[:, j], decay[:, j], h)
+            # unbind, not [:, j]: the backward then stacks the steps' gradients once
+            for inp_t, decay_t in zip(inp.unbind(1), decay.unbind(1), strict=True):
+                h = torch.addcmul(inp_t, decay_t, h)
                 hs.append(h)
             hs_c = torch.stack(hs, dim=1)  # [batch, l, d_inner, d_state]
             ys.append(torch.linalg.vecdot(hs_c, C[:, s:e, None, :]))  # [batch, l, d_inner]
@@ -212,8 +213,8 @@ def dense_scan(
             A = (x[:, s:e] @ W_T).unflatten(-1, (d_state, d_state))  # [batch, l, d_state, d_state]
             if keep_transitions:
                 kept.append(A.detach())
-            for j in range(e - s):
-                h = torch.linalg.vecdot(A[:, j], h[:, None, :])  # [batch, d_state]
+            for A_t in A.unbind(1):  # (unbind: one stack in the backward)
+                h = torch.linalg.vecdot(A_t, h[:, None, :])  # [batch, d_state]
                 hs.append(h)
         if keep_transitions:
             torch.cat(kept, dim=1, out=transitions)
