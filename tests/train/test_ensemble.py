@@ -66,3 +66,14 @@ def test_an_ensemble_refuses_trials_of_different_groups():
         train_ensemble(specs)
     with pytest.raises(ValueError, match="max_members must be positive"):
         run_trials(specs, max_members=0)
+
+
+def test_the_benchmark_times_both_contenders():
+    from mechlab.bench.ensemble import bench_ensemble
+
+    task = {"group": "zm", "m": 3, "L": 3, "n_val": 10, "n_ood": 4}
+    result = bench_ensemble(["st_dense_ssm_small"], task=task, n_train=10, steps=1, repeats=1)
+    (row,) = result.rows
+    assert row.preset == "st_dense_ssm_small" and row.sequential > 0 and row.ensemble > 0
+    assert row.gain == pytest.approx(row.sequential / row.ensemble)
+    assert "st_dense_ssm_small" in result.format_table() and result.settings["members"] == 15
