@@ -147,8 +147,9 @@ class MambaMixer(nn.Module):
 
     ``scan`` chooses how the scan runs when ``hook_ssm_state`` is not written to:
     ``"loop"`` (default: the per-step reference loop, HF's slow path) or ``"chunked"``
-    (:func:`mechlab.models.scan.selective_scan`, ``chunk`` positions at a time; see
-    :data:`mechlab.models.scan.SCANS` for why the loop stays the default). A hook that
+    (:func:`mechlab.models.scan.selective_scan`, ``chunk`` positions at a time) or
+    ``"auto"`` (chunked under autograd; see :data:`mechlab.models.scan.SCANS` for why
+    the loop is the default). A hook that
     may write to ``hook_ssm_state`` always gets the loop, step by step; read-only hooks
     (``run_with_cache``) get the states once, from the chunked scan when no autograd
     graph is built (it writes the states in place), else from the loop.
@@ -291,10 +292,9 @@ class MambaMixer(nn.Module):
         use = hook_use(self.hook_ssm_state)
         # read-only hooks without autograd: the chunked scan writes every state straight
         # into the trajectory they get (the loop would stack 251 fresh states)
-        read_in_place = use == "read" and not (
-            torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, B, C, self.A_log))
-        )
-        if use != "write" and (use_chunked(self.scan) or read_in_place):
+        autograd = torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, B, C, self.A_log))
+        read_in_place = use == "read" and not autograd
+        if use != "write" and (use_chunked(self.scan, autograd) or read_in_place):
             h0 = None if initial_state is None else initial_state.to(delta.dtype)
             y, h, states = selective_scan(
                 x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=use == "read"
@@ -366,7 +366,7 @@ class Mamba(MechModel):
 
     @property
     def scan(self) -> str:
-        """How the blocks run their scans: ``"loop"`` or ``"chunked"`` (see :class:`MambaMixer`)."""
+        """How the blocks run their scans: ``"loop"``, ``"chunked"`` or ``"auto"`` (see :class:`MambaMixer`)."""
         kinds = {block.mixer.scan for block in self.blocks}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 

@@ -34,28 +34,31 @@ from jaxtyping import Float
 from torch import Tensor
 
 DEFAULT_CHUNK = 16
-# How a mixer runs its recurrence: "loop" (default, the per-step reference) or "chunked"
-# (the functions below). Measured on the CPU (docs/benchmarks.md, `mechlab bench scan`),
-# the chunked forward is within about 15% of the loop either way and its backward about
-# 2x slower, so the loop stays the default.
-SCANS = ("loop", "chunked")
+# How a mixer runs its recurrence: "loop" (the per-step reference), "chunked" (the
+# functions below) or "auto" (chunked when an autograd graph is built, the loop when not).
+# Measured on the CPU (docs/benchmarks.md, `mechlab bench scan`): the dense SSM's chunked
+# forward+backward is about 1.5x faster than the loop's and its plain forward 0.75x, so the
+# dense SSM defaults to "auto"; Mamba's chunked forward is within a few percent of the
+# loop and its backward 0.7x, so Mamba defaults to "loop".
+SCANS = ("auto", "loop", "chunked")
 
 
-def use_chunked(scan: str) -> bool:
+def use_chunked(scan: str, autograd: bool) -> bool:
     """Whether a mixer set to ``scan`` runs the chunked scan.
 
     Args:
         scan: One of :data:`SCANS`.
+        autograd: Whether this forward builds an autograd graph through the recurrence.
 
     Returns:
-        True for ``"chunked"``, False for ``"loop"``.
+        True for ``"chunked"``, and for ``"auto"`` under autograd; False otherwise.
 
     Raises:
         ValueError: ``scan`` is not one of :data:`SCANS`.
     """
     if scan not in SCANS:
         raise ValueError(f"scan must be one of {SCANS}, got {scan!r}")
-    return scan == "chunked"
+    return scan == "chunked" or (scan == "auto" and autograd)
 
 
 def _check_chunk(chunk: int) -> None:
