@@ -898,6 +898,7 @@ def bench_hooks(
             f"{r.unrolled / r.plain:.2f}x" if r.unrolled is not None else "-",
             f"{r.cache_steps_ratio:.2f}x" if r.cache_steps_ratio is not None else "-",
             f"{r.cache_fused / r.plain:.2f}x" if r.cache_fused is not None else "-",
+            f"{r.cache_light / r.plain:.2f}x" if r.cache_light is not None else "-",
         ))
     _echo_table(rows)
 
