@@ -16,7 +16,7 @@ LR_SCHEDULES = ("constant", "cosine")
 LOSS_REDUCTIONS = ("sum", "mean")
 _INT_FIELDS = (
     "steps", "batch_size", "grad_accum", "warmup_steps", "seed", "log_every", "eval_every", "eval_traces",
-    "eval_haystack", "eval_seg_len", "n_checkpoints", "save_every",
+    "eval_haystack", "eval_seg_len", "n_checkpoints", "save_every", "prefetch",
 )
 _FLOAT_FIELDS = ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "early_stop_loss")
 
@@ -57,6 +57,8 @@ class TrainConfig:
         eval_seg_len: Observations per haystack segment in that suite.
         n_checkpoints: Log-spaced checkpoints kept for training-dynamics analysis.
         save_every: Steps between refreshes of ``last.pt`` (what ``--resume`` continues from).
+        prefetch: Batches drawn ahead in a background thread (:mod:`mechlab.train.prefetch`;
+            the same batches either way). -1: 2 on a CUDA device, 0 (none) on the CPU.
     """
 
     task: str = "lds"
@@ -82,6 +84,7 @@ class TrainConfig:
     n_checkpoints: int = 12
     save_every: int = 200
     early_stop_loss: float = 0.0
+    prefetch: int = -1
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -115,6 +118,8 @@ class TrainConfig:
         for name in ("eval_every", "warmup_steps", "n_checkpoints"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.prefetch < -1:
+            raise ValueError(f"prefetch must be >= 0, or -1 for the device's default, got {self.prefetch!r}")
         if self.early_stop_loss < 0:
             raise ValueError(f"early_stop_loss must be >= 0 (0 disables it), got {self.early_stop_loss!r}")
         if not self.lr > 0:

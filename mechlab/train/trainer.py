@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from torch import Tensor
 
 from mechlab.checkpoint import load_checkpoint, save_checkpoint
 from mechlab.devices import check_device
@@ -47,6 +48,7 @@ from mechlab.models.base import MechModel
 from mechlab.models.registry import MAX_ELEMENTS_ENV, max_elements
 from mechlab.progress import tqdm
 from mechlab.train.config import TrainConfig
+from mechlab.train.prefetch import Prefetcher
 from mechlab.train.task import Task, make_task
 
 
@@ -378,8 +380,11 @@ class Trainer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop_signal = signum
 
-    def train_step(self, step: int) -> float:
+    def train_step(self, step: int, batch: tuple[Tensor, Tensor, Tensor] | None = None) -> float:
         """One optimiser step on the batch of ``step``; returns the loss.
+
+        ``batch`` is that step's batch when it was drawn ahead (:class:`Prefetcher`),
+        else it is drawn here.
 
         The batch is drawn whole and, with ``grad_accum = k``, run as ``k`` micro-batches
         whose losses are each divided by the whole batch's count of scored positions:
@@ -387,8 +392,9 @@ class Trainer:
         and the update see the same step as without accumulation.
         """
         cfg = self.cfg
-        inputs, targets, mask = self.task.batch(cfg.batch_size, batch_generator(cfg.seed, step))
-        inputs, targets, mask = inputs.to(self.device), targets.to(self.device), mask.to(self.device)
+        if batch is None:
+            batch = self._draw(step)
+        inputs, targets, mask = (t.to(self.device) for t in batch)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(cfg, step)
         if cfg.grad_accum == 1:
@@ -414,6 +420,17 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         return float(loss.detach())
+
+    def _draw(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The batch of ``step`` (it depends only on the seed and the step), on the CPU."""
+        return self.task.batch(self.cfg.batch_size, batch_generator(self.cfg.seed, step))
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches drawn ahead: ``cfg.prefetch``, or for -1, 2 on a CUDA device and 0 on the CPU."""
+        if self.cfg.prefetch >= 0:
+            return self.cfg.prefetch
+        return 2 if self.device.type == "cuda" else 0
 
     def evaluate(self, cfg: TrainConfig | None = None) -> dict[str, float]:
         """The task's evaluation on fixed held-out traces (same traces every time).
@@ -490,11 +507,16 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
         loss, last_eval, window_start, window_examples = float("nan"), {}, time.perf_counter(), 0
         early = False
+        depth = self.prefetch_depth
+        ahead = Prefetcher(self._draw, self.step + 1, cfg.steps, self.device, depth) if depth else None
         try:
             while self.step < cfg.steps:
                 if self._stop_signal is not None:
                     self._stop(f"stopped by signal {self._stop_signal}", loss)
-                new_loss = self.train_step(self.step + 1)
+                if ahead is None:
+                    new_loss = self.train_step(self.step + 1)
+                else:
+                    new_loss = self.train_step(self.step + 1, ahead.get(self.step + 1))
                 if not math.isfinite(new_loss):
                     # train_step returns before the update: the weights are those of step
                     # self.step, and they gave this non-finite loss, so they are not saved.
@@ -541,6 +563,8 @@ class Trainer:
         except KeyboardInterrupt:
             self._stop("interrupted", loss)
         finally:
+            if ahead is not None:
+                ahead.close()
             bar.close()
             for s, handler in old_handlers.items():
                 signal.signal(s, handler)
