@@ -889,7 +889,7 @@ def bench_hooks(
                f"{torch.get_num_threads()} thread(s)")  # fmt: skip
     rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain",
              "unrolled/fused", "step-by-step cache/plain", "fused+recovered cache/plain",
-             "cache w/o A or ssm_state /plain")]  # fmt: skip
+             "cache w/o A, ssm_state or attention maps /plain")]  # fmt: skip
     for family in names:
         r = bench_family(family, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
         rows.append((

@@ -37,7 +37,13 @@ BENCH_MODELS: dict[str, dict] = {
 # The per-step hooks whose trajectories dwarf the plain forward's memory: hook_A is
 # [batch, pos, d_state, d_state] (263 MB per layer here), hook_ssm_state
 # [batch, pos, d_inner, d_state] (132 MB per layer); cache_light caches every other hook.
-BIG_STATE_HOOKS: dict[str, str] = {"dense_ssm": "ssm.hook_A", "mamba": "mixer.hook_ssm_state"}
+# The transformer's are its attention maps, [batch, head, query_pos, key_pos] (97 MB each
+# per layer here): scores and pattern.
+BIG_STATE_HOOKS: dict[str, str | tuple[str, ...]] = {
+    "dense_ssm": "ssm.hook_A",
+    "mamba": "mixer.hook_ssm_state",
+    "transformer": ("attn.hook_attn_scores", "attn.hook_pattern"),
+}
 
 
 @dataclass
@@ -53,7 +59,7 @@ class HookBenchRow:
     unrolled: float | None = None  # LSTM only: the unrolled forward, hookable step by step
     cache_steps: float | None = None  # recurrent families: caching step by step (hooks unmarked)
     cache_fused: float | None = None  # LSTM only: caching from the fused kernel + recovered gates
-    cache_light: float | None = None  # dense SSM / Mamba: caching all but the big state hook
+    cache_light: float | None = None  # all but the big state hook / the attention maps
 
     @property
     def cache_steps_ratio(self) -> float | None:
