@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,3 +230,55 @@ def test_length_is_refused_for_a_recall_checkpoint(tiny_lds_checkpoint, capsys):
                  "--no-progress"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert err.startswith("mechlab: error:") and "\n" not in err and "state-tracking" in err
+
+
+# --------------------------------------------------- the bundled checkpoints and circuits
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLED = {"transformer": ROOT / "examples/checkpoints/st-transformer-cpu/last.pt",
+           "dense_ssm": ROOT / "examples/checkpoints/st-dense-ssm-cpu/last.pt"}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", list(BUNDLED))
+def test_bundled_checkpoint_tracks_z5_at_its_lengths(arch):
+    ckpt = mechlab.load_checkpoint(BUNDLED[arch])
+    assert ckpt.model.cfg.arch == arch and BUNDLED[arch].stat().st_size < 2 * 2**20
+    cfg = ckpt.task_config
+    assert (cfg.group, cfg.m, cfg.L, cfg.format, cfg.lengths) == ("zm", 5, 6, "acot", "uniform")
+    x = torch.randint(0, 5, (500, 6), generator=torch.Generator().manual_seed(99))  # [500, 6]
+    tokens = torch.cat([torch.full((500, 1), cfg.bos), x], dim=1)
+    with torch.no_grad():
+        predicted = ckpt.model(tokens)[:, 1:].argmax(-1)  # [500, 6]
+    assert (predicted == x.cumsum(1) % 5).float().mean() > 0.99
+
+
+def committed_circuits(arch: str) -> list[Path]:
+    return sorted((ROOT / "circuits/state-tracking" / arch).glob("final_n*_seed*.json"))
+
+
+@pytest.mark.parametrize("arch", list(BUNDLED))
+def test_committed_circuits_belong_to_the_bundled_checkpoint(arch):
+    paths = committed_circuits(arch)
+    sha = mechlab.load_checkpoint(BUNDLED[arch]).sha256
+    lengths = set()
+    for path in paths:
+        circuit = Circuit.from_json(path)
+        meta = circuit.metadata
+        assert meta["checkpoint_sha256"] == sha
+        assert meta["target"] == path.stem.split("_seed")[0] == f"final_n{meta['data']['length']}"
+        assert circuit.n_edges > 0 and not any(w == "pos" for w, _ in circuit.edges)
+        lengths.add(meta["data"]["length"])
+    assert len(lengths) >= 2 and len(paths) >= 3 * len(lengths)  # two lengths or more, 3+ seeds each
+
+
+@pytest.mark.parametrize("arch", list(BUNDLED))
+def test_committed_overlap_is_the_jaccard_of_the_committed_circuits(arch):
+    summary = json.loads((ROOT / "circuits/state-tracking" / arch / "summary.json").read_text())
+    by_length: dict[int, list[set]] = {}
+    for path in committed_circuits(arch):
+        c = Circuit.from_json(path)
+        by_length.setdefault(c.metadata["data"]["length"], []).append(c.edge_set())
+    for key, entry in summary["overlap"]["across"].items():
+        a, b = (int(part.split("_n")[1]) for part in key.split(" vs "))
+        pairs = [len(x & y) / len(x | y) for x in by_length[a] for y in by_length[b]]
+        assert entry["jaccard_observed"] == pytest.approx(sum(pairs) / len(pairs))
