@@ -38,6 +38,14 @@ is ever concatenated or stacked, so memory grows with the number of writers, not
 ``layers x writers`` as when every layer stacks all upstream writers (the reference
 implementation's scheme, which :func:`bench_prune` measures against ours with
 :func:`peak_memory`). Each reader's norm uses PyTorch's fused LayerNorm kernel.
+
+Fast path. On a transformer whose parameters are all frozen (as pruning has them),
+:func:`masked_forward` runs the same arithmetic through :mod:`mechlab.prune.mixing`
+instead: the differences go into one ``[n_writers, batch * pos * d]`` buffer, each reader
+group is one product ``base + z @ D[:n_up]`` plus its readers' LayerNorms in one autograd
+node with a hand-written backward, and with ``recompute=True`` no reader inputs are kept
+for the backward pass. ``fast=False`` selects the path described above (the two agree to
+float rounding in values and mask gradients; ``tests/prune/test_forward_perf_paths.py``).
 """
 
 from __future__ import annotations
