@@ -164,3 +164,22 @@ def test_bad_chunk_is_refused_in_one_line(chunk):
 def test_mismatched_shapes_are_refused():
     with pytest.raises(ValueError, match="same shape"):
         linear_recurrence(torch.ones(2, 3, 4), torch.ones(2, 3, 5))
+
+
+@pytest.mark.parametrize("family", ["mamba", "dense_ssm"])
+def test_bench_scan_reports_the_chunked_scan_equal_to_the_loop(family):
+    """`mechlab bench scan` on a tiny batch: the distances it reports are float rounding."""
+    from mechlab.bench.scan import bench_scan
+
+    row = bench_scan(family, batch=2, n_pos=9, repeats=1, chunk=4)
+    assert row.output_diff < 1e-5 and row.grad_diff < 1e-4
+    assert min(row.loop_forward, row.chunked_forward, row.loop_backward, row.chunked_backward) > 0
+    with pytest.raises(ValueError, match="unknown family"):
+        bench_scan("transformer")
+
+
+def test_bench_hooks_times_the_step_by_step_and_light_caches():
+    from mechlab.bench.hooks import bench_family
+
+    row = bench_family("dense_ssm", batch=2, n_pos=6, repeats=1)
+    assert row.cache_steps is not None and row.cache_light is not None and row.cache_fused is None
