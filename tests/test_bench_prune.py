@@ -61,6 +61,11 @@ def test_reference_errors_are_one_line_value_errors(tmp_path):
     old = fake_reference(tmp_path / "b", "from torch import no_such_name_in_torch_xyz\n")
     with pytest.raises(ValueError, match="does not import here"):
         bench_reference(old, "tiny", batch=1, n_pos=4, repeats=1)
+    broken = fake_reference(tmp_path / "c", "class FPT2LMHeadModel:\n"
+                            "    def __init__(self, *args, **kwargs):\n"
+                            "        raise RuntimeError('boom in the reference')\n")  # fmt: skip
+    with pytest.raises(ValueError, match="the reference process ended: RuntimeError: boom"):
+        bench_reference(broken, "tiny", batch=1, n_pos=4, repeats=1)
 
 
 def test_cli_reference_without_a_checkout_says_so_in_one_line(tmp_path, capsys):

@@ -109,13 +109,16 @@ class _ReferenceProcess:
     """The runner process: started with the data, then one pruning step per :meth:`step`."""
 
     def __init__(self, python: str, checkout: Path, data_file: Path, threads: int):
+        # its warnings go to a file: a pipe nobody reads could fill up and stall it
+        self.stderr = open(data_file.with_suffix(".stderr"), "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [python, str(RUNNER), str(checkout), str(data_file), str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
         )  # fmt: skip
         first = self._line()
         if not first.startswith("ready "):
-            raise ValueError(first)
+            self.close()
+            raise ValueError(f"the reference process said {first!r} instead of ready")
         self.max_diff = float(first.split()[1])
 
     def _line(self) -> str:
@@ -124,7 +127,12 @@ class _ReferenceProcess:
             self.close()
             raise ValueError(line[len("error: ") :])
         if not line:
-            err = self.proc.stderr.read().strip().splitlines()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            self.stderr.seek(0)
+            err = self.stderr.read().strip().splitlines()
             self.close()
             raise ValueError(f"the reference process ended: {err[-1] if err else 'no message'}")
         return line
@@ -147,6 +155,15 @@ class _ReferenceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
+            if stream is not None and not stream.closed:
+                try:
+                    stream.close()
+                except (BrokenPipeError, OSError):
+                    pass
 
 
 @dataclass
