@@ -1,5 +1,6 @@
 """mechlab.bench.prune: the pruning step and memory benchmark."""
 
+import pytest
 import torch
 
 from mechlab.bench.prune import bench_prune
@@ -49,8 +50,6 @@ def fake_reference(root, source: str):
 
 
 def test_reference_errors_are_one_line_value_errors(tmp_path):
-    import pytest
-
     from mechlab.bench.reference import bench_reference
 
     with pytest.raises(ValueError, match="no src/modeling/modeling_fpt2.py under"):
@@ -58,6 +57,12 @@ def test_reference_errors_are_one_line_value_errors(tmp_path):
     missing = fake_reference(tmp_path / "a", "import mechlab_no_such_package_xyz\n")
     with pytest.raises(ValueError, match="needs the package 'mechlab_no_such_package_xyz'"):
         bench_reference(missing, "tiny", batch=1, n_pos=4, repeats=1)
+
+
+@pytest.mark.slow
+def test_reference_that_does_not_import_or_crashes_is_a_one_line_value_error(tmp_path):
+    from mechlab.bench.reference import bench_reference
+
     old = fake_reference(tmp_path / "b", "from torch import no_such_name_in_torch_xyz\n")
     with pytest.raises(ValueError, match="does not import here"):
         bench_reference(old, "tiny", batch=1, n_pos=4, repeats=1)
