@@ -282,3 +282,23 @@ def test_committed_overlap_is_the_jaccard_of_the_committed_circuits(arch):
         a, b = (int(part.split("_n")[1]) for part in key.split(" vs "))
         pairs = [len(x & y) / len(x | y) for x in by_length[a] for y in by_length[b]]
         assert entry["jaccard_observed"] == pytest.approx(sum(pairs) / len(pairs))
+
+
+def regenerated_edges(arch: str, name: str) -> tuple[set, set]:
+    committed = Circuit.from_json(ROOT / "circuits/state-tracking" / arch / f"{name}.json")
+    meta = committed.metadata
+    again = prune_checkpoint(BUNDLED[arch], "final", meta["sparsity_asked"], length=meta["data"]["length"],
+                             seed=meta["seed"], steps=meta["steps"], progress=False)  # fmt: skip
+    return set(again.edges), set(committed.edges)
+
+
+@pytest.mark.slow
+def test_prune_regenerates_a_committed_dense_ssm_circuit():
+    again, committed = regenerated_edges("dense_ssm", "final_n4_seed1")
+    assert again == committed == CONSTRUCTED
+
+
+@pytest.mark.slow
+def test_prune_regenerates_a_committed_transformer_circuit():
+    again, committed = regenerated_edges("transformer", "final_n4_seed0")
+    assert again == committed
