@@ -12,7 +12,7 @@ import importlib
 import inspect
 
 PACKAGES = ("mechlab", "mechlab.prune", "mechlab.patching", "mechlab.probes", "mechlab.viz",
-            "mechlab.evals", "mechlab.tasks")  # fmt: skip
+            "mechlab.evals", "mechlab.tasks", "mechlab.train", "mechlab.sweep")  # fmt: skip
 
 
 def _first_line(obj: object) -> str:
