@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 # Loaded on first access: subpackages, and names -> the module that defines them.
 _LAZY_MODULES = (
     "checkpoint", "models", "patching", "pipelines", "probes", "prune", "recall", "report",
-    "tasks", "viz",
+    "sweep", "tasks", "train", "viz",
 )  # fmt: skip
 _LAZY_NAMES = {
     "Checkpoint": "mechlab.checkpoint",

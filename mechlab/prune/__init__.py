@@ -39,6 +39,7 @@ from mechlab.prune.graph import (
     recurrent_edge_count,
     transformer_edge_count,
 )
+from mechlab.prune.joint import JointResult, ShareSweep, joint_prune, share_sweep
 from mechlab.prune.stats import bootstrap_overlap, cross_evaluate, null_model
 
 __all__ = [
@@ -47,8 +48,10 @@ __all__ = [
     "Circuit",
     "EdgeGraph",
     "FaithfulnessCurve",
+    "JointResult",
     "Overlap",
     "PruneData",
+    "ShareSweep",
     "Stability",
     "Traces",
     "bootstrap_overlap",
@@ -59,6 +62,7 @@ __all__ = [
     "evaluate_masks",
     "faithfulness_curve",
     "inert_writers",
+    "joint_prune",
     "make_ablation",
     "masked_forward",
     "nih_prune_data",
@@ -68,6 +72,7 @@ __all__ = [
     "prune_seeds",
     "recurrent_edge_count",
     "seed_stability",
+    "share_sweep",
     "target_mask",
     "transformer_edge_count",
     "writer_outputs",
