@@ -10,7 +10,9 @@ are then the range the brackets allow, and ``kappa_bound`` is prefixed ``open-``
 
 Run from the repository root::
 
-    python examples/sweeps/state-tracking-cpu/summarize.py
+    python examples/sweeps/state-tracking-cpu/summarize.py [FOLDER]
+
+(``FOLDER``: another sweep folder with a ``sweep.yaml``, e.g. ``transformer-3000-steps``.)
 """
 
 from __future__ import annotations
@@ -119,7 +121,9 @@ def write_figures(folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    out = summarize()
+    import sys
+
+    out = summarize(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
     for key, r in out.searches.items():
         print(f"{key.label:55s} N*={r.n_star} {r.status} ({r.lo}, {r.hi}] {r.history}")
     for key, k in out.kappas.items():
