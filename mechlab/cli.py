@@ -458,12 +458,11 @@ def _joint_prune(ckpt: Path, targets: list[str], shares: list[float], seeds: lis
     out = (out or ckpt.resolve().parent / "circuits") / "joint"
     with warnings.catch_warnings():  # each circuit's warnings are printed below, one line each
         warnings.filterwarnings("ignore", message="circuit for", category=UserWarning)
-        sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, **settings, **kwargs)
-    for result in sweep.results:
+        sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, out_dir=out, **settings, **kwargs)
+    for result in sweep.results:  # the JSON files were written as each result was found
         label = "tied" if result.share == float("inf") else f"{result.share:g}"
         for name, circuit in result.circuits.items():
             stem = f"share-{label}/{name}_seed{circuit.metadata['seed']}"
-            circuit.to_json(out / f"{stem}.json")
             circuit.write_html(out / f"{stem}.html")
             for line in circuit.metadata["warnings"]:
                 typer.echo(f"mechlab: warning: joint {stem}: {line}", err=True)

@@ -7,6 +7,7 @@ traces from its metadata and call them. The CLI is a thin skin over this module.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,19 @@ from mechlab.prune.data import (
     Target,
     check_target,
     nih_prune_data,
+    target_name,
     target_positions,
 )
 from mechlab.prune.engine import check_prune_args, check_sparsity, prune
 from mechlab.prune.graph import pruning_graph
-from mechlab.prune.joint import ShareSweep, check_joint_targets, check_shares, share_sweep
+from mechlab.prune.joint import (
+    JointResult,
+    ShareSweep,
+    check_joint_targets,
+    check_shares,
+    pairwise_jaccard,
+    share_sweep,
+)
 from mechlab.tasks import default_haystack
 from mechlab.tasks import state_tracking_prune as st_prune
 from mechlab.tasks.lds import LDSConfig
@@ -256,6 +265,7 @@ def joint_prune_checkpoint(
     device: str | None = None,
     protocol: str = "default",
     loss_scale: float | None = None,
+    out_dir: str | Path | None = None,
     **prune_kwargs: Any,
 ) -> ShareSweep:
     """Prune several targets of a checkpoint jointly, for each sharing weight and seed.
@@ -278,6 +288,9 @@ def joint_prune_checkpoint(
         device: Where to run.
         protocol: As :func:`prune_checkpoint`.
         loss_scale: As :func:`prune_checkpoint`.
+        out_dir: Where each (share, seed)'s circuits are written as soon as they are found
+            (``share-<share>/<target>_seed<k>.json``); a re-run with the same settings takes
+            them from there instead of pruning again, so an interrupted sweep resumes.
         **prune_kwargs: Passed to :func:`~mechlab.prune.joint.joint_prune`.
 
     Returns:
@@ -306,12 +319,38 @@ def joint_prune_checkpoint(
         )  # fmt: skip
 
     check_joint_targets(targets, data_of(seeds[0] if seeds else 0))
-    sweep = share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds,
-                        sparsity=sparsity, checkpoint_sha256=ckpt.sha256, **settings)  # fmt: skip
-    for result in sweep.results:
+    names = [target_name(t) for t in targets]
+    expected = {"checkpoint_sha256": ckpt.sha256, "protocol": protocol, "sparsity_asked": sparsity,
+                **{k: v for k, v in settings.items() if k not in ("progress",)}}  # fmt: skip
+
+    def file_of(share: float, seed: int, name: str) -> Path:
+        label = "tied" if math.isinf(share) else f"{share:g}"
+        return Path(out_dir) / f"share-{label}" / f"{name}_seed{seed}.json"
+
+    def save(result: JointResult, seed: int) -> None:
         for circuit in result.circuits.values():
             circuit.metadata.update(checkpoint=str(path), checkpoint_step=ckpt.step, protocol=protocol)
-    return sweep
+        if out_dir is not None:
+            for name, circuit in result.circuits.items():
+                circuit.to_json(file_of(result.share, seed, name))
+
+    def load(share: float, seed: int) -> JointResult | None:
+        if out_dir is None or not all(file_of(share, seed, n).is_file() for n in names):
+            return None
+        try:
+            circuits = {n: Circuit.from_json(file_of(share, seed, n)) for n in names}
+        except (ValueError, OSError):
+            return None  # unreadable: prune again (the write replaces it)
+        want = {**expected, "share": "tied" if math.isinf(share) else share, "seed": seed,
+                "data_seed": seed}  # fmt: skip
+        for circuit in circuits.values():
+            meta = circuit.metadata
+            if any(k in meta and meta[k] != v for k, v in want.items()) or not meta.get("joint"):
+                return None  # other settings: prune again
+        return JointResult(circuits=circuits, share=share, jaccard=pairwise_jaccard(circuits))
+
+    return share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds, load=load,
+                       save=save, sparsity=sparsity, checkpoint_sha256=ckpt.sha256, **settings)  # fmt: skip
 
 
 def check_prune_targets(

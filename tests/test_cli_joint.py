@@ -51,3 +51,39 @@ def test_bad_joint_input_is_one_line_exit_2(tiny_lds_checkpoint, tmp_path, capsy
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "c").exists()  # refused before any work
+
+
+def test_an_interrupted_joint_sweep_resumes_from_the_circuits_written(tiny_lds_checkpoint, tmp_path,
+                                                                       monkeypatch, capsys):  # fmt: skip
+    import mechlab.prune.joint as joint
+
+    args = ["prune", "--ckpt", str(tiny_lds_checkpoint), "--target", "1-after", "--target", "2-after",
+            "--share", "0", "--share", "tied", "--steps", "5", "--traces", "8", "--test-traces", "8",
+            "--no-progress", "--out", str(tmp_path / "c"), "--threads", "1"]  # fmt: skip
+    real = joint.joint_prune
+    calls = []
+
+    def interrupted(*a, **k):  # the second (share, seed) never finishes
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(k["share"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(joint, "joint_prune", interrupted)
+    assert main(args) != 0
+    assert (tmp_path / "c" / "joint" / "share-0" / "1-after_seed0.json").is_file()  # kept
+    assert not (tmp_path / "c" / "joint" / "joint.json").exists()
+
+    def counted(*a, **k):
+        calls.append(k["share"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(joint, "joint_prune", counted)
+    assert main(args) == 0
+    assert calls == [0.0, float("inf")]  # only the unfinished share ran again
+    first = json.loads((tmp_path / "c" / "joint" / "joint.json").read_text())
+    assert main(args) == 0 and calls == [0.0, float("inf")]  # all done: nothing runs
+    assert json.loads((tmp_path / "c" / "joint" / "joint.json").read_text()) == first
+    assert main([*args[:-4], "--steps", "6", *args[-4:]]) == 0  # other settings: pruned again
+    assert calls[2:] == [0.0, float("inf")]
+    capsys.readouterr()

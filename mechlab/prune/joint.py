@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -166,6 +166,11 @@ def _jaccard(a: Circuit, b: Circuit) -> float:
     return len(ea & eb) / len(ea | eb) if ea | eb else 1.0
 
 
+def pairwise_jaccard(circuits: dict[str, Circuit]) -> dict[str, float]:
+    """``"a|b"`` -> the Jaccard of circuits ``a`` and ``b``'s edge sets, for every pair in order."""
+    return {f"{a}|{b}": _jaccard(circuits[a], circuits[b]) for a, b in combinations(circuits, 2)}
+
+
 def joint_prune(
     model: nn.Module,
     data: PruneData,
@@ -279,9 +284,7 @@ def joint_prune(
                 model, graph, data, t, ablation, results[i], sparsity, None, countable[i],
                 scored[i], recorded, started,
             )  # fmt: skip
-    jaccard = {
-        f"{a}|{b}": _jaccard(circuits[a], circuits[b]) for a, b in combinations(names, 2)
-    }
+    jaccard = pairwise_jaccard(circuits)
     for name, circuit in circuits.items():
         circuit.metadata["jaccard_with"] = {
             other: _jaccard(circuit, circuits[other]) for other in names if other != name
@@ -550,6 +553,9 @@ def share_sweep(
     targets: Sequence[Target],
     shares: Sequence[float] = SHARES,
     seeds: Sequence[int] = (0,),
+    *,
+    load: Callable[[float, int], JointResult | None] | None = None,
+    save: Callable[[JointResult, int], None] | None = None,
     **kwargs: Any,
 ) -> ShareSweep:
     """Run :func:`joint_prune` for every ``share`` and seed and tabulate the cost of sharing.
@@ -560,6 +566,8 @@ def share_sweep(
         targets: At least two targets.
         shares: Sharing weights (include 0 for the cost column).
         seeds: Seeds.
+        load: ``(share, seed)`` -> a result finished before (a resumed sweep), or None.
+        save: Called with each new result and its seed as soon as it is found.
         **kwargs: Passed to :func:`joint_prune`.
 
     Returns:
@@ -572,14 +580,21 @@ def share_sweep(
     rows, results = [], []
     names = [target_name(t) for t in targets]
     for seed in seeds:
-        seed_data = data(seed) if callable(data) else data
-        check_joint_targets(targets, seed_data)
+        seed_data = None
         for sh in shares:
-            res = joint_prune(model, seed_data, targets, share=sh, seed=seed, **kwargs)
+            res = load(sh, seed) if load is not None else None
+            if res is None:
+                if seed_data is None:
+                    seed_data = data(seed) if callable(data) else data
+                    check_joint_targets(targets, seed_data)
+                res = joint_prune(model, seed_data, targets, share=sh, seed=seed, **kwargs)
+                if callable(data):
+                    for circuit in res.circuits.values():
+                        circuit.metadata["data_seed"] = seed
+                if save is not None:
+                    save(res, seed)
             row: dict[str, Any] = {"share": sh, "seed": seed}
             for name, circuit in res.circuits.items():
-                if callable(data):
-                    circuit.metadata["data_seed"] = seed
                 m = circuit.metadata["metrics"]
                 row[name] = {"faithfulness": m["faithfulness"],
                              "complement_faithfulness": m["complement_faithfulness"],
