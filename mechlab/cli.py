@@ -354,6 +354,7 @@ def prune(
     progress: bool = typer.Option(True, help="Show a progress bar."),
     protocol: str = typer.Option("default", help="default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. Options given explicitly override it."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: raw; with --share, normalising weighs targets of different loss scales equally)."),
     share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
 ) -> None:
     """Find circuits by edge pruning on needle-in-a-haystack traces (state tracking: traces that
@@ -366,7 +367,8 @@ def prune(
     if protocol not in PRUNE_PROTOCOLS:
         raise UsageProblem(f"unknown protocol {protocol!r}; choose one of {list(PRUNE_PROTOCOLS)}")
     # A protocol's setting applies unless the option was given on the command line.
-    settings = {"sparsity": sparsity, "loss": loss, "node_sparsity": node_sparsity, "steps": steps}
+    settings = {"sparsity": sparsity, "loss": loss, "node_sparsity": node_sparsity, "steps": steps,
+                "normalize_loss": normalize_loss}
     for key in PRUNE_PROTOCOLS[protocol]:
         source = ctx.get_parameter_source(key)  # typer may bundle its own click: compare names
         if key in settings and getattr(source, "name", None) == "DEFAULT":

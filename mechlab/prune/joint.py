@@ -86,6 +86,7 @@ from mechlab.prune.refine import (
 )
 
 SHARES = (0.0, 0.3, 1.0, math.inf)  # the default sweep (inf: tied)
+UNBALANCED = 2.0  # warn when the targets' fully ablated losses differ more than this
 
 
 def check_share(share: Any) -> float:
@@ -254,10 +255,16 @@ def joint_prune(
         ablated = make_ablation(model, ablation, train, graph=graph)
         positions = [target_mask(t, train) for t in targets]
         reference = train.truth if loss == "truth" else predict_in_chunks(model, train.inputs)
-        norms = [
-            ablated_loss(model, graph, train, pos, reference, ablated) if normalize_loss else 1.0
-            for pos in positions
-        ]
+        ablated_losses = [ablated_loss(model, graph, train, pos, reference, ablated) for pos in positions]
+    norms = ablated_losses if normalize_loss else [1.0] * len(targets)
+    spread = max(ablated_losses) / max(min(ablated_losses), 1e-12)
+    if share > 0 and not normalize_loss and spread > UNBALANCED:
+        warnings.warn(
+            f"the targets' fully ablated losses differ {spread:.1f}x ("
+            + ", ".join(f"{target_name(t)} {v:.3g}" for t, v in zip(targets, ablated_losses, strict=True))
+            + "): the summed raw loss favours the larger; normalize_loss=True weighs the targets equally",
+            UserWarning, stacklevel=2,
+        )  # fmt: skip
     settings = {
         "seed": seed, "steps": steps, "warmup": steps // 2 if warmup is None else warmup,
         "lambda_warmup": max(1, steps // 10) if lambda_warmup is None else lambda_warmup,

@@ -18,6 +18,7 @@ present, copies it to slot 1 everywhere. The read-out adds the slots.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -194,3 +195,21 @@ def test_bad_input_is_refused_in_one_line():
         assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="shares"):
         share_sweep(model, data, [even, odd], shares=[], steps=1, progress=False)
+
+
+def test_targets_of_unequal_loss_scales_are_flagged(monkeypatch):
+    import mechlab.prune.joint as joint
+
+    model = gated_model(shared=True)
+    data = planted_data(n_pos=6)
+    scales = iter([1.0, 5.0] * 2)
+    monkeypatch.setattr(joint, "ablated_loss", lambda *a, **k: next(scales))
+    with pytest.warns(UserWarning, match=r"differ 5\.0x \(even 1, odd 5\).*normalize_loss=True"):
+        joint_prune(model, data, [even, odd], 0.9, share=1.0, steps=1, refine=False, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        try:
+            joint_prune(model, data, [even, odd], 0.9, share=1.0, steps=1, refine=False,
+                        normalize_loss=True, progress=False)  # fmt: skip
+        except UserWarning as w:  # only the search-failure warnings of a 1-step run may fire
+            assert "differ" not in str(w)
