@@ -7,6 +7,7 @@ traces from its metadata and call them. The CLI is a thin skin over this module.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -312,6 +313,7 @@ def joint_prune_checkpoint(
     ckpt = load_checkpoint(path, map_location=device or "cpu")
     _lds_config(ckpt)
 
+    @functools.lru_cache(maxsize=1)  # the check below and the sweep's first seed share one build
     def data_of(seed: int) -> PruneData:
         return _nih_data(
             ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,

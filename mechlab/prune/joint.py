@@ -255,7 +255,11 @@ def joint_prune(
         ablated = make_ablation(model, ablation, train, graph=graph)
         positions = [target_mask(t, train) for t in targets]
         reference = train.truth if loss == "truth" else predict_in_chunks(model, train.inputs)
-        ablated_losses = [ablated_loss(model, graph, train, pos, reference, ablated) for pos in positions]
+        # the fully ablated losses: the normalisation, or the balance check of a shared search
+        ablated_losses = (
+            [ablated_loss(model, graph, train, pos, reference, ablated) for pos in positions]
+            if normalize_loss or share > 0 else [1.0] * len(targets)
+        )  # fmt: skip
     norms = ablated_losses if normalize_loss else [1.0] * len(targets)
     spread = max(ablated_losses) / max(min(ablated_losses), 1e-12)
     if share > 0 and not normalize_loss and spread > UNBALANCED:
