@@ -28,9 +28,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from mechlab.prune.engine import live_edges
 from mechlab.prune.graph import EdgeGraph
 from mechlab.prune.masks import deterministic_mask
+from mechlab.prune.paths import live_edges
 
 REFINE_TRACES = 256  # traces the elimination scores each candidate set on
 REFINE_EXTRA = 16  # the elimination starts from at most the quota plus this many open edges

@@ -17,10 +17,8 @@ from mechlab.prune.engine import (
     MaskResult,
     binarize,
     faithfulness_warning,
-    live_edges,
     prune,
     prune_seeds,
-    select_on_paths,
 )
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import make_ablation, masked_forward, writer_outputs
@@ -363,35 +361,6 @@ def test_binarize_keeps_only_open_edges_on_complete_paths_and_says_so():
     countable[7] = False  # an inert edge is never kept, and not counted
     b = binarize(graph, result, 0.8, None, countable)
     assert b.n_countable == 9 and not b.edges.any()
-
-
-def test_live_edges_by_hand():
-    graph = build_graph(small_model("lstm", n_layers=3))
-    edges = torch.zeros(10, dtype=torch.bool)
-    edges[[0, 4, 9, 2, 6]] = True  # embed->l0->l2->out, l0->l1.in (l1 leads nowhere), embed->out
-    assert live_edges(graph, edges).nonzero().flatten().tolist() == [0, 4, 6, 9]
-    edges = torch.zeros(10, dtype=torch.bool)
-    edges[[5, 9]] = True  # l1 -> l2 -> out, but nothing reaches l1 from the input
-    assert not live_edges(graph, edges, "interchange").any()
-    # under mean and zero ablation a component whose inputs are all ablated still acts
-    assert live_edges(graph, edges, "mean").nonzero().flatten().tolist() == [5, 9]
-    assert live_edges(graph, edges, "zero").nonzero().flatten().tolist() == [5, 9]
-
-
-def test_select_on_paths_takes_a_whole_path_of_two_tied_ones():
-    graph = build_graph(small_model("lstm", n_layers=2))
-    # l0.in: 0 embed; l1.in: 1 embed, 2 l0; out: 3 embed, 4 l0, 5 l1
-    # paths of two edges: embed->l0->out (0, 4) and embed->l1->out (1, 5); scores interleave
-    scores = torch.tensor([0.50, 0.48, -9.0, -9.0, 0.46, 0.49])
-    eligible = scores > 0
-    top2 = set(torch.topk(scores, 2).indices.tolist())
-    assert top2 == {0, 5}  # one edge of each path: nothing would be carried
-    kept, tau = select_on_paths(graph, scores, eligible, 2)
-    assert kept.nonzero().flatten().tolist() == [1, 5] and tau == pytest.approx(0.48)
-    kept, _ = select_on_paths(graph, scores, eligible, 4)
-    assert kept.nonzero().flatten().tolist() == [0, 1, 4, 5]
-    kept, _ = select_on_paths(graph, scores, eligible, 3)  # the second path does not fit
-    assert kept.nonzero().flatten().tolist() == [1, 5]
 
 
 def test_loss_settings():
