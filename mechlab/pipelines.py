@@ -15,6 +15,7 @@ from typing import Any
 
 from mechlab.checkpoint import Checkpoint, load_checkpoint
 from mechlab.prune.circuit import Circuit
+from mechlab.prune.config import PROTOCOLS
 from mechlab.prune.data import (
     DEFAULT_CORRUPTION,
     PruneData,
@@ -38,20 +39,18 @@ from mechlab.tasks import default_haystack
 from mechlab.tasks import state_tracking_prune as st_prune
 from mechlab.tasks.lds import LDSConfig
 
+NIH_OF_PROTOCOL = {"default": "study", "uniform": "uniform", "study": "study"}
 PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
-    "default": {"nih": "study", "sparsity": 0.95},
-    "uniform": {"nih": "uniform", "sparsity": 0.95},
-    "study": {
-        "nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
-        "loss_scale": 1000.0, "steps": 3000,
-    },
-}  # fmt: skip
-"""Pruning settings of each protocol, with the NiH construction (``nih``) they prune on.
-``default``: mechlab's pruning settings (:func:`~mechlab.prune.prune`'s defaults, 95%
-edge sparsity) on the study's NiH (oldest system queried, misdirection to the next);
-``uniform``: the same settings on uniformly drawn NiH traces; ``study``: the recall study's
-settings (99% edge sparsity, node masks at 80%, loss 1000 x MSE to the ground truth, 3000
-steps) on the study's NiH."""
+    name: {"nih": NIH_OF_PROTOCOL[name], "sparsity": cfg.sparsity, **cfg.overrides()}
+    for name, cfg in PROTOCOLS.items()
+}
+"""Each protocol's NiH construction (``nih``, the data side) and its search settings (the
+:class:`~mechlab.prune.config.PruneConfig` instances of :data:`mechlab.prune.config.PROTOCOLS`,
+as the fields that differ from the defaults). ``default``: mechlab's default search at 95%
+edge sparsity on the study's NiH (oldest system queried, misdirection to the next);
+``uniform``: the same on uniformly drawn NiH traces; ``study``: the recall study's settings
+(99% edge sparsity, node masks at 80%, loss 1000 x raw MSE to the ground truth, 3000 steps,
+the Lagrangian) on the study's NiH."""
 
 
 def prune_protocol(protocol: str, **given: Any) -> dict[str, Any]:

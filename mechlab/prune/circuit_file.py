@@ -6,7 +6,8 @@ object::
     {"format": "mechlab-circuit", "version": 1,
      "nodes": ["embed", "a0.h1", ...],
      "edges": [["embed", "a0.h1.q", 0.93], ...],          # writer, reader, score
-     "metadata": {"checkpoint_sha256": "...", "target": "1-after", ...},
+     "metadata": {"checkpoint_sha256": "...", "target": "1-after", ...,
+                  "consensus": {"scores": [["embed", "a0.h1.q", 0.8], ...], "n_runs": 9, ...}},
      "log_alpha": [["embed", "a0.h1.q", 2.1], ...]}       # optional
 
 :func:`validate_circuit_dict` checks that shape with a pydantic model and turns
@@ -47,12 +48,22 @@ class _Graph(BaseModel):
     n_heads: StrictInt | None = None
 
 
+class _Consensus(BaseModel):
+    """``metadata.consensus`` (:mod:`mechlab.prune.consensus`): how often runs keep each edge."""
+
+    model_config = ConfigDict(extra="allow")
+
+    scores: list[_Edge]  # writer, reader, fraction of runs keeping the edge
+    n_runs: StrictInt
+
+
 class _Metadata(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     checkpoint_sha256: StrictStr | None = None
     target: StrictStr | None = None
     graph: _Graph | None = None
+    consensus: _Consensus | None = None
 
 
 class CircuitFile(BaseModel):

@@ -40,6 +40,7 @@ from torch import nn
 
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit, overlap
+from mechlab.prune.consensus import STABLE_CONSENSUS, consensus_scores, edge_frequencies
 from mechlab.prune.data import PruneData
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import (
@@ -539,10 +540,11 @@ def overlap_report(
 
     Returns:
         JSON-ready dict: ``within`` (target -> Jaccard interval, targets with >= 2
-        circuits) and ``across`` (``"a vs b"`` -> ``jaccard``, ``overlap_coefficient``
-        intervals (None with one circuit per target), ``jaccard_observed`` and
-        ``overlap_coefficient_observed`` (mean over every pair), ``null_uniform``,
-        ``null_degree``).
+        circuits), ``consensus`` (target -> :func:`target_consensus`) and ``across``
+        (``"a vs b"`` -> ``jaccard``, ``overlap_coefficient`` intervals (None with one
+        circuit per target), ``jaccard_observed`` and ``overlap_coefficient_observed``
+        (mean over every pair), ``null_uniform``, ``null_degree``, and ``edges``:
+        :func:`stable_edges` of the two targets).
     """
     if not circuits:
         raise ValueError("overlap_report needs at least one circuit")
@@ -552,6 +554,10 @@ def overlap_report(
     universe = _universe(graph_edges(circuits[0]) if universe is None else universe, circuits)
     boot = {"n_boot": n_boot, "level": level, "seed": seed}
     report: dict[str, Any] = {"n_universe": len(universe), "within": {}, "across": {}}
+    consensus = {name: target_consensus(group) for name, group in groups.items()}
+    report["consensus"] = {name: {"scores": [[w, r, f] for (w, r), f in c.items()],
+                                  "stable_at": STABLE_CONSENSUS}
+                           for name, c in consensus.items()}  # fmt: skip
     for name, group in groups.items():
         if len(group) >= 2:
             report["within"][name] = bootstrap_overlap(group, **boot).to_dict()
@@ -570,5 +576,41 @@ def overlap_report(
             entry[f"null_{kind}"] = null_model(
                 ga, gb, universe, kind=kind, n_samples=n_null, seed=seed, progress=progress
             ).to_dict()
+        entry["edges"] = stable_edges(consensus[na], consensus[nb])
         report["across"][f"{na} vs {nb}"] = entry
     return report
+
+
+def target_consensus(circuits: Sequence[Circuit]) -> dict[Edge, float]:
+    """Edge -> how often one target's circuits keep it: the fraction of its circuits
+    (its seeds) when there are several, else the consensus the circuit records
+    (:mod:`mechlab.prune.consensus`), else 1 for each of its edges."""
+    if len(circuits) == 1:
+        recorded = consensus_scores(circuits[0])
+        if recorded is not None:
+            return dict(sorted(recorded.items(), key=lambda kv: -kv[1]))
+    return edge_frequencies(circuits)
+
+
+def stable_edges(a: dict[Edge, float], b: dict[Edge, float], stable: float = STABLE_CONSENSUS) -> dict[str, Any]:
+    """The two targets' edges by sharing and stability.
+
+    An edge is *shared* when both targets keep it in some run, and *stable* in a target
+    when its consensus there is at least ``stable``. Lists of ``[writer, reader, score a,
+    score b]`` (0 where a target never keeps it): ``shared_stable`` (stable in both),
+    ``shared_unstable``, ``a_only_stable``, ``a_only_unstable``, ``b_only_stable``,
+    ``b_only_unstable``, with their counts.
+    """
+    out: dict[str, list[list[Any]]] = {k: [] for k in (
+        "shared_stable", "shared_unstable", "a_only_stable", "a_only_unstable",
+        "b_only_stable", "b_only_unstable")}  # fmt: skip
+    for edge in list(a) + [e for e in b if e not in a]:
+        fa, fb = a.get(edge, 0.0), b.get(edge, 0.0)
+        if fa > 0 and fb > 0:
+            key = "shared_stable" if min(fa, fb) >= stable else "shared_unstable"
+        elif fa > 0:
+            key = "a_only_stable" if fa >= stable else "a_only_unstable"
+        else:
+            key = "b_only_stable" if fb >= stable else "b_only_unstable"
+        out[key].append([edge[0], edge[1], fa, fb])
+    return {**out, **{f"n_{k}": len(v) for k, v in out.items()}, "stable_at": stable}

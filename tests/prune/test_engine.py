@@ -285,12 +285,22 @@ def test_sparsity_reached_within_half_a_percent(sparsity):
     ).eval()
     n_edges = int(countable_edges(build_graph(model), "interchange").sum())
     assert n_edges > 200
+    asked = round(n_edges * (1 - sparsity))
+    # the default: the budget, or fewer when no further edge lowers the loss, and it says so
     circuit = prune(
         model, random_data(model), "all", sparsity, steps=20, batch_size=16, progress=False
     )
-    reached = circuit.metadata["sparsity_reached"]
-    assert abs(reached - sparsity) <= 0.005
-    assert circuit.n_edges == round(n_edges * (1 - sparsity))
+    meta = circuit.metadata
+    assert abs(meta["sparsity_reached"] - sparsity) <= 0.005 and meta["n_edges_asked"] == asked
+    assert circuit.n_edges <= asked
+    if circuit.n_edges < asked:
+        assert meta["selection"]["fill_stopped"] in ("no effect", "no candidate")
+        assert all(v < meta["min_effect"] for *_, v in meta["selection"]["rejected"])
+    # Edge Pruning's Lagrangian, edges ranked by mask: the count asked
+    ranked = prune(model, random_data(model), "all", sparsity, steps=20, batch_size=16,
+                   progress=False, constraint="lagrangian", select="rank", normalize_loss=False)  # fmt: skip
+    assert abs(ranked.metadata["sparsity_reached"] - sparsity) <= 0.005
+    assert ranked.n_edges == asked
 
 
 def test_truth_loss_and_mean_ablation_run():
@@ -363,14 +373,6 @@ def test_binarize_keeps_only_open_edges_on_complete_paths_and_says_so():
     assert b.n_countable == 9 and not b.edges.any()
 
 
-def test_loss_settings():
-    assert engine.loss_settings(None, None) == (1.0, False)  # the default: the raw loss
-    assert engine.loss_settings(None, True) == (engine.NORMALIZED_LOSS_SCALE, True)
-    assert engine.loss_settings(1000.0, None) == (1000.0, False)  # the study: raw 1000 x MSE
-    assert engine.loss_settings(None, False) == (1.0, False)
-    assert engine.loss_settings(2.0, True) == (2.0, True)
-
-
 def test_pos_edges_are_excluded_under_interchange_and_mean_only():
     model = small_model("transformer")  # L = 2, H = 2
     graph = build_graph(model)
@@ -422,19 +424,13 @@ def test_faithfulness_warning(monkeypatch):
     assert len(circuit.metadata["warnings"]) == 1
 
 
-def test_learning_rate_schedule():
-    # warm-up over 10 steps, then linear decay that never reaches 0
-    factors = [engine._lr_factor(i, 100, 10) for i in range(100)]
-    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
-    assert factors[10] == pytest.approx(1.0) and factors[99] == pytest.approx(1 / 90)
-    assert all(a >= b for a, b in zip(factors[9:], factors[10:], strict=False))
-
-
-def test_loss_scale_acts_and_is_recorded():
+def test_loss_scale_acts_under_the_lagrangian_and_is_recorded():
+    # (under the default budget it cannot act: tests/prune/test_search.py)
     model = small_model("transformer")
     data = random_data(model)
-    a = prune(model, data, "all", 0.8, steps=10, batch_size=16, progress=False)
-    b = prune(model, data, "all", 0.8, steps=10, batch_size=16, loss_scale=1000.0, progress=False)
+    kw = {"steps": 10, "batch_size": 16, "progress": False, "constraint": "lagrangian"}
+    a = prune(model, data, "all", 0.8, **kw)
+    b = prune(model, data, "all", 0.8, loss_scale=1000.0, **kw)
     assert b.metadata["loss_scale"] == 1000.0
     assert a.log_alpha != b.log_alpha
 
@@ -457,17 +453,15 @@ def test_prune_seeds_varies_data_and_optimiser_seeds():
 def test_normalized_loss_divides_by_the_fully_ablated_loss():
     model = small_model("transformer")
     data = random_data(model)
-    circuit = prune(model, data, "all", 0.8, steps=2, normalize_loss=True, progress=False)
+    circuit = prune(model, data, "all", 0.8, steps=2, progress=False)  # the default: normalised
     graph = build_graph(model)
     by_hand = evaluate_masks(model, graph, data.train, "all", "interchange",
                              torch.zeros(graph.n_edges, dtype=torch.bool))["ablated_vs_full"]  # fmt: skip
     meta = circuit.metadata
     assert meta["loss_normalized_by"] == pytest.approx(by_hand, rel=1e-5)
-    assert meta["loss_normalized"] and meta["loss_scale"] == engine.NORMALIZED_LOSS_SCALE
-    plain = prune(model, data, "all", 0.8, steps=2, progress=False)  # the default: raw
-    assert plain.metadata["loss_normalized_by"] == 1.0 and plain.metadata["loss_scale"] == 1.0
-    assert not plain.metadata["loss_normalized"]
-    raw = prune(model, data, "all", 0.8, steps=2, loss_scale=1000.0, progress=False)
+    assert meta["loss_normalized"] and meta["normalize_loss"] and meta["loss_scale"] == 1.0
+    raw = prune(model, data, "all", 0.8, steps=2, normalize_loss=False, loss_scale=1000.0, progress=False)
     assert raw.metadata["loss_normalized_by"] == 1.0 and not raw.metadata["loss_normalized"]
+    assert raw.metadata["loss_scale"] == 1000.0
     with pytest.raises(ValueError, match="normalize_loss"):
         prune(model, data, "all", 0.8, steps=2, normalize_loss="yes", progress=False)
