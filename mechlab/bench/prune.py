@@ -50,7 +50,7 @@ def _naive_forward(model, graph, x, ablated, z) -> Tensor:
     clean += [model.read_in(x), model.W_pos[:n_pos].expand(batch, n_pos, -1)]
     for layer, block in enumerate(model.blocks):
         x_in = _layer_norm(block.ln1, read(_edge_block(z, graph, f"a{layer}.h0.q", 3 * H)))
-        clean += list(_attention(block.attn, x_in.view(3, H, batch, n_pos, -1)).unbind(0))
+        clean += list(_attention(block.attn, *x_in.split(H)).unbind(0))
         const = const + block.attn.b_O
         clean.append(
             block.mlp(_layer_norm(block.ln2, read(_edge_block(z, graph, f"m{layer}.in", 1))[0]))
