@@ -33,7 +33,7 @@ from mechlab.prune.graph import component_of, parse_component, window_of
 
 FORMAT = "mechlab-circuit"
 VERSION = 1
-_KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "mlp": 3, "mixer": 2, "out": 4}
+_KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "group": 3, "mlp": 4, "mixer": 2, "out": 5}
 
 
 def _component_key(name: str, windows: Sequence[str] = ()) -> tuple[int, int, int, int]:
