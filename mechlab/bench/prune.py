@@ -92,21 +92,10 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    from torch.profiler import ProfilerActivity, profile
+    from mechlab.bench.cpu_memory import profiled_peak
 
-    with _native_stderr_silenced(), profile(
-        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
-    ) as prof:
-        fn()
-    current = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:
-        name = getattr(action, "name", str(action))
-        if name == "CREATE":
-            current += size
-        elif name == "DESTROY":
-            current -= size
-        peak = max(peak, current)
-    return peak
+    with _native_stderr_silenced():
+        return profiled_peak(fn)
 
 
 @dataclass

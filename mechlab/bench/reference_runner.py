@@ -30,22 +30,14 @@ def _fail(message: str) -> None:
 
 
 def _peak_bytes(fn) -> int:
-    """Peak bytes allocated while ``fn()`` runs, from the profiler's memory timeline (the
-    same replay as mechlab.bench.prune.peak_memory, which this process does not import)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Peak bytes of ``fn()``: :func:`mechlab.bench.cpu_memory.profiled_peak`, loaded from its
+    file beside this one (the mechlab package is not imported here)."""
+    import importlib.util
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=True) as prof:  # fmt: skip
-        fn()
-    current = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:
-        name = getattr(action, "name", str(action))
-        if name == "CREATE":
-            current += size
-        elif name == "DESTROY":
-            current -= size
-        peak = max(peak, current)
-    return peak
+    spec = importlib.util.spec_from_file_location("cpu_memory", Path(__file__).with_name("cpu_memory.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.profiled_peak(fn)
 
 
 def main(argv: list[str]) -> None:

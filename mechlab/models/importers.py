@@ -327,6 +327,13 @@ def mechlab_config(arch: str, hf_config: Any, n_ctx: int | None = None):
 # ---------------------------------------------------------------------------------------
 
 
+def _put_norm(norm: nn.Module, weights: Weights, name: str) -> None:
+    """A LayerNorm's ``weight`` and ``bias``, or an RMSNorm's ``weight``, from ``name.*``."""
+    _put(norm.w, weights(name + ".weight"), name)
+    if hasattr(norm, "b"):
+        _put(norm.b, weights(name + ".bias"), name)
+
+
 def _heads(w: Tensor, n: int) -> Tensor:
     """``nn.Linear`` weight ``[n * d_head, d_model]`` -> ``[n, d_model, d_head]``."""
     return w.view(n, -1, w.shape[-1]).transpose(1, 2)
@@ -352,9 +359,8 @@ def _load_gpt2(model: MechModel, w: Weights) -> None:
     for i, block in enumerate(model.blocks):
         p = f"transformer.h.{i}."
         attn, mlp = block.attn, block.mlp
-        for ln, name in ((block.ln1, "ln_1"), (block.ln2, "ln_2")):
-            _put(ln.w, w(p + name + ".weight"), p + name)
-            _put(ln.b, w(p + name + ".bias"), p + name)
+        _put_norm(block.ln1, w, p + "ln_1")
+        _put_norm(block.ln2, w, p + "ln_2")
         # Conv1D keeps [in, out]: c_attn is [d_model, 3 * H * d_head] = [W_Q | W_K | W_V]
         for param, weight in zip((attn.W_Q, attn.W_K, attn.W_V), w(p + "attn.c_attn.weight").chunk(3, dim=1), strict=True):
             _put(param, weight.reshape(weight.shape[0], H, -1).transpose(0, 1), p + "attn.c_attn.weight")
@@ -366,8 +372,7 @@ def _load_gpt2(model: MechModel, w: Weights) -> None:
         _put(mlp.b_in, w(p + "mlp.c_fc.bias"), p + "mlp.c_fc.bias")
         _put(mlp.W_out, w(p + "mlp.c_proj.weight"), p + "mlp.c_proj.weight")
         _put(mlp.b_out, w(p + "mlp.c_proj.bias"), p + "mlp.c_proj.bias")
-    _put(model.ln_final.w, w("transformer.ln_f.weight"), "ln_f")
-    _put(model.ln_final.b, w("transformer.ln_f.bias"), "ln_f")
+    _put_norm(model.ln_final, w, "transformer.ln_f")
     _read_out(model, w, "lm_head.weight")
 
 
@@ -377,9 +382,8 @@ def _load_neox(model: MechModel, w: Weights) -> None:
     for i, block in enumerate(model.blocks):
         p = f"gpt_neox.layers.{i}."
         attn, mlp = block.attn, block.mlp
-        for ln, name in ((block.ln1, "input_layernorm"), (block.ln2, "post_attention_layernorm")):
-            _put(ln.w, w(p + name + ".weight"), p + name)
-            _put(ln.b, w(p + name + ".bias"), p + name)
+        _put_norm(block.ln1, w, p + "input_layernorm")
+        _put_norm(block.ln2, w, p + "post_attention_layernorm")
         # query_key_value's outputs are ordered [head, (q, k, v), d_head]
         qkv = w(p + "attention.query_key_value.weight")  # [H * 3 * d_head, d_model]
         qkv = qkv.view(H, 3, -1, qkv.shape[-1])
@@ -396,8 +400,7 @@ def _load_neox(model: MechModel, w: Weights) -> None:
         _put(mlp.b_in, w(p + "mlp.dense_h_to_4h.bias"), p + "mlp.dense_h_to_4h.bias")
         _put(mlp.W_out, w(p + "mlp.dense_4h_to_h.weight").T, p + "mlp.dense_4h_to_h.weight")
         _put(mlp.b_out, w(p + "mlp.dense_4h_to_h.bias"), p + "mlp.dense_4h_to_h.bias")
-    _put(model.ln_final.w, w("gpt_neox.final_layer_norm.weight"), "final_layer_norm")
-    _put(model.ln_final.b, w("gpt_neox.final_layer_norm.bias"), "final_layer_norm")
+    _put_norm(model.ln_final, w, "gpt_neox.final_layer_norm")
     _read_out(model, w, "embed_out.weight", "lm_head.weight")  # saved / in memory (transformers 5)
 
 
@@ -407,8 +410,8 @@ def _load_llama(model: MechModel, w: Weights) -> None:
     for i, block in enumerate(model.blocks):
         p = f"model.layers.{i}."
         attn, mlp = block.attn, block.mlp
-        _put(block.ln1.w, w(p + "input_layernorm.weight"), p + "input_layernorm")
-        _put(block.ln2.w, w(p + "post_attention_layernorm.weight"), p + "post_attention_layernorm")
+        _put_norm(block.ln1, w, p + "input_layernorm")
+        _put_norm(block.ln2, w, p + "post_attention_layernorm")
         for param, bias, name, n in (
             (attn.W_Q, attn.b_Q, "q_proj", H), (attn.W_K, attn.b_K, "k_proj", G), (attn.W_V, attn.b_V, "v_proj", G),
         ):  # fmt: skip
@@ -425,7 +428,7 @@ def _load_llama(model: MechModel, w: Weights) -> None:
         _put(mlp.W_out, w(p + "mlp.down_proj.weight").T, p + "mlp.down_proj.weight")
         if mlp.b_out is not None:
             _put(mlp.b_out, w(p + "mlp.down_proj.bias"), p + "mlp.down_proj.bias")
-    _put(model.ln_final.w, w("model.norm.weight"), "norm")
+    _put_norm(model.ln_final, w, "model.norm")
     _read_out(model, w, "lm_head.weight")
 
 
