@@ -137,3 +137,18 @@ def test_settings_mechlab_cannot_reproduce_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ImportProblem, match="shape"):
         from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-biases-tied", "neox"])
+def test_an_imported_model_saves_and_loads_as_a_mechlab_checkpoint(name, tmp_path):
+    from mechlab.checkpoint import load_checkpoint, save_checkpoint
+
+    model = from_pretrained(hf_model(name))
+    save_checkpoint(model, tmp_path / "imported.pt")
+    loaded = load_checkpoint(tmp_path / "imported.pt").model.eval()
+    x = tokens()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    assert loaded.cfg == model.cfg
+    if model.cfg.tie_embeddings:
+        assert loaded.read_out.proj.weight is loaded.read_in.embed.weight
