@@ -233,7 +233,10 @@ def _jaccard(a: set, b: set) -> float:
 def _check_same_graph(a: Circuit, b: Circuit) -> None:
     ga, gb = a.metadata.get("graph"), b.metadata.get("graph")
     if ga is not None and gb is not None:
-        keys = ("arch", "n_layers", "n_heads")
+        # a transformer's layout keys (n_key_value_heads, ...) are recorded only when they
+        # differ from GPT-2's, so a missing key is the default on both sides
+        keys = ("arch", "n_layers", "n_heads", "n_key_value_heads", "positions", "attn_only",
+                "parallel_attn_mlp")  # fmt: skip
         if any(ga.get(k) != gb.get(k) for k in keys):
             raise ValueError(
                 f"circuits come from different graphs ({[ga.get(k) for k in keys]} vs "
