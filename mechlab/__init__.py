@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.models import FAMILIES, MechModel, ModelConfig, build_model, make_config, presets
     from mechlab.models.cache import MechCache
     from mechlab.models.hooked import HookedModule, hooked
+    from mechlab.models.importers import from_pretrained
     from mechlab.tasks.nih import NiH, nih
 
 __version__ = "0.1.0"
@@ -43,6 +44,7 @@ _LAZY_NAMES = {
     "MechCache": "mechlab.models.cache",
     "HookedModule": "mechlab.models.hooked",
     "hooked": "mechlab.models.hooked",
+    "from_pretrained": "mechlab.models.importers",
     "NiH": "mechlab.tasks.nih",
     "nih": "mechlab.tasks.nih",
     "ReportConfig": "mechlab.report",
@@ -93,6 +95,7 @@ __all__ = [
     "attribution_patch",
     "build_model",
     "collect_activations",
+    "from_pretrained",
     "hooked",
     "load_checkpoint",
     "make_config",

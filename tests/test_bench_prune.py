@@ -98,3 +98,17 @@ def test_reference_log_alphas_put_every_edge_in_its_table():
     # every edge's value lands in exactly one table entry
     found = torch.cat([t.flatten() for t in tables.values()])
     assert all(int((found == v).sum()) == 1 for v in values.tolist())
+
+
+def test_bench_prune_measures_a_mamba_against_its_plain_step():
+    from mechlab.bench.prune import scale_model
+
+    with pytest.raises(ValueError, match="unknown preset"):
+        scale_model("nope", 8)
+    torch.manual_seed(0)
+    model = build_model("mamba", d_model=8, n_layers=2, d_state=2, io="tokens", d_vocab=11, n_ctx=8)
+    result = bench_prune(model, batch=2, n_pos=6, repeats=1)
+    assert result.config["n_edges"] == 6 and result.memory_naive is None and result.memory_ratio is None
+    assert result.memory_ours > 0 and result.memory_plain > 0 and result.step_seconds > 0
+    with pytest.raises(ValueError, match="only that path"):
+        bench_prune(model, batch=2, n_pos=6, repeats=1, memory=False, straightforward=True)

@@ -33,7 +33,7 @@ from mechlab.prune.graph import component_of, parse_component, window_of
 
 FORMAT = "mechlab-circuit"
 VERSION = 1
-_KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "mlp": 3, "mixer": 2, "out": 4}
+_KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "group": 3, "mlp": 4, "mixer": 2, "out": 5}
 
 
 def _component_key(name: str, windows: Sequence[str] = ()) -> tuple[int, int, int, int]:
@@ -233,7 +233,10 @@ def _jaccard(a: set, b: set) -> float:
 def _check_same_graph(a: Circuit, b: Circuit) -> None:
     ga, gb = a.metadata.get("graph"), b.metadata.get("graph")
     if ga is not None and gb is not None:
-        keys = ("arch", "n_layers", "n_heads")
+        # a transformer's layout keys (n_key_value_heads, ...) are recorded only when they
+        # differ from GPT-2's, so a missing key is the default on both sides
+        keys = ("arch", "n_layers", "n_heads", "n_key_value_heads", "positions", "attn_only",
+                "parallel_attn_mlp")  # fmt: skip
         if any(ga.get(k) != gb.get(k) for k in keys):
             raise ValueError(
                 f"circuits come from different graphs ({[ga.get(k) for k in keys]} vs "

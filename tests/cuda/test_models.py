@@ -163,3 +163,18 @@ def test_a_checkpoint_saved_from_the_accelerator_loads_on_the_cpu(accel, tmp_pat
     x = inputs(ckpt.model)
     with torch.no_grad():
         close(dev(x.to(accel)), ckpt.model(x), "reloaded")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "qwen2", "mamba"])
+def test_imported_models_match_hugging_face_on_the_accelerator(accel, name):
+    from tests.models.hf_models import hf_model, tokens
+
+    hf = hf_model(name)
+    model = mechlab.from_pretrained(hf)
+    x = tokens()
+    with torch.no_grad():
+        cpu = model(x)
+        on_accel = model.to(accel)(x.to(accel)).cpu()
+        hf_accel = hf.to(accel)(x.to(accel)).logits.cpu()
+    torch.testing.assert_close(on_accel, cpu, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(on_accel, hf_accel, rtol=RTOL, atol=ATOL)

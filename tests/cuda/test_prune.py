@@ -23,6 +23,15 @@ FAMILIES = {
     "transformer": {"arch": "transformer", "d_model": 12, "n_layers": 3, "n_heads": 3},
     "transformer_tokens": {"arch": "transformer", "d_model": 12, "n_layers": 2, "n_heads": 2,
                            "io": "tokens", "d_vocab": 7},
+    # the options imported models need (Llama: RMSNorm, rotary, SwiGLU, grouped key/value
+    # heads; Pythia: partial rotary, parallel residual) and the attention-only option
+    "transformer_llama": {"arch": "transformer", "d_model": 16, "n_layers": 2, "n_heads": 4,
+                          "n_key_value_heads": 2, "normalization": "RMS", "positional": "rotary",
+                          "gated_mlp": True, "act_fn": "silu", "io": "tokens", "d_vocab": 7},
+    "transformer_neox": {"arch": "transformer", "d_model": 12, "n_layers": 2, "n_heads": 2,
+                         "positional": "rotary", "rotary_dim": 2, "parallel_attn_mlp": True},
+    "transformer_attn_only": {"arch": "transformer", "d_model": 12, "n_layers": 2, "n_heads": 3,
+                              "attn_only": True},
     "lstm": {"arch": "lstm", "d_model": 8, "n_layers": 2},
     "dense_ssm": {"arch": "dense_ssm", "d_model": 8, "n_layers": 2},
     "mamba": {"arch": "mamba", "d_model": 8, "n_layers": 2},

@@ -54,6 +54,12 @@ def test_overlap_refuses_different_graphs():
     )
     with pytest.raises(ValueError, match="different graphs"):
         overlap(A, other)
+    grouped = {"arch": "transformer", "n_layers": 2, "n_heads": 4}
+    llama = Circuit.from_edges({("embed", "out"): 1.0}, metadata={"graph": {**grouped, "n_key_value_heads": 2}})
+    gpt2 = Circuit.from_edges({("embed", "out"): 1.0}, metadata={"graph": grouped})
+    with pytest.raises(ValueError, match="different graphs"):
+        overlap(llama, gpt2)
+    assert overlap(llama, llama).jaccard == 1.0
 
 
 def test_seed_stability_means():
