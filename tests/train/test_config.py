@@ -121,7 +121,7 @@ def test_number_overrides_become_numbers_in_the_config():
         ({"overrides": ["eval_every=-1"]}, r"eval_every must be >= 0"),
         ({"overrides": ["lr_schedule=linear"]}, r"unknown lr_schedule 'linear'.*cosine"),
         ({"overrides": ["task=copy"]}, r"unknown task 'copy'"),
-        ({"overrides": ["model=3"]}, r"must be mappings"),
+        ({"overrides": ["model=3"]}, r"model must be a mapping, got 3"),
         ({"steps": 0}, r"steps must be positive"),
     ],
 )
