@@ -151,10 +151,10 @@ def test_case_5_resume_with_another_models_last_pt(capsys, run_dir, tmp_path):
     [
         ([1], "holds a JSON list"),
         ("s", "holds a JSON string"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": 5}, "field edges: Input should be a valid list"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": 3, "edges": []}, "field nodes"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": []}, "field edges: Field required"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": [["a", "b"]]}, "field edges[0][2]"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": 5}, "edges must be a list, got 5"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": 3, "edges": []}, "nodes must be a list, got 3"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": []}, "field edges is missing"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": [["embed", "out"]]}, "field edges[0][2] is missing"),
     ],
     ids=["list", "string", "edges-int", "nodes-int", "no-edges", "short-edge"],
 )
