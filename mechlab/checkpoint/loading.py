@@ -163,8 +163,8 @@ def _checkpoint(
     )
     if not verified:
         warnings.warn(
-            f"checkpoint {path} carries no checksum (written before mechlab checksummed its "
-            "tensors), so damage to it cannot be detected; re-save it with save_checkpoint to add one",
+            f"checkpoint {path} carries no checksum (an old-format or hand-made file), so damage "
+            "to it cannot be detected; re-save it with save_checkpoint to add one",
             UncheckedCheckpointWarning,
             stacklevel=3,
         )
@@ -227,16 +227,16 @@ def check_archive(path: str | os.PathLike[str]) -> None:
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
         raise _unreadable(path, err) from None
     file_size = path.stat().st_size
-    declared = 0
-    for entry in entries:
-        if entry.compress_type != zipfile.ZIP_STORED or entry.file_size != entry.compress_size:
-            raise CheckpointError(
-                f"refusing to load {path}: its entry {entry.filename!r} is compressed "
-                f"({entry.compress_size:,} bytes declared to expand to {entry.file_size:,}), which "
-                "torch.save never writes; nothing was decompressed. Restore an intact copy or "
-                "re-save the model with save_checkpoint"
-            )
-        declared += entry.file_size
+    compressed = [e for e in entries if e.compress_type != zipfile.ZIP_STORED or e.file_size != e.compress_size]
+    if compressed:
+        entry = max(compressed, key=lambda e: e.file_size)  # the largest declared expansion
+        raise CheckpointError(
+            f"refusing to load {path}: its entry {entry.filename!r} is compressed "
+            f"({entry.compress_size:,} bytes declared to expand to {entry.file_size:,}), which "
+            "torch.save never writes; nothing was decompressed. Restore an intact copy or "
+            "re-save the model with save_checkpoint"
+        )
+    declared = sum(e.file_size for e in entries)
     if declared > file_size:
         raise CheckpointError(
             f"checkpoint {path} is corrupt: its zip directory declares {declared:,} bytes of "
