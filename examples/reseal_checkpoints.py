@@ -17,7 +17,10 @@ Re-saving changes a file's sha256, which circuits, evaluations and recall report
 git-tracked text file that holds it, as text (nothing else in those files changes). Run
 it again after merging a branch that adds results recorded against an old digest: with
 ``--map`` it replaces the digests of an earlier run's mapping (``old new`` per line, as
-printed) without re-saving anything.
+printed; issue 19's is ``examples/checkpoints/resealed-digests.txt``) without re-saving
+anything:
+
+    python examples/reseal_checkpoints.py --map examples/checkpoints/resealed-digests.txt
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from mechlab.checkpoint import load_checkpoint, seal
 from mechlab.io import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
+DIGESTS = ROOT / "examples" / "checkpoints" / "resealed-digests.txt"  # issue 19's re-save: old new path
 
 
 def sha256(path: Path) -> str:
@@ -84,11 +88,13 @@ def tracked_files() -> list[Path]:
     return [ROOT / name for name in out.decode().split("\0") if name]
 
 
-def replace_digests(mapping: dict[str, str], check: bool = False) -> list[Path]:
-    """Replace each old digest by its new one in every tracked text file; the files changed."""
+def replace_digests(mapping: dict[str, str], check: bool = False, keep: tuple[Path, ...] = ()) -> list[Path]:
+    """Replace each old digest by its new one in every tracked text file but ``keep`` (the
+    mappings themselves); the files changed."""
     changed = []
+    keep = tuple(p.resolve() for p in keep) + (DIGESTS,)
     for path in tracked_files():
-        if path.suffix in (".pt", ".safetensors", ".png") or not path.is_file():
+        if path.suffix in (".pt", ".safetensors", ".png") or not path.is_file() or path.resolve() in keep:
             continue
         try:
             text = path.read_text(encoding="utf-8")
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 mapping[result[0]] = result[1]
         if args.check:
             return 0
-    for path in replace_digests(mapping, args.check):
+    for path in replace_digests(mapping, args.check, keep=(args.map,) if args.map else ()):
         print("updated", path.relative_to(ROOT))
     return 0
 
