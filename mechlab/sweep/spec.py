@@ -316,11 +316,11 @@ class SweepSpec:
         known = {f.name for f in fields(cls)} - {"search"}
         unknown = sorted(map(str, set(data) - known))
         if unknown:
-            raise ValueError(f"unknown sweep setting(s) {', '.join(unknown)}; known: "
+            raise ValueError(f"{source}: unknown sweep setting(s) {', '.join(unknown)}; known: "
                              f"{', '.join(sorted(known | search_names))}")  # fmt: skip
         unknown = sorted(map(str, set(search) - search_names))
         if unknown:
-            raise ValueError(f"unknown search setting(s) {', '.join(unknown)}")
+            raise ValueError(f"{source}: unknown search setting(s) {', '.join(unknown)}")
         return validate(cls, {**data, "search": search}, source, "fix the setting")
 
     @classmethod

@@ -148,7 +148,7 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known, key=str)
         if unknown:
-            raise ValueError(f"unknown training setting(s) {unknown}; known: {sorted(known)}")
+            raise ValueError(f"{source}: unknown training setting(s) {unknown}; known: {sorted(known)}")
         return validate(cls, copy.deepcopy(values), source, "fix the setting")
 
 

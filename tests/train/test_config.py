@@ -224,3 +224,32 @@ def test_log_spaced_steps_edge_cases():
     assert log_spaced_steps(100, 0) == []
     assert log_spaced_steps(0, 5) == []
     assert log_spaced_steps(100, 1) == [1, 100]  # the last step is always kept
+
+
+# --------------------------------------------------------------- hostile config files (issue 19)
+
+
+@pytest.mark.parametrize(
+    "text, phrase",
+    [("a: " + "[" * 3000 + "]" * 3000 + "\n", "nests more than 64 levels deep"),
+     ("steps: !!python/object/apply:os.system ['echo pwned']\n", "holds the tag '!!python/object/apply:os.system'"),
+     ("steps: abc\n", "steps must be an integer, got 'abc'"),
+     ("lr: fast\n", "lr must be a number, got 'fast'"),
+     ("model: [1, 2]\n", "model must be a mapping, got [1, 2]"),
+     ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n"
+      for p, n in zip("abcdef", "bcdefg", strict=True)), "expands to more than 1,000,000 values")],
+    ids=["deep-3000", "python-tag", "steps-abc", "lr-string", "model-list", "laughs"],
+)  # fmt: skip
+def test_a_hostile_config_file_is_one_line(tmp_path, text, phrase):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        resolve_config(config_file=path)
+    assert phrase in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_config_file_reads_yaml_1_2_floats(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 3e-4\nsteps: 20\n")
+    cfg = resolve_config(config_file=path)
+    assert cfg.lr == 3e-4 and cfg.steps == 20
