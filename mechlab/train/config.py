@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import StrictFloat, StrictInt, StrictStr
 
+from mechlab.limits import check_elements
 from mechlab.schema import load_yaml, parse_yaml, validate
 
 TASKS = ("lds", "state_tracking")
@@ -130,6 +131,24 @@ class TrainConfig:
             raise ValueError(f"device must be a name such as 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.model, dict) or not isinstance(self.task_cfg, dict):
             raise ValueError("model and task_cfg must be mappings of config fields")
+        self._check_counts()
+
+    def _check_counts(self) -> None:
+        """Counts before work: what a run draws and keeps must be representable and fit."""
+        # Every batch is drawn from a generator seeded by seed * 1_000_003 + step (a 64-bit
+        # seed), and the examples seen (steps x batch_size) are recorded as 64-bit integers.
+        if abs(self.seed) * 1_000_003 + self.steps >= 2**63:
+            raise ValueError(
+                f"steps={self.steps} with seed={self.seed} overflows the 64-bit seed of the batches; "
+                "lower steps or seed"
+            )
+        if self.steps * self.batch_size >= 2**63:
+            raise ValueError(
+                f"steps x batch_size = {self.steps * self.batch_size:.3g} training examples is more than "
+                "a 64-bit count holds; lower steps or batch_size"
+            )
+        # The log-spaced checkpoint steps are computed as an array of n_checkpoints values.
+        check_elements("the log-spaced checkpoint steps", {"n_checkpoints": self.n_checkpoints})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (what checkpoints and ``config.yaml`` hold)."""

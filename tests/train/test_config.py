@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -253,3 +254,19 @@ def test_a_config_file_reads_yaml_1_2_floats(tmp_path):
     path.write_text("lr: 3e-4\nsteps: 20\n")
     cfg = resolve_config(config_file=path)
     assert cfg.lr == 3e-4 and cfg.steps == 20
+
+
+@pytest.mark.parametrize(
+    "fields, phrase",
+    [({"steps": 10**19}, "overflows the 64-bit seed of the batches"),
+     ({"seed": 10**16, "steps": 10**10}, "overflows the 64-bit seed"),
+     ({"steps": 10**12, "batch_size": 10**12}, "steps x batch_size = 1e+24 training examples"),
+     ({"n_checkpoints": 10**12}, "the log-spaced checkpoint steps would hold n_checkpoints 1e+12")],
+)  # fmt: skip
+def test_counts_a_run_cannot_represent_or_allocate_are_refused_at_once(fields, phrase):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=re.escape(phrase)):
+        TrainConfig(**fields)
+    assert time.perf_counter() - start < 0.01
