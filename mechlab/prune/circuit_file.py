@@ -136,7 +136,22 @@ class _Data(BaseModel):
     changed_positions: list[StrictInt] | None = None
 
 
-_Metric = Annotated[float, Strict()] | StrictStr | None
+_Number = Annotated[float, Strict()]  # ints allowed; NaN and infinities too (a failed metric)
+
+
+class _Metrics(BaseModel):
+    """The metrics mechlab reads back and formats as numbers; others are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    target: StrictStr | None = None
+    n_traces: _Count | None = None
+    faithfulness: _Number | None = None
+    complement_faithfulness: _Number | None = None
+    error_circuit: _Number | None = None
+    error_full: _Number | None = None
+    error_ablated: _Number | None = None
+    error_complement: _Number | None = None
 
 
 class _Metadata(BaseModel):
@@ -151,11 +166,11 @@ class _Metadata(BaseModel):
     data_seed: StrictInt | None = None
     graph: _Graph | None = None
     data: _Data | None = None
-    metrics: dict[StrictStr, _Metric] | None = None
+    metrics: _Metrics | None = None
     warnings: list[StrictStr] | None = None
     inert_writers: list[_Name] | None = None
     partners: list[_Label] | None = None
-    jaccard_with: dict[StrictStr, _Metric] | None = None
+    jaccard_with: dict[StrictStr, _Number | None] | None = None
 
 
 class CircuitFile(BaseModel):
