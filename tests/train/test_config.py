@@ -270,3 +270,4 @@ def test_counts_a_run_cannot_represent_or_allocate_are_refused_at_once(fields, p
     with pytest.raises(ValueError, match=re.escape(phrase)):
         TrainConfig(**fields)
     assert time.perf_counter() - start < 0.01
+
