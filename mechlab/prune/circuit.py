@@ -28,7 +28,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from mechlab.io import atomic_write_text
-from mechlab.prune.circuit_file import validate_circuit_dict
+from mechlab.prune.circuit_file import read_circuit_file, validate_circuit_dict
 from mechlab.prune.graph import component_of, parse_component, window_of
 
 FORMAT = "mechlab-circuit"
@@ -146,7 +146,10 @@ class Circuit:
             ValueError: ``values`` does not follow the circuit schema
                 (:mod:`mechlab.prune.circuit_file`); one line naming the field.
         """
-        validate_circuit_dict(values, source)
+        return cls._from_valid_dict(validate_circuit_dict(values, source))
+
+    @classmethod
+    def _from_valid_dict(cls, values: dict[str, Any]) -> Circuit:
         edges = {(w, r): float(s) for w, r, s in values["edges"]}
         log_alpha = values.get("log_alpha")
         if log_alpha is not None:
@@ -165,14 +168,8 @@ class Circuit:
             ValueError: The file cannot be read, is not JSON, or does not follow the
                 circuit schema; one line naming the file (and the field).
         """
-        path = Path(path)
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{str(path)!r} is not valid JSON: {exc}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{str(path)!r} is not a text (UTF-8 JSON) file; pass a circuit JSON file") from None
-        return cls.from_dict(values, repr(str(path)))
+        values = read_circuit_file(path)  # size, depth and schema checked
+        return cls._from_valid_dict(values)
 
     # -- figures ------------------------------------------------------------------
     def plot(self, title: str | None = None) -> go.Figure:

@@ -543,7 +543,15 @@ def write_curves(
 
 def read_curves(path: str | Path) -> list[FaithfulnessCurve]:
     """Read curves written by :func:`write_curves`."""
-    values = json.loads(Path(path).read_text())
-    if values.get("format") != FORMAT:
+    from mechlab.schema import load_json
+
+    values = load_json(path, "curves file", 256 << 20, 32)  # size and depth before parsing
+    if not isinstance(values, dict) or values.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} is not a mechlab faithfulness-curves file")
-    return [FaithfulnessCurve.from_dict(c) for c in values["curves"]]
+    try:
+        return [FaithfulnessCurve.from_dict(c) for c in values["curves"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(
+            f"{str(path)!r} is not a valid faithfulness-curves file ({type(err).__name__}: {err}); "
+            "re-create it with mechlab curve"
+        ) from None

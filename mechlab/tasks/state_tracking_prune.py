@@ -45,6 +45,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from mechlab.limits import check_elements
 from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.graph import Windows
 from mechlab.tasks.state_tracking import SequenceSet, StateTrackingConfig, encode, states_of
@@ -176,6 +177,7 @@ def state_tracking_prune_data(
     for name, value in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_elements("the pruning traces", {name: value, "positions": cfg.n_tokens(length)}, lower=name)
     train = _traces(cfg, length, n_train, corruption, seed)
     test = _traces(cfg, length, n_test, corruption, seed + TEST_SEED_OFFSET)
     info = {

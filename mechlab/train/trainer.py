@@ -47,6 +47,7 @@ from mechlab.models import build_model
 from mechlab.models.base import MechModel
 from mechlab.models.registry import MAX_ELEMENTS_ENV, max_elements
 from mechlab.progress import tqdm
+from mechlab.schema import MAX_DEPTH, json_depth
 from mechlab.train.config import TrainConfig
 from mechlab.train.prefetch import Prefetcher
 from mechlab.train.task import Task, make_task
@@ -137,6 +138,8 @@ def read_metrics_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for index, (number, line) in enumerate(numbered):
         try:
+            if json_depth(line) > MAX_DEPTH:  # json.loads would recurse past the interpreter's limit
+                raise ValueError(f"nests more than {MAX_DEPTH} levels deep")
             record = json.loads(line)
             step = record.get("step", 0) if isinstance(record, dict) else None
             if not isinstance(step, int | float) or isinstance(step, bool):
