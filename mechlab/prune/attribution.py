@@ -232,7 +232,7 @@ def build_objective(
 @torch.no_grad()
 def metric_value(obj: Objective, z: Tensor, batch_size: int = DEFAULT_BATCH_SIZE) -> float:
     """``m(z)``: the metric of the masked forward with edge masks ``z`` (mean over targets)."""
-    z = z.to(obj.device, torch.float32)
+    z = z.to(obj.device, obj.reference.dtype)
     total = 0.0
     for index in obj.chunks(batch_size):
         out = masked_forward(obj.model, obj.graph, obj.traces.inputs[index],
@@ -246,7 +246,7 @@ def _gradient(obj: Objective, z: Tensor, batch_size: int, ablated_of=None) -> Te
 
     ``ablated_of(index)`` gives the ablated values of a chunk (default: the objective's).
     """
-    z = z.to(obj.device, torch.float32)
+    z = z.to(obj.device, obj.reference.dtype)
     grad = torch.zeros(obj.graph.n_edges, dtype=torch.float64)
     for index in obj.chunks(batch_size):
         abl = select_traces(obj.ablated, index) if ablated_of is None else ablated_of(index)
