@@ -333,15 +333,24 @@ def eap_scores(
     return -fixed_difference_gradient(obj, 0.0, batch_size)
 
 
+def _integrate(gradient_at, steps: int, desc: str, progress: bool) -> Tensor:
+    """``-(1/S) sum_s gradient_at(t_s)`` over the midpoints ``t_s`` of ``[0, 1]``."""
+    total = None
+    for t in tqdm(_midpoints(steps), disable=not progress, desc=desc, unit="step"):
+        g = gradient_at(t)
+        total = -g if total is None else total - g
+    return total / steps
+
+
 def eap_ig_scores(
     obj: Objective, steps: int = DEFAULT_STEPS, batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = False,
 ) -> Tensor:  # fmt: skip
     """EAP-IG over the edge masks: ``-(1/S) sum_s (d m / d z)(t_s 1)``, ``t_s`` the midpoints."""
-    total = torch.zeros(obj.graph.n_edges, dtype=torch.float64)
-    for t in tqdm(_midpoints(steps), disable=not progress, desc="eap-ig", unit="step"):
-        total -= _gradient(obj, torch.full((obj.graph.n_edges,), t), batch_size)
-    return total / steps
+    n = obj.graph.n_edges
+    return _integrate(
+        lambda t: _gradient(obj, torch.full((n,), t), batch_size), steps, "eap-ig", progress
+    )
 
 
 def eap_ig_input_scores(
@@ -349,10 +358,8 @@ def eap_ig_input_scores(
     progress: bool = False,
 ) -> Tensor:  # fmt: skip
     """EAP-IG over the inputs: fixed differences against gradients along the read-in path."""
-    total = torch.zeros(obj.graph.n_edges, dtype=torch.float64)
-    for a in tqdm(_midpoints(steps), disable=not progress, desc="eap-ig-inputs", unit="step"):
-        total -= fixed_difference_gradient(obj, a, batch_size)
-    return total / steps
+    return _integrate(lambda a: fixed_difference_gradient(obj, a, batch_size), steps,
+                      "eap-ig-inputs", progress)  # fmt: skip
 
 
 def exact_loop_scores(
