@@ -5,7 +5,12 @@ Modules: :mod:`~mechlab.prune.graph` (writers, readers, edges per architecture),
 outputs, ablations, the masked forward pass), :mod:`~mechlab.prune.engine` (the
 optimisation and the choice of edges), :mod:`~mechlab.prune.evaluate` (faithfulness and
 errors of a circuit), :mod:`~mechlab.prune.circuit` (circuits, overlap, plots),
-:mod:`~mechlab.prune.data` (traces and targets). The engine knows no checkpoint:
+:mod:`~mechlab.prune.data` (traces and targets). The methods the field compares edge
+pruning with score the same graph through the same masked forward:
+:mod:`~mechlab.prune.attribution` (EAP, EAP-IG over the edge masks or the inputs),
+:mod:`~mechlab.prune.exact` (exact single-edge ablation), :mod:`~mechlab.prune.acdc`
+(greedy ACDC); :mod:`~mechlab.prune.methods` makes one circuit per method
+(:func:`find_circuit`). The engine knows no checkpoint:
 :func:`mechlab.pipelines.prune_checkpoint` loads one and builds its task's traces; the
 benchmark is :func:`mechlab.bench.prune.bench_prune`.
 
@@ -19,6 +24,13 @@ Typical use::
     a.to_json("circuits/1-after.json"); a.write_html("circuits/1-after.html")
 """
 
+from mechlab.prune.acdc import ACDC_MAX_EDGES, AcdcResult, acdc_search
+from mechlab.prune.attribution import (
+    ATTRIBUTION_METHODS,
+    METRICS,
+    EdgeScores,
+    attribute,
+)
 from mechlab.prune.circuit import (
     Circuit,
     Overlap,
@@ -40,13 +52,20 @@ from mechlab.prune.graph import (
     transformer_edge_count,
 )
 from mechlab.prune.joint import JointResult, ShareSweep, joint_prune, share_sweep
+from mechlab.prune.methods import METHODS, circuit_from_scores, circuit_scores_of, find_circuit
 from mechlab.prune.stats import bootstrap_overlap, cross_evaluate, null_model
 
 __all__ = [
     "ABLATIONS",
+    "ACDC_MAX_EDGES",
+    "ATTRIBUTION_METHODS",
     "CORRUPTIONS",
+    "METHODS",
+    "METRICS",
+    "AcdcResult",
     "Circuit",
     "EdgeGraph",
+    "EdgeScores",
     "FaithfulnessCurve",
     "JointResult",
     "Overlap",
@@ -54,13 +73,18 @@ __all__ = [
     "ShareSweep",
     "Stability",
     "Traces",
+    "acdc_search",
+    "attribute",
     "bootstrap_overlap",
     "build_graph",
+    "circuit_from_scores",
+    "circuit_scores_of",
     "countable_edges",
     "cross_evaluate",
     "evaluate_circuit",
     "evaluate_masks",
     "faithfulness_curve",
+    "find_circuit",
     "inert_writers",
     "joint_prune",
     "make_ablation",
