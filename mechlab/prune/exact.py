@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mechlab.models.transformer import causal_mask
 from mechlab.progress import tqdm
 from mechlab.prune.attribution import DEFAULT_BATCH_SIZE, Objective, exact_loop_scores, metric_value
 from mechlab.prune.forward import select_traces
@@ -41,7 +42,7 @@ def _head_output(attn: nn.Module, h: int, x_q: Tensor, x_k: Tensor, x_v: Tensor)
     scores = (q / attn.scale) @ k.transpose(-1, -2)  # [batch, q, k]
     if attn.causal:
         n = scores.shape[-1]
-        scores = scores.masked_fill(~attn.causal_mask[:n, :n], float("-inf"))
+        scores = scores.masked_fill(causal_mask(n, scores.device), float("-inf"))
     return (F.softmax(scores, dim=-1) @ v) @ attn.W_O[h]
 
 
@@ -111,8 +112,20 @@ def transformer_single_edge_outputs(
 
 
 def _replayable(obj: Objective) -> bool:
+    """Whether the replay applies: a transformer of GPT-2's layout (learned positions, one
+    key/value head per query head, sequential attention and MLP, q/k/v biases), on its plain
+    graph. Other layouts (rotary, grouped heads, parallel or attention-only blocks, as
+    imported models have them) take the loop of masked forwards."""
     cfg = obj.model.cfg
-    return cfg.arch == "transformer" and not obj.graph.windows
+    if cfg.arch != "transformer" or obj.graph.windows:
+        return False
+    return (
+        getattr(cfg, "positional", "learned") == "learned"
+        and getattr(cfg, "n_key_value_heads", cfg.n_heads) == cfg.n_heads
+        and not getattr(cfg, "parallel_attn_mlp", False)
+        and not getattr(cfg, "attn_only", False)
+        and getattr(cfg, "qkv_bias", True)
+    )
 
 
 @torch.no_grad()

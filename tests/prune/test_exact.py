@@ -69,3 +69,24 @@ def test_recurrent_and_windowed_graphs_equal_the_loop(arch):
             )
         got = attribute(model, traces, "all", "exact").scores
         torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("options", [
+    {"positional": "rotary", "n_key_value_heads": 1, "normalization": "RMS", "gated_mlp": True},
+    {"attn_only": True},
+    {"parallel_attn_mlp": True, "positional": "rotary", "rotary_dim": 2},
+])  # fmt: skip
+def test_imported_layouts_are_scored_exactly_by_the_loop(options):
+    """Layouts the replay does not cover (rotary, grouped heads, attention-only, parallel
+    blocks: imported models) still get exact single-edge effects."""
+    torch.manual_seed(2)
+    cfg = TransformerConfig(d_model=12, n_layers=2, n_heads=2, d_head=4, d_mlp=8, n_ctx=7,
+                            d_in=3, d_out=2, **options)  # fmt: skip
+    model = Transformer(cfg).double().eval()
+    traces = random_traces(model, batch=4, n_pos=7)
+    target = lambda t: torch.tensor([3, 5])  # noqa: E731
+    with frozen_eval(model):
+        expected = loop_effects(model, traces, target_mask(target, traces), "interchange")
+    got = attribute(model, traces, target, "exact", ablation="interchange", batch_size=2).scores
+    assert expected.abs().max() > 1e-6
+    torch.testing.assert_close(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=1e-5)
