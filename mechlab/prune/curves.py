@@ -58,7 +58,11 @@ from torch import Tensor, nn
 from mechlab.io import atomic_write_text
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import (
+from mechlab.prune.engine import prune
+from mechlab.prune.evaluate import circuit_edge_mask, evaluate_masks
+from mechlab.prune.forward import ABLATIONS
+from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
+from mechlab.traces import (
     PruneData,
     Target,
     Traces,
@@ -66,10 +70,6 @@ from mechlab.prune.data import (
     target_name,
     target_positions,
 )
-from mechlab.prune.engine import prune
-from mechlab.prune.evaluate import circuit_edge_mask, evaluate_masks
-from mechlab.prune.forward import ABLATIONS
-from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
 
 MIB_BUDGETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 """MIB's edge budgets (fractions of the graph's edges); 1.0 is always added as the anchor."""

@@ -4,7 +4,8 @@ from mechlab.train.config import PRESETS, TrainConfig, available_presets, resolv
 from mechlab.train.prefetch import Prefetcher
 from mechlab.train.task import LDSTask, StateTrackingTask, make_task, masked_mse
 from mechlab.train.trainer import Trainer, TrainingStopped, TrainResult, log_spaced_steps, train
-from mechlab.train.trials import TrialSpec, run_trial, run_trials
+from mechlab.train.dispatch import run_trials
+from mechlab.train.trials import TrialSpec, run_trial
 
 __all__ = [
     "PRESETS",

@@ -49,6 +49,7 @@ from mechlab.models.registry import MAX_ELEMENTS_ENV, max_elements
 from mechlab.progress import tqdm
 from mechlab.train.config import TrainConfig
 from mechlab.train.prefetch import Prefetcher
+from mechlab.train.seeding import batch_generator
 from mechlab.train.task import Task, make_task
 
 
@@ -73,11 +74,6 @@ def log_spaced_steps(total: int, count: int) -> list[int]:
         return []
     raw = np.unique(np.round(np.geomspace(1, total, num=count)).astype(int))
     return sorted(set(int(s) for s in raw) | {total})
-
-
-def batch_generator(seed: int, step: int) -> torch.Generator:
-    """The generator that draws the batch of ``step`` (independent of the run's history)."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
