@@ -31,7 +31,7 @@ import torch
 from mechlab.checkpoint import load_checkpoint
 from mechlab.io import atomic_write_text
 from mechlab.pipelines import prune_checkpoint
-from mechlab.prune.data import target_positions
+from mechlab.traces import target_positions
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import countable_edges, pruning_graph
 from mechlab.prune.stats import overlap_report

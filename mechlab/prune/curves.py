@@ -513,23 +513,18 @@ def sweep(
     return curves
 
 
-def write_curves(
+def curves_to_dict(
     curves: Mapping[str, FaithfulnessCurve] | Sequence[FaithfulnessCurve],
-    path: str | Path,
     info: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write curves as one JSON file, atomically.
+) -> dict[str, Any]:
+    """Curves as the JSON-ready dict :func:`write_curves` writes and :func:`read_curves` reads.
 
     Args:
         curves: Curves (a mapping's keys are ignored; each curve knows its ablation).
-        path: Destination.
         info: Plain values recorded beside them (checkpoint, command line, ...).
-
-    Returns:
-        The path written.
     """
     items = list(curves.values()) if isinstance(curves, Mapping) else list(curves)
-    payload = {
+    return {
         "format": FORMAT,
         "version": VERSION,
         "protocol": "MIB circuit track: k = floor(b n) top-scored of the n edges that can "
@@ -538,7 +533,15 @@ def write_curves(
         "info": dict(info or {}),
         "curves": [c.to_dict() for c in items],
     }
-    return atomic_write_text(path, json.dumps(payload, indent=1, allow_nan=True))
+
+
+def write_curves(
+    curves: Mapping[str, FaithfulnessCurve] | Sequence[FaithfulnessCurve],
+    path: str | Path,
+    info: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write curves as one JSON file, atomically (:func:`curves_to_dict`); returns the path."""
+    return atomic_write_text(path, json.dumps(curves_to_dict(curves, info), indent=1, allow_nan=True))
 
 
 def read_curves(path: str | Path) -> list[FaithfulnessCurve]:

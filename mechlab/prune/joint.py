@@ -48,7 +48,8 @@ from torch import Tensor, nn
 from mechlab.models.base import predict_in_chunks
 from mechlab.progress import tqdm
 from mechlab.prune import masks as hc
-from mechlab.prune.circuit import Circuit, jaccard
+from mechlab.prune.circuit import Circuit
+from mechlab.prune.circuit import jaccard as jaccard_of
 from mechlab.prune.engine import (
     LAMBDA_LR,
     LR,
@@ -164,7 +165,7 @@ class JointResult:
 
 def pairwise_jaccard(circuits: dict[str, Circuit]) -> dict[str, float]:
     """``"a|b"`` -> the Jaccard of circuits ``a`` and ``b``'s edge sets, for every pair in order."""
-    return {f"{a}|{b}": jaccard(circuits[a].edges, circuits[b].edges) for a, b in combinations(circuits, 2)}
+    return {f"{a}|{b}": jaccard_of(circuits[a].edges, circuits[b].edges) for a, b in combinations(circuits, 2)}
 
 
 def joint_prune(
@@ -293,7 +294,7 @@ def joint_prune(
     jaccard = pairwise_jaccard(circuits)
     for name, circuit in circuits.items():
         circuit.metadata["jaccard_with"] = {
-            other: jaccard(circuit.edges, circuits[other].edges) for other in names if other != name
+            other: jaccard_of(circuit.edges, circuits[other].edges) for other in names if other != name
         }
         for warning in circuit.metadata["warnings"]:
             warnings.warn(warning, UserWarning, stacklevel=2)

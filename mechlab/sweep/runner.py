@@ -272,7 +272,7 @@ def run_sweep(
         progress: Show a progress bar.
 
     Returns:
-        The :class:`SweepResult` (write it with :func:`mechlab.sweep.write_outputs`).
+        The :class:`SweepResult` (write it with :func:`mechlab.pipelines.write_outputs`).
     """
     if units not in UNITS:
         raise ValueError(f"unknown units {units!r}; choose from {', '.join(UNITS)}")
