@@ -37,6 +37,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+__all__ = [
+    "PruneData",
+    "Target",
+    "Traces",
+    "Windows",
+    "check_target",
+    "check_windows",
+    "target_mask",
+    "target_name",
+    "target_positions",
+]
+
 Windows = tuple[tuple[str, int, int], ...]
 """Position windows: ``(name, start, end)`` ranges in order, covering ``0 .. n_pos``."""
 

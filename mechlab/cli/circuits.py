@@ -225,4 +225,4 @@ def curve(
     use_threads(threads)
     curve_checkpoint(ckpt, target, ablation, grid, out, rank=rank, sparsity=sparsity, steps=steps, seed=seed,
                      corruption=corruption, n_train=traces, n_test=test_traces, n_haystack=haystack,
-                     seg_len=seg_len, nih=nih, device=device, progress=progress, on_target=show)  # fmt: skip
+                     seg_len=seg_len, protocol=nih, device=device, progress=progress, on_target=show)  # fmt: skip

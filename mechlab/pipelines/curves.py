@@ -44,7 +44,7 @@ def curve_checkpoint(
     n_test: int = 512,
     n_haystack: int | None = None,
     seg_len: int | None = None,
-    nih: str = "study",
+    protocol: str = "study",
     device: str | None = None,
     progress: bool = True,
     on_target: Callable[[CurveFiles], None] | None = None,
@@ -68,7 +68,7 @@ def curve_checkpoint(
         n_test: Held-out traces the curves are scored on.
         n_haystack: Haystack systems (default: the run's).
         seg_len: Observations per haystack segment (default: the run's).
-        nih: NiH construction.
+        protocol: NiH construction (``study`` or ``uniform``).
         device: Where to run.
         progress: Show progress bars.
         on_target: Called with each target's :class:`CurveFiles` once written.
@@ -92,7 +92,7 @@ def curve_checkpoint(
         raise ValueError(f"unknown --rank {rank!r}; choose {' or '.join(RANKINGS)}")
     ckpt = open_checkpoint(source, device)
     data = nih_data(ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-                    corruption=corruption, nih=nih)  # fmt: skip
+                    corruption=corruption, protocol=protocol)  # fmt: skip
     for name in targets:  # every target checked before any pruning
         check_target(name, data.train)
     path = source_path(source)
@@ -107,7 +107,7 @@ def curve_checkpoint(
         seconds = time.perf_counter() - started
         info: dict[str, Any] = {
             "checkpoint": str(path), "checkpoint_sha256": ckpt.sha256, "target": name,
-            "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "protocol": nih,
+            "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "protocol": protocol,
             "threads": torch.get_num_threads(), "seconds": seconds,
         }  # fmt: skip
         files = CurveFiles(

@@ -38,13 +38,13 @@ def nih_data(
     seg_len: int | None = None,
     corruption: str = DEFAULT_CORRUPTION,
     data_seed: int = 0,
-    nih: str = "study",
+    protocol: str = "study",
 ) -> PruneData:
     """NiH pruning traces on an opened checkpoint's task, with the run's haystack by default."""
     n, s = haystack(ckpt, n_haystack, seg_len)
     return nih_prune_data(
         lds_config(ckpt), n_train=n_train, n_test=n_test, n_haystack=n, seg_len=s,
-        corruption=corruption, seed=data_seed, protocol=nih,
+        corruption=corruption, seed=data_seed, protocol=protocol,
     )  # fmt: skip
 
 
@@ -78,9 +78,8 @@ def checkpoint_prune_data(
     seg_len: int | None = None,
     corruption: str = DEFAULT_CORRUPTION,
     data_seed: int = 0,
-    nih: str = "study",
+    protocol: str = "study",
     device: str | None = None,
-    **deprecated: Any,
 ) -> tuple[Checkpoint, PruneData]:
     """A checkpoint of the interleaved-systems task and NiH pruning traces on its own task.
 
@@ -92,9 +91,8 @@ def checkpoint_prune_data(
         seg_len: Observations per haystack segment (default: the run's).
         corruption: How interchange-ablation traces are corrupted.
         data_seed: Seed of the traces.
-        nih: NiH construction, ``"study"`` or ``"uniform"``.
+        protocol: NiH construction, ``"study"`` or ``"uniform"``.
         device: Where the model goes (default: a path loads onto the CPU).
-        **deprecated: ``protocol`` (the old name of ``nih``).
 
     Returns:
         ``(checkpoint, data)``; the model is on ``device``.
@@ -103,22 +101,19 @@ def checkpoint_prune_data(
         ValueError: A checkpoint without the lds task's metadata, or settings that do not
             fit the task.
     """
-    nih = renamed(deprecated, "protocol", "nih", nih, "checkpoint_prune_data")
-    if deprecated:
-        raise TypeError(f"checkpoint_prune_data() got an unexpected keyword {next(iter(deprecated))!r}")
     ckpt = open_checkpoint(source, device)
     data = nih_data(
         ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-        corruption=corruption, data_seed=data_seed, nih=nih,
+        corruption=corruption, data_seed=data_seed, protocol=protocol,
     )  # fmt: skip
     return ckpt, data
 
 
 def circuit_data(ckpt: Checkpoint, circuit: Any, *, n_train: int = 256, n_test: int = 512,
-                 nih: str = "uniform") -> PruneData:  # fmt: skip
+                 protocol: str = "uniform") -> PruneData:  # fmt: skip
     """The traces a circuit of ``ckpt`` was pruned and scored on, rebuilt from the settings
     its metadata records (``metadata["data"]``: traces, haystack, segment length,
-    corruption, data seed, NiH construction); ``n_train``/``n_test``/``nih`` stand in for
+    corruption, data seed, NiH construction); ``n_train``/``n_test``/``protocol`` stand in for
     settings a circuit does not record (circuits that predate ``nih_protocol`` were
     pruned on uniform NiH)."""
     info = circuit.metadata.get("data", {})
@@ -126,7 +121,7 @@ def circuit_data(ckpt: Checkpoint, circuit: Any, *, n_train: int = 256, n_test: 
         ckpt, n_train=int(info.get("n_train", n_train)), n_test=int(info.get("n_test", n_test)),
         n_haystack=info.get("n_haystack"), seg_len=info.get("seg_len"),
         corruption=info.get("corruption", DEFAULT_CORRUPTION),
-        data_seed=int(info.get("data_seed", 0)), nih=info.get("nih_protocol", nih),
+        data_seed=int(info.get("data_seed", 0)), protocol=info.get("nih_protocol", protocol),
     )  # fmt: skip
 
 
@@ -136,7 +131,7 @@ def check_targets(
     *,
     n_haystack: int | None = None,
     seg_len: int | None = None,
-    nih: str = "study",
+    protocol: str = "study",
     length: int | None = None,
     corruption: str = DEFAULT_CORRUPTION,
 ) -> None:
@@ -148,25 +143,13 @@ def check_targets(
             state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
         return
     lds_config(ckpt, length)
-    data = nih_data(ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len, nih=nih)
+    data = nih_data(ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len, protocol=protocol)
     for target in targets:
         check_target(target, data.train)
 
 
 def check_prune_targets(source: Source, targets: list[Target], **settings: Any) -> None:
-    """:func:`check_targets` on a checkpoint or its file (``nih``, ``n_haystack``,
-    ``seg_len``, ``length``, ``corruption``; ``protocol`` is the old name of ``nih``)."""
-    settings["nih"] = renamed(settings, "protocol", "nih", settings.get("nih", "study"),
-                              "check_prune_targets")  # fmt: skip
+    """:func:`check_targets` on a checkpoint or its file (``protocol``, ``n_haystack``,
+    ``seg_len``, ``length``, ``corruption``)."""
     check_targets(open_checkpoint(source), targets, **settings)
 
-
-def renamed(given: dict[str, Any], old: str, new: str, value: Any, where: str) -> Any:
-    """The value of keyword ``new``, taking a deprecated ``old`` spelling from ``given``
-    (popped, with a warning)."""
-    from mechlab._deprecated import warn_moved
-
-    if old in given:
-        warn_moved(f"{where}({old}=)", f"{new}=", stacklevel=4)
-        value = given.pop(old)
-    return value

@@ -20,7 +20,7 @@ from typing import Any
 
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, source_path
-from mechlab.pipelines.data import check_targets, nih_data, renamed, state_tracking_data
+from mechlab.pipelines.data import check_targets, nih_data, state_tracking_data
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.joint import (
@@ -70,7 +70,13 @@ def prune_protocol(recipe: str, **given: Any) -> dict[str, Any]:
 
 
 def _recipe(recipe: str, kwargs: dict[str, Any], where: str) -> str:
-    return renamed(kwargs, "protocol", "recipe", recipe, where)
+    """The recipe, or the value of its deprecated keyword ``protocol`` (popped from ``kwargs``)."""
+    if "protocol" not in kwargs:
+        return recipe
+    from mechlab._deprecated import warn_moved
+
+    warn_moved(f"{where}(protocol=)", "recipe=", stacklevel=4)
+    return kwargs.pop("protocol")
 
 
 def prune_checkpoint(
@@ -144,7 +150,7 @@ def prune_checkpoint(
         lds_config(ckpt, length)
         data = nih_data(
             ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-            corruption=corruption, data_seed=data_seed, nih=nih,
+            corruption=corruption, data_seed=data_seed, protocol=nih,
         )  # fmt: skip
     check_target(target, data.train)
     # the engine builds the (windowed) graph and checks the sparsity, once, before any work
@@ -206,7 +212,7 @@ def prune_targets(
     check_targets(ckpt, list(targets), n_haystack=settings.get("n_haystack"),
                   seg_len=settings.get("seg_len"), length=settings.get("length"),
                   corruption=settings.get("corruption", DEFAULT_CORRUPTION),
-                  nih=prune_protocol(recipe)["nih"])  # fmt: skip
+                  protocol=prune_protocol(recipe)["nih"])  # fmt: skip
     run = PruneRun(Path(out) if out is not None else outputs.beside(source_path(source), "circuits"))
     for name in targets:
         for s in seeds:
@@ -295,7 +301,7 @@ def joint_prune_checkpoint(
     def data_of(seed: int) -> PruneData:
         return nih_data(
             ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-            corruption=corruption, data_seed=seed, nih=nih,
+            corruption=corruption, data_seed=seed, protocol=nih,
         )  # fmt: skip
 
     check_joint_targets(targets, data_of(seeds[0] if seeds else 0))

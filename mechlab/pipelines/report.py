@@ -305,7 +305,7 @@ def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig) -> di
     inert = set(first.metadata.get("inert_writers", []))  # their edges cannot matter
     edges = [e for e in graph_edges(first) if e[0] not in inert]
     report = overlap_report(flat, edges, n_boot=cfg.n_boot, n_null=cfg.n_null)
-    data = circuit_data(ckpt, first, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, nih=cfg.nih)
+    data = circuit_data(ckpt, first, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, protocol=cfg.nih)
     report["cross_evaluation"] = cross_evaluate(ckpt.model, data, flat)
     report["excluded_writers"] = sorted(inert)
     return report
@@ -342,7 +342,7 @@ def make_report(
     say = log or (lambda line: None)
     opened = open_checkpoint(ckpt, device)
     lds_config(opened)
-    check_targets(opened, list(cfg.targets), nih=cfg.nih)
+    check_targets(opened, list(cfg.targets), protocol=cfg.nih)
     path = source_path(ckpt)
     timings: dict[str, float] = {}
 

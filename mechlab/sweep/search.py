@@ -38,8 +38,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("found", "bracketed", "at_min", "not_reached", "exhausted")
-
 
 @dataclass(frozen=True)
 class SearchConfig:

@@ -1,4 +1,4 @@
-"""mechlab.report / `mechlab report`: the main job in one command, one self-contained page."""
+"""mechlab.pipelines.report / `mechlab report`: the main job in one command, one self-contained page."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 import pytest
 
 from mechlab.cli import main
+from mechlab.pipelines import ReportConfig, make_report
 from mechlab.prune import Circuit, overlap
-from mechlab.report import ReportConfig, make_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -70,7 +70,7 @@ def test_cli_report_runs_and_bad_input_creates_nothing(tiny_lds_checkpoint, tmp_
     assert "torch threads:" in captured.err
     for bad, message in [
         (["--target", "bogus"], "unknown target"),
-        (["--protocol", "paper"], "unknown protocol"),
+        (["--recipe", "paper"], "unknown recipe"),
         (["--ckpt", str(tmp_path / "missing.pt")], "not found"),
     ]:
         fresh = tmp_path / f"bad{len(message)}"
@@ -89,7 +89,7 @@ def test_cli_report_runs_and_bad_input_creates_nothing(tiny_lds_checkpoint, tmp_
         ({"seeds": (0, 0)}, "must not repeat"),
         ({"eval_traces": 0}, "eval_traces must be a positive integer"),
         ({"steps": 0}, "steps must be a positive integer"),
-        ({"protocol": "paper"}, "unknown protocol"),
+        ({"recipe": "paper"}, "unknown recipe"),
     ],
 )
 def test_report_config_refuses_bad_settings(bad, message):
