@@ -153,12 +153,14 @@ def evaluate_checkpoint(
         if name not in SUITES:
             raise ValueError(f"unknown suite {name!r}; choose from {list(SUITES)} or all")
     nih_protocol(settings.get("protocol", "study"))
-    ckpt = open_checkpoint(source, settings.pop("device", None))
+    device = settings.pop("device", None)
+    ckpt = open_checkpoint(source, device)
     folder = Path(out) if out is not None else outputs.beside(source_path(source), "eval")
     trials = settings.pop("trials", None)
     reports = {}
     for name in suites:
-        report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, **settings)
+        report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
+                           **settings)  # fmt: skip
         reports[name] = report
         json_path = outputs.write_json(folder / f"{name}.json", report)
         html_path = outputs.write_figure(figure_for_suite(report), folder / f"{name}.html")

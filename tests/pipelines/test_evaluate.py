@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
@@ -110,3 +111,58 @@ def test_a_figure_for_every_suite_and_self_contained_html(run_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nih.html"]  # no temporary file left
     with pytest.raises(ValueError, match="no figure for suite"):
         figure_for_suite({"suite": "nope", "result": {}})
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_committed_evaluation_reproduces_byte_for_byte(tmp_path, monkeypatch):
+    """`mechlab eval --suite uninterleaved` on the bundled checkpoint, through the pipeline,
+    writes exactly the committed examples/checkpoints/recall-cpu/eval/uninterleaved.json."""
+    from mechlab.pipelines import evaluate_checkpoint
+
+    monkeypatch.chdir(ROOT)  # the report records the checkpoint's path as given
+    committed = ROOT / "examples" / "checkpoints" / "recall-cpu" / "eval" / "uninterleaved.json"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        evaluate_checkpoint("examples/checkpoints/recall-cpu/last.pt", ["uninterleaved"], tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / "uninterleaved.json").read_bytes() == committed.read_bytes()
+
+
+def test_eval_runs_the_model_on_the_device_asked_for(run_dir, tmp_path, monkeypatch, capsys):
+    """`mechlab eval --device` reaches the checkpoint's model (eval had no --device before)."""
+    import mechlab.pipelines.evaluate as evaluate
+    from mechlab.cli import main
+
+    devices = []
+    real_open = evaluate.open_checkpoint
+
+    def spy(source, device=None):
+        ckpt = real_open(source, device)
+        devices.append((device, str(next(ckpt.model.parameters()).device)))
+        return ckpt
+
+    monkeypatch.setattr(evaluate, "open_checkpoint", spy)
+    args = ["eval", "--ckpt", str(run_dir / "last.pt"), "--traces", "4", "--out", str(tmp_path)]
+    assert main([*args, "--device", "cpu"]) == 0
+    assert devices and all(d == ("cpu", "cpu") for d in devices)
+    assert main([*args, "--device", "nope"]) == 2  # checked before any work
+    assert "nope" in capsys.readouterr().err
+
+
+def test_eval_prune_and_recall_take_one_haystack_default(tmp_path, model):
+    """A run whose evaluation haystack (7 systems of 10) does not fit the model: eval shrinks
+    it as pruning and recall do, so all three run on the same haystack (eval refused it before)."""
+    from mechlab.label_vs_observation import recall_analysis
+    from mechlab.pipelines import checkpoint_prune_data, open_checkpoint
+
+    path = save_checkpoint(model, tmp_path / "wide.pt", task="lds", task_cfg=TASK,
+                           train_cfg={"eval_haystack": 7, "eval_seg_len": 4})  # fmt: skip
+    evaluated = run_suite(path, "nih", n_traces=4)["result"]
+    _, data = checkpoint_prune_data(path, n_train=2, n_test=2)
+    recalled = recall_analysis(open_checkpoint(path), n_traces=4, components=False, progress=False)
+    assert (evaluated["n_haystack"], evaluated["seg_len"]) == (data.info["n_haystack"], data.info["seg_len"])
+    assert (recalled.n_haystack, recalled.seg_len) == (data.info["n_haystack"], data.info["seg_len"]) == (2, 4)
