@@ -221,10 +221,7 @@ def bench_prune(
     fns = {"prune": timed(), "plain": plain_step}
     if straightforward:
         fns["straightforward"] = timed(fast=False)
-    if device != "cpu":
-        sync = torch.cuda.synchronize
-        fns = {name: (lambda fn=fn: (fn(), sync())) for name, fn in fns.items()}
-    timings = time_interleaved(fns, repeats)
+    timings = time_interleaved(fns, repeats, device=device)
     for p in params:
         p.grad = None
     model.eval()
