@@ -14,17 +14,9 @@ from mechlab.cli import main
 from mechlab.pipelines import recall_dynamics
 from mechlab.tasks.lds import LDSConfig
 from mechlab.viz import recall_dynamics_figure, recall_figure
+from tests.test_label_vs_observation import TASK, build
 
 torch.set_num_threads(1)
-
-
-BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
-
-
-TASK = {
-    "d_state": 3, "n_pairs": 4, "n_ctx": 24, "max_systems": 3, "max_cuts": 8,
-    "n_train_systems": 200, "n_test_systems": 50,
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +24,7 @@ def cfg() -> LDSConfig:
     return LDSConfig(**TASK)
 
 
-def build(cfg, model):
-    return mechlab.build_model({**model, "io": "continuous", "d_in": cfg.d_in, "d_out": cfg.d_out, "n_ctx": cfg.n_ctx})
+BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,6 @@ from mechlab.probes import (
     RegressorProbe,
 )
 
-torch.set_num_threads(1)
-
-
-N, S = 3, 4  # haystack systems, observations per segment: (S + 2)(N + 1) = 24 positions
-
 
 def planted(n: int, d: int, seed: int, strength: float) -> tuple[np.ndarray, ...]:
     """``(X, y, u)``: Gaussian activations moved by +-strength along a random unit vector u."""

@@ -5,30 +5,14 @@ import pytest
 import torch
 from sklearn.model_selection import GroupKFold
 
-import mechlab
 from mechlab.probes import (
     TARGETS,
     control_task,
     probe_positions,
     recall_targets,
 )
-from mechlab.tasks import OBS, LDSConfig
-
-torch.set_num_threads(1)
-
-
-CFG = LDSConfig(
-    d_state=3, n_pairs=6, n_ctx=48, zipf_a=0.0, min_systems=2, max_systems=4,
-    n_train_systems=50, n_test_systems=300,
-)  # fmt: skip
-
-
-N, S = 3, 4  # haystack systems, observations per segment: (S + 2)(N + 1) = 24 positions
-
-
-def traces(n: int = 200, seed: int = 0):
-    return mechlab.nih(CFG, n_traces=n, n_haystack=N, seg_len=S, probe=None, seed=seed,
-                       protocol="uniform")  # the queried slot varies: query_system has classes
+from mechlab.tasks import OBS
+from tests.probes.helpers import N, S, traces
 
 
 def test_recall_targets_by_hand():
