@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.pipelines import outputs
-from mechlab.pipelines.checkpoints import open_checkpoint
+from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import circuit_data
 from mechlab.prune.circuit import Circuit, overlap, seed_stability
 
@@ -56,7 +56,7 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
 
 
 def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sha: str | None,
-                          ckpt: str | Path | None, mixed: bool) -> None:  # fmt: skip
+                          ckpt: Source | None, mixed: bool) -> None:  # fmt: skip
     """Refuse (or, with ``mixed``, warn about) circuits of different checkpoints."""
     from mechlab.prune.circuit_file import checkpoint_groups, describe_groups
 
@@ -67,7 +67,7 @@ def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sh
     if sha is not None:
         others = [name for key, names in groups.items() if key != sha for name in names]
         if others:
-            problems.append(f"{', '.join(others)} were not found on --ckpt {ckpt} ({sha[:12]})")
+            problems.append(f"{', '.join(others)} were not found on --ckpt {source_path(ckpt)} ({sha[:12]})")
     if not problems:
         return
     if not mixed:
@@ -78,7 +78,7 @@ def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sh
 
 def overlap_circuits(
     paths: Sequence[str | Path],
-    ckpt: str | Path | None = None,
+    ckpt: Source | None = None,
     *,
     n_boot: int = 2000,
     n_null: int = 1000,
@@ -96,7 +96,7 @@ def overlap_circuits(
 
     Args:
         paths: Two or more circuit JSON files.
-        ckpt: The checkpoint the circuits come from (adds cross-evaluation).
+        ckpt: The checkpoint the circuits come from, or its file (adds cross-evaluation).
         n_boot: Bootstrap resamples.
         n_null: Samples of each null model.
         level: Coverage of the bootstrap intervals, in (0, 1).
