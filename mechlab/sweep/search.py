@@ -40,8 +40,6 @@ from typing import Any
 
 from pydantic import StrictFloat, StrictInt
 
-STATUSES = ("found", "bracketed", "at_min", "not_reached", "exhausted")
-
 
 @dataclass(frozen=True)
 class SearchConfig:

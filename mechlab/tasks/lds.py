@@ -71,7 +71,6 @@ SQRT2 = math.sqrt(2.0)
 
 # token kinds, as stored in LDSBatch.kind
 START, OPEN, OBS, CLOSE = 0, 1, 2, 3
-KIND_NAMES = ("start", "open", "obs", "close")
 
 
 @dataclass

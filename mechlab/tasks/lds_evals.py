@@ -230,7 +230,7 @@ def needle_in_haystack(
     consecutive traces: the systems, labels, query and misdirection are drawn once per
     example, the initial states (and ``z``) once per trace, as in the study's evaluation
     (50 examples x 1000 initial-state trials; see
-    :func:`mechlab.evals.recall.summarize_per_example`). ``trials=1`` is the plain draw.
+    :func:`mechlab.evals.suites.summarize_per_example`). ``trials=1`` is the plain draw.
 
     Probes (``probe=``):
 

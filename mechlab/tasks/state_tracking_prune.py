@@ -2,7 +2,7 @@
 copies that change one input element, targets and position windows.
 
 The pruning engine (:mod:`mechlab.prune`) knows no task: this module builds its
-:class:`~mechlab.prune.data.PruneData` from a :class:`StateTrackingConfig`.
+:class:`~mechlab.traces.PruneData` from a :class:`StateTrackingConfig`.
 
 Traces (formats ``outcome`` and ``acot``, the task's token layout): ``n`` elements drawn
 uniformly, encoded as ``[BOS, x_1..x_n]`` (:func:`~mechlab.tasks.state_tracking.encode`),
@@ -46,9 +46,8 @@ import torch
 from torch import Tensor
 
 from mechlab.limits import check_elements
-from mechlab.prune.data import PruneData, Traces
-from mechlab.prune.graph import Windows
 from mechlab.tasks.state_tracking import SequenceSet, StateTrackingConfig, encode, states_of
+from mechlab.traces import PruneData, Traces, Windows
 
 FORMATS = ("outcome", "acot")
 TARGETS = ("final", "changed", "all")
@@ -168,7 +167,7 @@ def state_tracking_prune_data(
         n_ctx: The model's context in tokens (a length that does not fit is refused).
 
     Returns:
-        The :class:`~mechlab.prune.data.PruneData`; ``info`` records the task, length,
+        The :class:`~mechlab.traces.PruneData`; ``info`` records the task, length,
         corruption, changed positions, windows and sizes.
     """
     length = cfg.L if length is None else length

@@ -50,6 +50,7 @@ from mechlab.progress import tqdm
 from mechlab.schema import MAX_DEPTH, json_depth
 from mechlab.train.config import TrainConfig
 from mechlab.train.prefetch import Prefetcher
+from mechlab.train.seeding import batch_generator
 from mechlab.train.task import Task, make_task
 
 
@@ -74,11 +75,6 @@ def log_spaced_steps(total: int, count: int) -> list[int]:
         return []
     raw = np.unique(np.round(np.geomspace(1, total, num=count)).astype(int))
     return sorted(set(int(s) for s in raw) | {total})
-
-
-def batch_generator(seed: int, step: int) -> torch.Generator:
-    """The generator that draws the batch of ``step`` (independent of the run's history)."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:

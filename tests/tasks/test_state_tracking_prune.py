@@ -22,13 +22,13 @@ from mechlab.cli import main
 from mechlab.models.ground_truth import dense_ssm_group_model
 from mechlab.pipelines import check_prune_targets, prune_checkpoint
 from mechlab.prune import Circuit
-from mechlab.prune.data import target_mask
 from mechlab.tasks.state_tracking import StateTrackingConfig
 from mechlab.tasks.state_tracking_prune import (
     resolve_target,
     state_tracking_prune_data,
     windows_for,
 )
+from mechlab.traces import target_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -1,5 +1,5 @@
 """The study's protocol in the evaluations (per-example medians, the study's NiH) and in
-`mechlab prune --protocol study` (settings resolved, explicit options on top)."""
+`mechlab prune --recipe study` (settings resolved, explicit options on top)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import torch
 from mechlab import pipelines
 from mechlab.checkpoint import save_checkpoint
 from mechlab.cli import main
-from mechlab.evals import evaluate_model, nih_errors, run_suite
-from mechlab.evals.recall import summarize_per_example
+from mechlab.evals import evaluate_model, nih_errors
+from mechlab.evals.suites import summarize_per_example
 from mechlab.models import build_model
+from mechlab.pipelines import run_suite
 from mechlab.tasks.lds import LDSConfig, make_libraries
 
 torch.set_num_threads(1)
@@ -99,9 +100,9 @@ def test_run_suite_and_cli_validate_protocol_and_trials(ckpt_path, tmp_path, cap
         run_suite(ckpt_path, "uninterleaved", n_traces=4, trials=2)
     report = run_suite(ckpt_path, "nih", n_traces=3, trials=4, protocol="study")
     assert report["result"]["offsets"]["1"]["n_examples"] == 3
-    assert main(["eval", "--ckpt", str(ckpt_path), "--protocol", "paper", "--out", str(tmp_path)]) == 2
+    assert main(["eval", "--ckpt", str(ckpt_path), "--nih", "paper", "--out", str(tmp_path)]) == 2
     assert "unknown NiH protocol 'paper'" in capsys.readouterr().err
-    assert main(["eval", "--ckpt", str(ckpt_path), "--suite", "nih", "--protocol", "study",
+    assert main(["eval", "--ckpt", str(ckpt_path), "--suite", "nih", "--nih", "study",
                  "--traces", "3", "--trials", "4", "--out", str(tmp_path)]) == 0
     assert "1-after: median" in capsys.readouterr().out
 
@@ -114,7 +115,7 @@ def test_study_prune_protocol_resolves_to_the_studys_settings():
     assert mine["steps"] == 20 and mine["sparsity"] == 0.9 and mine["node_sparsity"] == 0.8
     assert pipelines.prune_protocol("uniform") == {"nih": "uniform", "sparsity": 0.95}
     assert pipelines.prune_protocol("default") == {"nih": "study", "sparsity": 0.95}
-    with pytest.raises(ValueError, match="unknown protocol"):
+    with pytest.raises(ValueError, match="unknown recipe"):
         pipelines.prune_protocol("paper")
 
 
@@ -131,19 +132,19 @@ def capture_prune(monkeypatch):
         calls.append({"data": data, "target": target, "sparsity": sparsity, **kwargs})
         raise Captured
 
-    monkeypatch.setattr(pipelines, "prune", fake)
+    monkeypatch.setattr("mechlab.pipelines.prune.prune", fake)
     return calls
 
 
 def test_prune_checkpoint_applies_the_protocol(ckpt_path, capture_prune):
     with pytest.raises(Captured):
-        pipelines.prune_checkpoint(ckpt_path, "1-after", n_train=4, n_test=4, protocol="study")
+        pipelines.prune_checkpoint(ckpt_path, "1-after", n_train=4, n_test=4, recipe="study")
     call = capture_prune[-1]
     assert call["sparsity"] == 0.99 and call["steps"] == 3000 and call["loss"] == "truth"
     assert call["loss_scale"] == 1000.0 and call["node_sparsity"] == 0.8
     assert call["data"].info["nih_protocol"] == "study"
     with pytest.raises(Captured):
-        pipelines.prune_checkpoint(ckpt_path, "1-after", 0.9, n_train=4, n_test=4, protocol="study",
+        pipelines.prune_checkpoint(ckpt_path, "1-after", 0.9, n_train=4, n_test=4, recipe="study",
                                    steps=7, loss="model")
     call = capture_prune[-1]
     assert (call["sparsity"], call["steps"], call["loss"], call["loss_scale"]) == (0.9, 7, "model", 1000.0)
@@ -153,7 +154,7 @@ def test_prune_checkpoint_applies_the_protocol(ckpt_path, capture_prune):
     assert call["sparsity"] == 0.95 and "loss_scale" not in call and "steps" not in call
     assert call["data"].info["nih_protocol"] == "study"  # the default: study NiH, mechlab's settings
     with pytest.raises(Captured):
-        pipelines.prune_checkpoint(ckpt_path, "1-after", n_train=4, n_test=4, protocol="uniform")
+        pipelines.prune_checkpoint(ckpt_path, "1-after", n_train=4, n_test=4, recipe="uniform")
     call = capture_prune[-1]
     assert call["sparsity"] == 0.95 and call["data"].info["nih_protocol"] == "uniform"
 
@@ -162,17 +163,17 @@ def test_cli_prune_protocol_explicit_options_override(ckpt_path, tmp_path, captu
     args = ["prune", "--ckpt", str(ckpt_path), "--traces", "4", "--test-traces", "4",
             "--out", str(tmp_path), "--no-progress"]
     with pytest.raises(Captured):
-        main([*args, "--protocol", "study"])
+        main([*args, "--recipe", "study"])
     call = capture_prune[-1]
     assert (call["sparsity"], call["steps"], call["loss"], call["node_sparsity"]) == (0.99, 3000, "truth", 0.8)
     with pytest.raises(Captured):
-        main([*args, "--protocol", "study", "--steps", "500", "--sparsity", "0.95"])
+        main([*args, "--recipe", "study", "--steps", "500", "--sparsity", "0.95"])
     call = capture_prune[-1]
     assert (call["sparsity"], call["steps"], call["loss"]) == (0.95, 500, "truth")
     with pytest.raises(Captured):
-        main(args)  # the default protocol: the command's own defaults, as before
+        main(args)  # the default recipe: the command's own defaults, as before
     call = capture_prune[-1]
     assert (call["sparsity"], call["steps"], call["loss"]) == (0.95, 500, "model")
     assert "node_sparsity" not in call  # prune()'s own default: no node masks
-    assert main([*args, "--protocol", "paper"]) == 2
-    assert "unknown protocol 'paper'" in capsys.readouterr().err
+    assert main([*args, "--recipe", "paper"]) == 2
+    assert "unknown recipe 'paper'" in capsys.readouterr().err

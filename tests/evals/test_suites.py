@@ -1,29 +1,27 @@
-"""Tests of the recall evaluations (mechlab.evals.recall) and their figures (mechlab.viz)."""
+"""The NiH evaluation suites (mechlab.evals.suites) on a model and a task config."""
 
 from __future__ import annotations
 
 import json
-import re
 
-import plotly.graph_objects as go
 import pytest
 import torch
 from torch import nn
 
-from mechlab.checkpoint import save_checkpoint
-from mechlab.evals import SUITES, dynamics, evaluate_model, nih_errors, run_suite, summarize
+from mechlab.evals import evaluate_model, nih_errors, summarize
 from mechlab.models import build_model
 from mechlab.tasks.lds import LDSConfig, make_libraries
 from mechlab.tasks.lds_evals import PROBES, needle_in_haystack
-from mechlab.train import TrainConfig, train
-from mechlab.viz import figure_for_suite, write_html
 
 TASK = {
     "d_state": 3, "n_pairs": 4, "n_ctx": 24, "max_systems": 3, "max_cuts": 8,
     "n_train_systems": 200, "n_test_systems": 50,
 }
+
+
 MODEL = {"arch": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2}
-# Median of chi^2 with 3 degrees of freedom: ||x0||^2 = chi^2_3 / 3 when x0 ~ N(0, I/3).
+
+
 CHI2_3_MEDIAN = 2.365974
 
 
@@ -41,18 +39,6 @@ def test_lib(cfg):
 def model(cfg):
     torch.manual_seed(0)
     return build_model({**MODEL, "io": "continuous", "d_in": cfg.d_in, "d_out": cfg.d_out, "n_ctx": cfg.n_ctx})
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A 12-step run of the tiny task with checkpoints at steps 0, 1, 2, 5, 12."""
-    out = tmp_path_factory.mktemp("run")
-    cfg = TrainConfig(
-        task_cfg=TASK, model=MODEL, steps=12, batch_size=8, eval_haystack=2, eval_seg_len=4,
-        eval_traces=32, eval_every=0, n_checkpoints=4,
-    )
-    train(cfg, out, progress=False)
-    return out
 
 
 class Replay(nn.Module):
@@ -81,9 +67,6 @@ class Zero(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(*x.shape[:2], self.d_out)
-
-
-# --------------------------------------------------------------------------- NiH errors
 
 
 def test_a_model_that_predicts_the_truth_scores_zero(cfg, test_lib):
@@ -133,9 +116,6 @@ def test_summarize_against_torch_quantiles():
     assert summarize(errors) == {"median": 3.0, "q1": 2.0, "q3": 4.0, "mean": 4.0}
 
 
-# --------------------------------------------------------------------------- suites
-
-
 def test_evaluate_model_nih_and_ood_keys(cfg, test_lib, model):
     nih = evaluate_model(model, cfg, test_lib, "nih", n_traces=40, n_haystack=2, seg_len=4, seed=3)
     assert set(nih) == {"n_haystack", "seg_len", "n_traces", "offsets", "protocol"}
@@ -174,68 +154,3 @@ def test_evaluate_model_uninterleaved_keys(cfg, test_lib, model):
 def test_evaluate_model_unknown_suite(cfg, test_lib, model):
     with pytest.raises(ValueError, match="unknown suite 'nope'"):
         evaluate_model(model, cfg, test_lib, "nope")
-
-
-def test_run_suite_reports_and_defaults_to_the_runs_eval_settings(run_dir):
-    report = run_suite(run_dir / "last.pt", "nih", n_traces=24, seed=5)
-    assert set(report) == {"suite", "checkpoint", "sha256", "step", "seed", "result"}
-    assert report["suite"] == "nih" and report["step"] == 12 and report["seed"] == 5
-    assert len(report["sha256"]) == 64
-    assert report["result"]["n_haystack"] == 2 and report["result"]["seg_len"] == 4  # from train_cfg
-    assert report["result"]["n_traces"] == 24
-    assert run_suite(run_dir / "last.pt", "nih", n_traces=24, seed=5) == report  # deterministic
-    with pytest.raises(ValueError, match="unknown suite 'nope'"):
-        run_suite(run_dir / "last.pt", "nope")
-
-
-def test_run_suite_needs_task_metadata(tmp_path, model):
-    bare = save_checkpoint(model, tmp_path / "bare.pt", step=3)
-    with pytest.raises(ValueError, match=r"bare\.pt.*no interleaved-systems task metadata"):
-        run_suite(bare, "nih", n_traces=4)
-
-
-def test_dynamics_has_one_entry_per_checkpoint(run_dir):
-    result = dynamics(run_dir, n_traces=24, n_haystack=2, seg_len=4, seed=2, progress=False)
-    assert result["steps"] == [0, 1, 2, 5, 12]
-    assert result["examples"] == [8 * s for s in result["steps"]]
-    assert all(a < b for a, b in zip(result["examples"], result["examples"][1:], strict=False))
-    for key in ("offsets", "q1", "q3"):
-        assert list(result[key]) == ["1", "2", "3"]
-        assert all(len(v) == 5 for v in result[key].values())
-    # Each entry is the nih suite of that checkpoint.
-    last = run_suite(run_dir / "checkpoints" / "step_0000012.pt", "nih", n_traces=24, seed=2)
-    assert result["offsets"]["2"][-1] == last["result"]["offsets"]["2"]["median"]
-    # run_suite finds the run directory from last.pt or from a checkpoints/ file.
-    via_last = run_suite(run_dir / "last.pt", "dynamics", n_traces=24, seed=2)
-    via_ckpt = run_suite(run_dir / "checkpoints" / "step_0000001.pt", "dynamics", n_traces=24, seed=2)
-    assert via_last["result"] == via_ckpt["result"] == result
-    with pytest.raises(ValueError, match="no checkpoints"):
-        dynamics(run_dir / "checkpoints", progress=False)
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def test_a_figure_for_every_suite_and_self_contained_html(run_dir, tmp_path):
-    n_traces = {"nih": 16, "ood": 16, "uninterleaved": 8, "dynamics": 8}
-    assert set(n_traces) == set(SUITES)
-    n_plots = {"nih": 1, "ood": 1 + len(PROBES), "uninterleaved": 2, "dynamics": 3}
-    for suite in SUITES:
-        report = run_suite(run_dir / "last.pt", suite, n_traces=n_traces[suite])
-        fig = figure_for_suite(report)
-        assert isinstance(fig, go.Figure)
-        assert len(fig.data) == n_plots[suite], suite
-    nih = run_suite(run_dir / "last.pt", "nih", n_traces=16)
-    fig = figure_for_suite(nih)
-    assert list(fig.data[0].y) == [nih["result"]["offsets"][j]["median"] for j in ("1", "2", "3")]
-
-    path = write_html(fig, tmp_path / "nih.html")
-    assert path == tmp_path / "nih.html"
-    html = path.read_text()
-    assert "plotly" in html.lower() and "<html" in html
-    assert not re.search(r"<script[^>]*\bsrc=", html)  # no script fetched from a CDN
-    assert 'src="https://cdn.plot.ly' not in html
-    assert len(html) > 1_000_000  # plotly.js itself is embedded
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["nih.html"]  # no temporary file left
-    with pytest.raises(ValueError, match="no figure for suite"):
-        figure_for_suite({"suite": "nope", "result": {}})

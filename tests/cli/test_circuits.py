@@ -40,7 +40,7 @@ def test_joint_prune_writes_the_sweep_and_its_circuits(tiny_lds_checkpoint, tmp_
         (["--share", "1"], "give two or more --target"),
         (["--target", "2-after", "--share", "much"], "--share must be a number >= 0 or tied"),
         (["--target", "2-after", "--share", "-1"], "share must be >= 0"),
-        (["--target", "2-after", "--share", "1", "--protocol", "study"], "joint pruning masks edges only"),
+        (["--target", "2-after", "--share", "1", "--recipe", "study"], "joint pruning masks edges only"),
         (["--target", "1-after", "--share", "1"], "distinct"),
     ],
 )

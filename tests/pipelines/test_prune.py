@@ -95,3 +95,51 @@ def test_cli_prune_seeds_draw_their_own_traces(lds_checkpoint, tmp_path):
         (c.metadata["seed"], c.metadata["data_seed"]) for c in map(Circuit.from_json, out.glob("*.json"))
     )
     assert seeds == [(0, 0), (1, 1)]
+
+
+def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
+    """Two targets x two seeds (and the target check before them): one read of the file
+    (main at 4d72a04 read it 1 + targets x seeds times)."""
+    path, _ = lds_checkpoint
+    loads: list[str] = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(str(f)) or real_load(f, *a, **k))
+    argv = ["prune", "--ckpt", str(path), "--target", "1-after", "--target", "2-after", "--seed", "0",
+            "--seed", "1", "--traces", "8", "--test-traces", "8", "--steps", "2", "--sparsity", "0.9",
+            "--out", str(tmp_path / "c"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert loads == [str(path)]
+    assert len(list((tmp_path / "c").glob("*.json"))) == 4
+
+
+def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engine(lds_checkpoint, monkeypatch):
+    """prune_checkpoint builds the edge graph and checks the sparsity exactly as often as the
+    engine's prune() alone does (main at 4d72a04 did both twice per prune)."""
+    import mechlab.prune.engine as engine
+    from mechlab.checkpoint import load_checkpoint
+    from mechlab.pipelines.data import nih_data
+    from mechlab.prune.graph import EdgeGraph
+
+    path, _ = lds_checkpoint
+    counts = {"graphs": 0, "sparsity checks": 0}
+    real_init, real_check = EdgeGraph.__init__, engine.check_sparsity
+
+    def init(self, *args, **kwargs):
+        counts["graphs"] += 1
+        real_init(self, *args, **kwargs)
+
+    def check(*args, **kwargs):
+        counts["sparsity checks"] += 1
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(EdgeGraph, "__init__", init)
+    monkeypatch.setattr(engine, "check_sparsity", check)
+    kw = {"n_train": 8, "n_test": 8, "steps": 1, "progress": False, "seed": 0}
+    prune_checkpoint(path, "1-after", 0.9, **kw)
+    through_pipeline = dict(counts)
+    counts.update({k: 0 for k in counts})
+    ckpt = load_checkpoint(path)
+    data = nih_data(ckpt, n_train=8, n_test=8)
+    engine.prune(ckpt.model, data, "1-after", 0.9, steps=1, progress=False, seed=0)
+    assert through_pipeline == counts
+    assert counts["sparsity checks"] == 1

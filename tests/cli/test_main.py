@@ -237,7 +237,7 @@ def test_prune_and_overlap_cli_errors(tmp_path, capsys):
 def test_prune_cli_rejects_bad_settings(args, phrase, capsys):
     from mechlab.cli import main
 
-    ckpt = Path(__file__).resolve().parents[1] / "examples/checkpoints/recall-cpu/last.pt"
+    ckpt = Path(__file__).resolve().parents[2] / "examples/checkpoints/recall-cpu/last.pt"
     assert main(["prune", "--ckpt", str(ckpt), "--steps", "1", "--no-progress", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mechlab: error:") and "\n" not in err and phrase in err.lower()
