@@ -36,9 +36,9 @@ from torch import nn
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.curves import MIB_BUDGETS, circuit_scores, faithfulness_curve
-from mechlab.prune.data import PruneData, Target, target_name
 from mechlab.prune.graph import pruning_graph
 from mechlab.prune.methods import METHODS, circuit_scores_of, find_circuit
+from mechlab.traces import PruneData, Target, target_name
 
 Edge = tuple[str, str]
 

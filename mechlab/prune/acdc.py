@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mechlab.progress import tqdm
-from mechlab.prune.attribution import DEFAULT_BATCH_SIZE, Objective, metric_value
+from mechlab.prune.objective import DEFAULT_BATCH_SIZE, Objective, metric_value
 
 ACDC_MAX_EDGES = 400
 ACDC_PASSES = 12

@@ -27,9 +27,9 @@ from torch import Tensor, nn
 
 from mechlab.models.transformer import causal_mask
 from mechlab.progress import tqdm
-from mechlab.prune.attribution import DEFAULT_BATCH_SIZE, Objective, exact_loop_scores, metric_value
 from mechlab.prune.forward import select_traces
 from mechlab.prune.graph import EdgeGraph
+from mechlab.prune.objective import DEFAULT_BATCH_SIZE, Objective, exact_loop_scores, metric_value
 
 MAX_ROWS = 512  # traces (edges x traces) per replay pass
 

@@ -45,12 +45,12 @@ from mechlab.prune.attribution import (
     score_edges,
 )
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData, Target, check_target, target_name, target_positions
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import ABLATIONS, frozen_eval
 from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
 from mechlab.prune.masks import keep_count
 from mechlab.prune.paths import select_on_paths
+from mechlab.traces import PruneData, Target, check_target, target_name, target_positions
 
 METHODS = ("prune", *ATTRIBUTION_METHODS, "acdc")
 

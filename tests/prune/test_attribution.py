@@ -23,15 +23,15 @@ from mechlab.models.registry import build_model
 from mechlab.models.transformer import Transformer, TransformerConfig
 from mechlab.prune.attribution import (
     _gradient,
-    _writer_kind_mask,
     attribute,
     build_objective,
     fixed_difference_gradient,
     metric_value,
 )
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.forward import frozen_eval
 from mechlab.prune.graph import pruning_graph
+from mechlab.prune.objective import writer_kind_mask
+from mechlab.traces import PruneData, Traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -160,7 +160,7 @@ def test_eap_ig_over_the_inputs_is_complete_on_the_embedding_edges(arch, io, win
     model = small_model(arch, io)
     traces = random_traces(model, windows=windows)
     result = attribute(model, traces, "all", "eap-ig-inputs", steps=24)
-    embed = _writer_kind_mask(result.graph, "embed")
+    embed = writer_kind_mask(result.graph, "embed")
     assert float(result.scores[embed].sum()) == pytest.approx(result.total_effect, rel=2e-3)
 
 

@@ -29,7 +29,7 @@ from transformer_lens.tools.analysis.attribution_patching import (  # noqa: E402
 from mechlab.models.export import to_transformer_bridge  # noqa: E402
 from mechlab.models.transformer import Transformer, TransformerConfig  # noqa: E402
 from mechlab.prune.attribution import attribute  # noqa: E402
-from mechlab.prune.data import Traces, target_mask  # noqa: E402
+from mechlab.traces import Traces, target_mask  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

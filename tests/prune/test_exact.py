@@ -7,9 +7,9 @@ import torch
 
 from mechlab.models.transformer import Transformer, TransformerConfig
 from mechlab.prune.attribution import attribute
-from mechlab.prune.data import Traces, target_mask
 from mechlab.prune.forward import divergence, frozen_eval, make_ablation, masked_forward
 from mechlab.prune.graph import countable_edges, pruning_graph
+from mechlab.traces import Traces, target_mask
 from tests.prune.test_attribution import WINDOWS, random_traces, small_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import build_graph, countable_edges, pruning_graph
 from mechlab.prune.masks import keep_count
 from mechlab.prune.methods import METHODS, circuit_from_scores, circuit_scores_of, find_circuit
 from mechlab.prune.paths import live_edges
+from mechlab.traces import PruneData
 from tests.prune.test_attribution import WINDOWS, random_traces, small_model
 from tests.prune.test_planted import PLANTED, planted_data
 
