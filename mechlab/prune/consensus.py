@@ -31,8 +31,8 @@ from torch import nn
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.config import PruneConfig, prune_config
-from mechlab.prune.data import PruneData, Target, target_positions
 from mechlab.prune.graph import countable_edges, pruning_graph
+from mechlab.traces import PruneData, Target, target_positions
 
 Edge = tuple[str, str]
 STABLE_CONSENSUS = 0.8  # an edge kept in at least this fraction of runs is "stable"

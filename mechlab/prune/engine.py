@@ -39,15 +39,6 @@ from mechlab.models.base import predict_in_chunks
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.config import NOISE_RUNS, PruneConfig, prune_config
-from mechlab.prune.data import (
-    PruneData,
-    Target,
-    Traces,
-    check_target,
-    target_mask,
-    target_name,
-    target_positions,
-)
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward, select_traces
 from mechlab.prune.graph import (
@@ -61,6 +52,15 @@ from mechlab.prune.graph import (
 from mechlab.prune.paths import live_edges, select_on_paths
 from mechlab.prune.refine import Selection, kept_log_alpha, loss_function, select_edges
 from mechlab.prune.search import MaskResult, optimise_masks, task_loss
+from mechlab.traces import (
+    PruneData,
+    Target,
+    Traces,
+    check_target,
+    target_mask,
+    target_name,
+    target_positions,
+)
 
 WARN_FAITHFULNESS = 0.1  # warn below this faithfulness ...
 WARN_COMPLEMENT = 0.9  # ... or above this complement faithfulness
@@ -372,8 +372,8 @@ def prune(
 
     Args:
         model: A mechlab model (transformer, LSTM, dense SSM, Mamba).
-        data: Training and held-out traces (:func:`mechlab.prune.data.nih_prune_data`).
-        target: ``"k-after"``, ``"all"`` or a callable (:func:`mechlab.prune.data.target_mask`).
+        data: Training and held-out traces (:func:`mechlab.tasks.lds_prune.nih_prune_data`).
+        target: ``"k-after"``, ``"all"`` or a callable (:func:`mechlab.traces.target_mask`).
         sparsity: Fraction of the countable edges to remove, in (0, 1); it must keep at
             least one edge (None: the config's, 0.95 by default).
         config: The search settings (:class:`~mechlab.prune.config.PruneConfig`;

@@ -62,9 +62,9 @@ from torch import Tensor, nn
 
 from mechlab.models.dense_ssm import DenseSSM, DenseSSMConfig
 from mechlab.models.transformer import Transformer, TransformerConfig
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.forward import make_ablation, masked_forward, writer_outputs
 from mechlab.prune.graph import build_graph
+from mechlab.traces import PruneData, Traces
 
 Edge = tuple[str, str]
 TRANSFORMER_PATHS = ("skip", "value", "qk")
