@@ -1,6 +1,8 @@
 """Data for mechlab's studies: the interleaved linear-systems recall task (``lds``), its
 evaluation traces (``lds_evals``) and its analysis-ready needle-in-a-haystack traces
-(``nih``); state tracking on Z_m and S_5 (``state_tracking``).
+(``nih``); state tracking on Z_m and S_5 (``state_tracking``); induction on repeated random
+tokens (``induction``); clean/corrupted prompt pairs of token models (``prompts``) and
+IOI-style prompts (``ioi``).
 
 A checkpoint names its task in ``metadata["task"]`` and stores the task's config in
 ``metadata["task_cfg"]``; :func:`task_config` turns them back into the config object.
@@ -9,6 +11,7 @@ A checkpoint names its task in ``metadata["task"]`` and stores the task's config
 from pathlib import Path
 from typing import Any
 
+from mechlab.tasks.induction import InductionConfig
 from mechlab.tasks.lds import (
     CLOSE,
     OBS,
@@ -43,7 +46,9 @@ from mechlab.tasks.state_tracking import (
 )
 
 # task name -> its config class (a dataclass with from_dict/to_dict)
-TASK_CONFIGS: dict[str, type] = {"lds": LDSConfig, "state_tracking": StateTrackingConfig}
+TASK_CONFIGS: dict[str, type] = {
+    "lds": LDSConfig, "state_tracking": StateTrackingConfig, "induction": InductionConfig,
+}  # fmt: skip
 
 
 def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> Any:
@@ -77,6 +82,7 @@ def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> An
 
 __all__ = [
     "CLOSE",
+    "InductionConfig",
     "TASK_CONFIGS",
     "NiH",
     "default_haystack",
