@@ -11,11 +11,16 @@ On sequences ``[BOS, r_1 .. r_n, r_1 .. r_m]`` (:mod:`mechlab.tasks.induction`),
 
 Both are averages of attention weights, in ``[0, 1]``; a uniform causal head scores about
 ``1 / (t + 1)`` on both, under 0.1 on the bundled task. The scores are means over
-``n_sequences`` fresh sequences (the task's validation draw by default).
+``n_sequences`` sequences drawn from ``Generator(seed)`` (or the sequences given).
+
+:func:`induction_edges` names the edges the induction circuit runs through in the pruning
+graph (``embed -> a0.hP.v``, ``a0.hP -> a1.hI.k``, ``embed -> a1.hI.q``, ``embed -> a1.hI.v``,
+``a1.hI -> out``), and :func:`recovered_roles` says which of them a circuit holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -106,3 +111,32 @@ def head_scores(
         prev.append(pattern[prev_b, :, prev_q, prev_q - 1].mean(0))
         induction.append(pattern[ind_b, :, ind_q, ind_k].mean(0))
     return HeadScores(torch.stack(prev), torch.stack(induction))
+
+
+def induction_edges(previous_head: int, induction_head: int, n_layers: int = 2) -> dict[str, tuple[str, str]]:
+    """The edges of the induction circuit through one previous-token head (layer 0) and one
+    induction head (the last layer), by role, in the pruning graph's names.
+
+    * ``previous_value``: ``embed -> a0.h{P}.v`` (the token the previous-token head moves on);
+    * ``key``: ``a0.h{P} -> a{L-1}.h{I}.k`` (K-composition: the key of the earlier occurrence's
+      successor says which token preceded it);
+    * ``query``: ``embed -> a{L-1}.h{I}.q`` (the current token looks for itself);
+    * ``value``: ``embed -> a{L-1}.h{I}.v`` (the token found is copied);
+    * ``output``: ``a{L-1}.h{I} -> out``.
+    """
+    last = n_layers - 1
+    head = f"a{last}.h{induction_head}"
+    return {
+        "previous_value": ("embed", f"a0.h{previous_head}.v"),
+        "key": (f"a0.h{previous_head}", f"{head}.k"),
+        "query": ("embed", f"{head}.q"),
+        "value": ("embed", f"{head}.v"),
+        "output": (head, "out"),
+    }
+
+
+def recovered_roles(edges: Iterable[tuple[str, str]], previous_head: int, induction_head: int,
+                    n_layers: int = 2) -> dict[str, bool]:  # fmt: skip
+    """Which edges of :func:`induction_edges` a circuit's ``edges`` hold (role -> bool)."""
+    kept = set(edges)
+    return {role: edge in kept for role, edge in induction_edges(previous_head, induction_head, n_layers).items()}

@@ -1,0 +1,193 @@
+"""The induction circuit of a checkpoint trained on the induction task, found four ways.
+
+1. Attention patterns (:func:`mechlab.evals.induction.head_scores`): every head's
+   previous-token and induction score; the top previous-token head of layer 0 (``P``) and
+   the top induction head of the last layer (``I``) are the heads the circuit should run
+   through.
+2. Per-head activation patching (:func:`mechlab.patching.activation_patch`, noising: the
+   clean run with one head's output, at every position, taken from the corrupted run):
+   the fraction of the clean metric (mean log-probability of the correct next token at the
+   predictable positions) that is left, per head.
+3. Edge pruning (:func:`mechlab.prune.prune`, target ``all`` = the predictable positions,
+   interchange ablation with the ``resample`` corruption) over seeds, and once with the
+   ``tokens`` corruption (the repeat at the same place: the query/key path is then not
+   tested, and the circuit lacks the previous-token head).
+4. Every attribution method of :func:`mechlab.prune.find_circuit` (EAP, EAP-IG, EAP-IG
+   over the inputs, exact ablation, ACDC), when this mechlab has it, at the same edge
+   budget as pruning's seed 0.
+
+Each circuit is checked for the five edges of the textbook circuit through ``P`` and ``I``
+(:func:`mechlab.evals.induction.induction_edges`). Writes ``<method>[_seed<k>].json`` (every
+circuit), ``summary.json`` (scores, patching, each circuit's metrics and recovered edges)
+and ``induction.html`` (one offline page: attention patterns of ``P`` and ``I``, the
+patching bars and pruning's seed-0 circuit; it inlines plotly, ~5 MB, and is not
+committed). From the repository root, ~5 min on one busy core::
+
+    python examples/induction_circuits.py --ckpt examples/checkpoints/induction-cpu/last.pt \\
+        --out circuits/induction-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from mechlab.checkpoint import load_checkpoint
+from mechlab.evals.induction import head_scores, recovered_roles
+from mechlab.io import atomic_write_text
+from mechlab.patching import activation_patch
+from mechlab.prune import prune
+from mechlab.tasks.induction import sample_sequences
+from mechlab.tasks.induction_prune import TARGET, induction_prune_data
+from mechlab.viz import circuit_figure
+from mechlab.viz.figures import page_html
+
+try:  # the attribution methods (issue 18)
+    from mechlab.prune.methods import METHODS, find_circuit
+except ImportError:  # an older mechlab: pruning only
+    METHODS, find_circuit = ("prune",), None
+
+
+def log_prob_metric(targets: torch.Tensor, mask: torch.Tensor):
+    """Mean log-probability of ``targets`` at the ``mask`` positions of a ``[batch, pos, vocab]`` output."""
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return picked[mask].mean()
+
+    return metric
+
+
+def per_head_patching(model, cfg, n: int = 256, seed: int = 1) -> dict:
+    """Noising patch of each head's output (all positions at once): the normalised metric
+    per head, ``[layer][head]`` (1: nothing lost; 0: as bad as the corrupted run)."""
+    gen = torch.Generator().manual_seed(seed)
+    clean = sample_sequences(cfg, n, gen)
+    corrupted = sample_sequences(cfg, n, gen)
+    hooks = [f"blocks.{layer}.attn.hook_result" for layer in range(model.cfg.n_layers)]
+    result = activation_patch(
+        model, clean.tokens, corrupted.tokens, log_prob_metric(clean.targets, clean.scored),
+        hooks=hooks, positions="all", heads=True, direction="noise", progress=False,
+    )  # fmt: skip
+    normalized = result.normalized[:, 0]
+    grid = normalized.view(model.cfg.n_layers, model.cfg.n_heads)
+    return {"normalized": grid.tolist(), "clean_metric": result.clean_metric,
+            "corrupted_metric": result.corrupted_metric}  # fmt: skip
+
+
+def describe(circuit, previous_head: int, induction_head: int, n_layers: int) -> dict:
+    meta = circuit.metadata
+    roles = recovered_roles(circuit.edges, previous_head, induction_head, n_layers)
+    return {
+        "n_edges": circuit.n_edges,
+        "faithfulness": meta["metrics"]["faithfulness"],
+        "complement_faithfulness": meta["metrics"]["complement_faithfulness"],
+        "recovered": roles,
+        "recovered_all": all(roles.values()),
+        "edges": sorted(f"{w} -> {r}" for w, r in circuit.edges),
+    }
+
+
+def pattern_figure(model, cfg, previous_head: int, induction_head: int) -> go.Figure:
+    """The attention patterns of the two heads on one sequence."""
+    seq = sample_sequences(cfg, 1, torch.Generator().manual_seed(5))
+    last = model.cfg.n_layers - 1
+    names = ["blocks.0.attn.hook_pattern", f"blocks.{last}.attn.hook_pattern"]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(seq.tokens, names_filter=names)
+    n = int(seq.first_len[0])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        f"a0.h{previous_head}: previous-token head", f"a{last}.h{induction_head}: induction head "
+        f"(repeat starts at {n + 1})"))  # fmt: skip
+    for col, (name, head) in enumerate(zip(names, (previous_head, induction_head), strict=True), 1):
+        fig.add_trace(go.Heatmap(z=cache[name][0, head].numpy(), colorscale="Blues", zmin=0, zmax=1,
+                                 showscale=col == 2, colorbar={"title": "attention"}), row=1, col=col)  # fmt: skip
+        fig.update_xaxes(title_text="key position", row=1, col=col)
+        fig.update_yaxes(title_text="query position", autorange="reversed", row=1, col=col)
+    fig.update_layout(width=1100, height=520)
+    return fig
+
+
+def patching_figure(patching: dict) -> go.Figure:
+    fig = go.Figure()
+    for layer, row in enumerate(patching["normalized"]):
+        fig.add_trace(go.Bar(x=[f"a{layer}.h{h}" for h in range(len(row))], y=row, name=f"layer {layer}"))
+    fig.update_layout(title="Per-head noising: fraction of the clean log-probability left",
+                      yaxis_title="normalised metric (1: nothing lost)", width=1000, height=450)  # fmt: skip
+    return fig
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--sparsity", type=float, default=0.9)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--n-train", type=int, default=256)
+    parser.add_argument("--n-test", type=int, default=512)
+    parser.add_argument("--force", action="store_true", help="Overwrite what --out holds.")
+    args = parser.parse_args(argv)
+    if (args.out / "summary.json").exists() and not args.force:
+        parser.error(f"{args.out} already holds circuits; pass --force to overwrite them")
+    torch.set_num_threads(1)
+    ckpt = load_checkpoint(args.ckpt)
+    if ckpt.metadata.get("task") != "induction":
+        parser.error(f"{args.ckpt} was not trained on the induction task")
+    model, cfg = ckpt.model.eval(), ckpt.task_config
+    L = model.cfg.n_layers
+
+    scores = head_scores(model, cfg, n_sequences=512)
+    prev_head, prev_score = scores.top("previous_token", 0)
+    ind_head, ind_score = scores.top("induction", L - 1)
+    print(f"previous-token head a0.h{prev_head} ({prev_score:.3f}), induction head "
+          f"a{L - 1}.h{ind_head} ({ind_score:.3f})")
+    patching = per_head_patching(model, cfg)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = induction_prune_data(cfg, n_train=args.n_train, n_test=args.n_test)
+    circuits, summary = {}, {}
+    for seed in args.seeds:
+        circuits[f"prune_seed{seed}"] = prune(model, data, TARGET, args.sparsity, steps=args.steps,
+                                              seed=seed, progress=False)  # fmt: skip
+    same_place = induction_prune_data(cfg, n_train=args.n_train, n_test=args.n_test, corruption="tokens")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a circuit without the QK path is the point
+        circuits["prune_tokens-corruption_seed0"] = prune(
+            model, same_place, TARGET, args.sparsity, steps=args.steps, seed=0, progress=False
+        )
+    budget = circuits[f"prune_seed{args.seeds[0]}"].n_edges
+    for method in METHODS:
+        if method == "prune" or find_circuit is None:
+            continue
+        circuits[method] = find_circuit(model, data, TARGET, method, n_edges=budget)
+    for name, circuit in circuits.items():
+        circuit.to_json(args.out / f"{name}.json")
+        summary[name] = describe(circuit, prev_head, ind_head, L)
+        flags = " ".join(f"{k}={'y' if v else 'n'}" for k, v in summary[name]["recovered"].items())
+        print(f"{name:32s} {circuit.n_edges:3d} edges  faithfulness {summary[name]['faithfulness']:.3f}  {flags}")
+    record = {
+        "checkpoint": str(args.ckpt), "task_cfg": cfg.to_dict(), "sparsity": args.sparsity,
+        "steps": args.steps, "n_train": args.n_train, "n_test": args.n_test,
+        "heads": {"previous_token": prev_head, "induction": ind_head},
+        "scores": scores.to_dict(), "patching": patching, "circuits": summary,
+    }  # fmt: skip
+    atomic_write_text(args.out / "summary.json", json.dumps(record, indent=1) + "\n")
+    page = page_html("Induction circuit", [
+        ("Attention patterns", pattern_figure(model, cfg, prev_head, ind_head)),
+        ("Per-head patching", patching_figure(patching)),
+        ("Edge pruning, seed 0", circuit_figure(circuits[f"prune_seed{args.seeds[0]}"])),
+    ])  # fmt: skip
+    atomic_write_text(args.out / "induction.html", page)
+    print(f"wrote {len(circuits)} circuits, summary.json and induction.html to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
