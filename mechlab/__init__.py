@@ -27,8 +27,9 @@ __version__ = "0.1.0"
 
 # Loaded on first access: subpackages, and names -> the module that defines them.
 _LAZY_MODULES = (
-    "checkpoint", "models", "patching", "pipelines", "probes", "prune", "recall", "report",
-    "sweep", "tasks", "train", "viz",
+    "checkpoint", "evals", "label_vs_observation", "models", "patching", "pipelines", "probes",
+    "prune", "sweep", "tasks", "traces", "train", "viz",
+    "recall", "report",  # deprecated shims (mechlab.label_vs_observation, mechlab.pipelines)
 )  # fmt: skip
 _LAZY_NAMES = {
     "Checkpoint": "mechlab.checkpoint",
@@ -47,8 +48,8 @@ _LAZY_NAMES = {
     "from_pretrained": "mechlab.models.importers",
     "NiH": "mechlab.tasks.nih",
     "nih": "mechlab.tasks.nih",
-    "ReportConfig": "mechlab.report",
-    "make_report": "mechlab.report",
+    "ReportConfig": "mechlab.pipelines",
+    "make_report": "mechlab.pipelines",
     "PatchResult": "mechlab.patching",
     "activation_patch": "mechlab.patching",
     "attribution_patch": "mechlab.patching",
@@ -58,9 +59,12 @@ _LAZY_NAMES = {
     "collect_activations": "mechlab.probes",
     "probe_sweep": "mechlab.probes",
     "recall_targets": "mechlab.probes",
-    "RecallReport": "mechlab.recall",
-    "recall_analysis": "mechlab.recall",
+    "RecallReport": "mechlab.label_vs_observation",
+    "recall_analysis": "mechlab.label_vs_observation",
     "prune_checkpoint": "mechlab.pipelines",
+    "open_checkpoint": "mechlab.pipelines",
+    "Traces": "mechlab.traces",
+    "PruneData": "mechlab.traces",
 }
 
 
@@ -87,9 +91,11 @@ __all__ = [
     "ModelConfig",
     "NiH",
     "PatchResult",
+    "PruneData",
     "RecallReport",
     "RegressorProbe",
     "ReportConfig",
+    "Traces",
     "__version__",
     "activation_patch",
     "attribution_patch",
@@ -101,6 +107,7 @@ __all__ = [
     "make_config",
     "make_report",
     "nih",
+    "open_checkpoint",
     "path_patch",
     "presets",
     "probe_sweep",

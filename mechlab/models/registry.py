@@ -8,9 +8,9 @@ class; a module may also define ``PRESETS``, named dicts of config fields.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
+from mechlab import limits
 from mechlab.models.base import MechModel, ModelConfig
 
 # arch name -> (module, config class, model class)
@@ -90,33 +90,13 @@ def make_config(config: ModelConfig | dict[str, Any] | str, **overrides: Any) ->
     return config_cls.from_dict(fields)
 
 
-# Models larger than this many elements (parameters and buffers) are refused before
-# anything is allocated, unless the limit is raised (``max_elements=`` or the
-# environment variable ``MECHLAB_MAX_ELEMENTS``). 2**31 float32 elements are 8 GiB;
-# the study's largest preset ("big") has about 1.1e7.
-MAX_ELEMENTS = 2**31
-MAX_ELEMENTS_ENV = "MECHLAB_MAX_ELEMENTS"
-
-
-def max_elements() -> int:
-    """The size limit in force: ``MECHLAB_MAX_ELEMENTS`` if set, else :data:`MAX_ELEMENTS`.
-
-    Raises:
-        ValueError: The environment variable is set but not a positive integer.
-    """
-    raw = os.environ.get(MAX_ELEMENTS_ENV)
-    if raw is None or not raw.strip():
-        return MAX_ELEMENTS
-    try:
-        value = int(float(raw))
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(
-            f"{MAX_ELEMENTS_ENV}={raw!r} is not a positive number of elements; unset it or give "
-            "e.g. 4e9"
-        )
-    return value
+# Models larger than the size limit (parameters and buffers) are refused before anything
+# is allocated, unless the limit is raised (``max_elements=`` or the environment variable
+# ``MECHLAB_MAX_ELEMENTS``). The limit lives in :mod:`mechlab.limits`; these names stay
+# here for the code that imports them from the registry.
+MAX_ELEMENTS = limits.MAX_ELEMENTS
+MAX_ELEMENTS_ENV = limits.MAX_ELEMENTS_ENV
+max_elements = limits.max_elements
 
 
 def estimate_elements(cfg: ModelConfig) -> int:

@@ -62,9 +62,9 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from mechlab.prune.data import Traces
 from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, Windows, build_graph, check_windows
 from mechlab.prune.mixing import FastStream, usable
+from mechlab.traces import Traces
 
 ABLATIONS = ("interchange", "mean", "zero")
 _MIXER_ATTR = {"lstm": "lstm", "dense_ssm": "ssm", "mamba": "mixer"}

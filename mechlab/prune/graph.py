@@ -78,15 +78,11 @@ import networkx as nx
 import torch
 
 from mechlab.models.base import ModelConfig
+from mechlab.traces import Windows, check_windows
 
 RECURRENT_ARCHS = ("lstm", "dense_ssm", "mamba")
 ARCHS = ("transformer", *RECURRENT_ARCHS)
 QKV = ("q", "k", "v")
-NIH_WINDOWS = ("haystack", "label", "continuation")
-"""The windows of a needle-in-a-haystack trace (:func:`mechlab.prune.data.nih_prune_data`)."""
-
-Windows = tuple[tuple[str, int, int], ...]
-"""Position windows: ``(name, start, end)`` ranges in order, covering ``0 .. n_pos``."""
 
 
 @dataclass(frozen=True)
@@ -324,7 +320,7 @@ def pruning_graph(
 
     Args:
         model_or_cfg: A mechlab model or its config.
-        windows: The traces' windows (:attr:`mechlab.prune.data.Traces.windows`), or None.
+        windows: The traces' windows (:attr:`mechlab.traces.Traces.windows`), or None.
         position_aware: ``None`` (default): the windowed graph when the model is
             recurrent and ``windows`` are given, else the plain one; ``True``: the
             windowed graph (an error when it cannot be built); ``False``: the plain graph.
@@ -414,39 +410,6 @@ def recurrent_graph(arch: str, n_layers: int) -> EdgeGraph:
         writers.append(Writer(f"l{layer}", layer, "mixer"))
     readers.append(Reader("out", n_layers, "out", "out", len(writers)))
     return EdgeGraph(arch, n_layers, 0, writers, readers)
-
-
-def check_windows(windows: Any, n_pos: int | None = None) -> Windows:
-    """Validate position windows; returns them as a tuple of ``(name, start, end)``.
-
-    Args:
-        windows: ``(name, start, end)`` ranges, in order, each non-empty, each starting
-            where the previous ended, the first at 0, names distinct and free of ``@``
-            and ``.``.
-        n_pos: When given, the last window must end there.
-
-    Raises:
-        ValueError: On any violation (one line).
-    """
-    try:
-        out = tuple((str(n), int(a), int(b)) for n, a, b in windows)
-    except (TypeError, ValueError):
-        raise ValueError(f"windows must be (name, start, end) triples, got {windows!r}") from None
-    if not out:
-        raise ValueError("windows must not be empty")
-    names = [n for n, _, _ in out]
-    if len(set(names)) != len(names) or any(not n or "@" in n or "." in n for n in names):
-        raise ValueError(f"window names must be distinct, non-empty and without '@' or '.': {names}")
-    end = 0
-    for name, start, stop in out:
-        if start != end or stop <= start:
-            raise ValueError(
-                f"windows must be non-empty consecutive ranges from 0; {name!r} is [{start}, {stop}) after {end}"
-            )
-        end = stop
-    if n_pos is not None and end != n_pos:
-        raise ValueError(f"windows cover positions 0..{end}, the traces have {n_pos}")
-    return out
 
 
 def windowed_recurrent_graph(arch: str, n_layers: int, windows: Windows) -> EdgeGraph:

@@ -39,10 +39,10 @@ from scipy.stats import hypergeom
 from torch import nn
 
 from mechlab.progress import tqdm
-from mechlab.prune.circuit import Circuit, overlap
-from mechlab.prune.data import PruneData
+from mechlab.prune.circuit import Circuit, jaccard, overlap
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import graph_from_summary
+from mechlab.traces import PruneData
 
 Edge = tuple[str, str]
 NULLS = ("uniform", "degree")
@@ -55,12 +55,10 @@ STATISTICS = ("jaccard", "overlap_coefficient")
 
 
 def _statistic(a: set, b: set, statistic: str) -> float:
-    shared = len(a & b)
     if statistic == "jaccard":
-        union = len(a) + len(b) - shared
-        return 1.0 if union == 0 else shared / union
+        return jaccard(a, b)
     smallest = min(len(a), len(b))
-    return shared / smallest if smallest else 0.0
+    return len(a & b) / smallest if smallest else 0.0
 
 
 def _check_statistic(statistic: str) -> None:

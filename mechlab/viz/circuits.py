@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from mechlab.prune.circuit import Circuit
+from mechlab.prune.circuit import Circuit, jaccard
 from mechlab.prune.graph import component_of, parse_component, window_of
 
 _KIND_COLOUR = {
@@ -396,8 +396,7 @@ def circuits_across_checkpoints_figure(
         rows += [e for e in c.edges if e not in rows]
     z = [[c.edges.get(e) for c in circuits] for e in rows]  # None: not kept
     last = set(circuits[-1].edges)
-    jaccard = [len(set(c.edges) & last) / len(set(c.edges) | last) if set(c.edges) | last else 1.0
-               for c in circuits]  # fmt: skip
+    similarity = [jaccard(c.edges, last) for c in circuits]
     labels = [str(s) for s in steps]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04)
     fig.add_trace(go.Heatmap(
@@ -407,7 +406,7 @@ def circuits_across_checkpoints_figure(
     ), row=1, col=1)  # fmt: skip
     fig.add_trace(go.Scatter(x=labels, y=[len(c.edges) for c in circuits], name="edges kept",
                              mode="lines+markers"), row=2, col=1)  # fmt: skip
-    fig.add_trace(go.Scatter(x=labels, y=jaccard, name="Jaccard with the last", mode="lines+markers",
+    fig.add_trace(go.Scatter(x=labels, y=similarity, name="Jaccard with the last", mode="lines+markers",
                              yaxis="y3"), row=2, col=1)  # fmt: skip
     target = circuits[-1].metadata.get("target", "?")
     fig.update_layout(
