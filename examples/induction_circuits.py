@@ -8,7 +8,7 @@
    clean run with one head's output, at every position, taken from the corrupted run):
    the fraction of the clean metric (mean log-probability of the correct next token at the
    predictable positions) that is left, per head.
-3. Edge pruning (:func:`mechlab.prune.prune`, target ``all`` = the predictable positions,
+3. Edge pruning (:func:`mechlab.pipelines.prune_checkpoint`, target ``all`` = the predictable positions,
    interchange ablation with the ``resample`` corruption) over seeds, and once with the
    ``tokens`` corruption (the repeat at the same place: the query/key path is then not
    tested, and the circuit lacks the previous-token head).
@@ -17,8 +17,9 @@
    budget as pruning's seed 0.
 
 Each circuit is checked for the five edges of the textbook circuit through ``P`` and ``I``
-(:func:`mechlab.evals.induction.induction_edges`). Writes ``<method>[_seed<k>].json`` (every
-circuit), ``summary.json`` (scores, patching, each circuit's metrics and recovered edges)
+(:func:`mechlab.evals.induction.induction_edges`). Writes ``all_seed<k>.json`` (pruning, as
+``mechlab prune --ckpt CKPT --target all --seed k`` writes them), ``all_tokens-corruption_seed0.json``,
+``<method>.json`` (each attribution method), ``summary.json`` (scores, patching, each circuit's metrics and recovered edges)
 and ``induction.html`` (one offline page: attention patterns of ``P`` and ``I``, the
 patching bars and pruning's seed-0 circuit; it inlines plotly, ~5 MB, and is not
 committed). From the repository root, ~5 min on one busy core::
@@ -42,7 +43,7 @@ from mechlab.checkpoint import load_checkpoint
 from mechlab.evals.induction import head_scores, recovered_roles
 from mechlab.io import atomic_write_text
 from mechlab.patching import activation_patch
-from mechlab.prune import prune
+from mechlab.pipelines import prune_checkpoint
 from mechlab.tasks.induction import sample_sequences
 from mechlab.tasks.induction_prune import TARGET, induction_prune_data
 from mechlab.viz import circuit_figure
@@ -152,22 +153,27 @@ def main(argv: list[str] | None = None) -> None:
     patching = per_head_patching(model, cfg)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    data = induction_prune_data(cfg, n_train=args.n_train, n_test=args.n_test)
+    sizes = {"n_train": args.n_train, "n_test": args.n_test}
     circuits, summary = {}, {}
-    for seed in args.seeds:
-        circuits[f"prune_seed{seed}"] = prune(model, data, TARGET, args.sparsity, steps=args.steps,
-                                              seed=seed, progress=False)  # fmt: skip
-    same_place = induction_prune_data(cfg, n_train=args.n_train, n_test=args.n_test, corruption="tokens")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a circuit without the QK path is the point
-        circuits["prune_tokens-corruption_seed0"] = prune(
-            model, same_place, TARGET, args.sparsity, steps=args.steps, seed=0, progress=False
-        )
-    budget = circuits[f"prune_seed{args.seeds[0]}"].n_edges
+        warnings.simplefilter("ignore", UserWarning)  # each circuit keeps its warnings in its metadata
+        for seed in args.seeds:  # as `mechlab prune --ckpt ... --target all --seed k` finds them
+            circuits[f"all_seed{seed}"] = prune_checkpoint(
+                ckpt, TARGET, args.sparsity, seed=seed, steps=args.steps, progress=False, **sizes
+            )
+        # the repeat at the same place in the corrupted run: the QK path is not tested
+        circuits["all_tokens-corruption_seed0"] = prune_checkpoint(
+            ckpt, TARGET, args.sparsity, seed=0, corruption="tokens", steps=args.steps,
+            progress=False, **sizes,
+        )  # fmt: skip
+    budget = circuits[f"all_seed{args.seeds[0]}"].n_edges
+    data = induction_prune_data(cfg, seed=args.seeds[0], **sizes)  # the first seed's traces
     for method in METHODS:
         if method == "prune" or find_circuit is None:
             continue
-        circuits[method] = find_circuit(model, data, TARGET, method, n_edges=budget)
+        circuits[method] = find_circuit(model, data, TARGET, method, n_edges=budget,
+                                        checkpoint_sha256=ckpt.sha256)  # fmt: skip
+        circuits[method].metadata.update(checkpoint=str(args.ckpt), data_seed=args.seeds[0])
     for name, circuit in circuits.items():
         circuit.to_json(args.out / f"{name}.json")
         summary[name] = describe(circuit, prev_head, ind_head, L)
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     page = page_html("Induction circuit", [
         ("Attention patterns", pattern_figure(model, cfg, prev_head, ind_head)),
         ("Per-head patching", patching_figure(patching)),
-        ("Edge pruning, seed 0", circuit_figure(circuits[f"prune_seed{args.seeds[0]}"])),
+        ("Edge pruning, seed 0", circuit_figure(circuits[f"all_seed{args.seeds[0]}"])),
     ])  # fmt: skip
     atomic_write_text(args.out / "induction.html", page)
     print(f"wrote {len(circuits)} circuits, summary.json and induction.html to {args.out}")

@@ -1,7 +1,7 @@
 """Pruning traces of an induction checkpoint: clean sequences, their corruptions, the target.
 
 The engines (:mod:`mechlab.prune`) know no task: this module builds their
-:class:`~mechlab.prune.data.PruneData` from an :class:`~mechlab.tasks.induction.InductionConfig`.
+:class:`~mechlab.traces.PruneData` from an :class:`~mechlab.tasks.induction.InductionConfig`.
 
 Clean traces are sequences of the task; the corrupted trace of each is
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from mechlab.prune.data import PruneData, Traces
+from mechlab.traces import PruneData, Traces
 from mechlab.tasks.induction import InductionConfig, sample_sequences
 
 CORRUPTIONS = ("resample", "tokens")
@@ -63,7 +63,7 @@ def induction_prune_data(
         seed: Seed of the traces.
 
     Returns:
-        The :class:`~mechlab.prune.data.PruneData`.
+        The :class:`~mechlab.traces.PruneData`.
     """
     for name, value in (("n_train", n_train), ("n_test", n_test)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

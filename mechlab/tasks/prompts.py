@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechlab.prune.data import PruneData, Traces
+from mechlab.traces import PruneData, Traces
 
 METRICS = ("logit-diff", "kl")
 TARGET = "all"  # the explained position (the traces' only observed one)
@@ -156,7 +156,7 @@ class PromptPairs:
         )  # fmt: skip
 
     def traces(self) -> Traces:
-        """The pairs as :class:`~mechlab.prune.data.Traces`: ``observed`` is True at the
+        """The pairs as :class:`~mechlab.traces.Traces`: ``observed`` is True at the
         explained position only (so the target ``"all"`` scores it), ``truth`` holds the
         answer there (``-100`` elsewhere), or None without answers."""
         n, T = self.clean.shape
@@ -177,7 +177,7 @@ class PromptPairs:
             seed: Seed of the shuffle.
 
         Returns:
-            The :class:`~mechlab.prune.data.PruneData` (target ``"all"``); ``info`` records
+            The :class:`~mechlab.traces.PruneData` (target ``"all"``); ``info`` records
             the split, metric and source.
         """
         train, test = self.split(test_fraction, seed)
