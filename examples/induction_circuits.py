@@ -8,24 +8,26 @@
    clean run with one head's output, at every position, taken from the corrupted run):
    the fraction of the clean metric (mean log-probability of the correct next token at the
    predictable positions) that is left, per head.
-3. Edge pruning (:func:`mechlab.pipelines.prune_checkpoint`, target ``all`` = the predictable positions,
-   interchange ablation with the ``resample`` corruption) over seeds, and once with the
-   ``tokens`` corruption (the repeat at the same place: the query/key path is then not
-   tested, and the circuit lacks the previous-token head).
+3. Edge pruning (:func:`mechlab.pipelines.prune_checkpoint`, target ``all`` = the predictable
+   positions, interchange ablation, the corrupted traces other draws of the task) over seeds.
 4. Every attribution method of :func:`mechlab.prune.find_circuit` (EAP, EAP-IG, EAP-IG
    over the inputs, exact ablation, ACDC), when this mechlab has it, at the same edge
    budget as pruning's seed 0.
 
 Each circuit is checked for the five edges of the textbook circuit through ``P`` and ``I``
-(:func:`mechlab.evals.induction.induction_edges`). Writes ``all_seed<k>.json`` (pruning, as
-``mechlab prune --ckpt CKPT --target all --seed k`` writes them), ``all_tokens-corruption_seed0.json``,
-``<method>.json`` (each attribution method), ``summary.json`` (scores, patching, each circuit's metrics and recovered edges)
+(:func:`mechlab.evals.induction.induction_edges`) and for the induction heads it holds the
+whole circuit through (:func:`mechlab.evals.induction.induction_chains`); it *recovers* the
+circuit when there is at least one and all are induction heads. Writes ``all_seed<k>.json``
+(pruning, as ``mechlab prune --ckpt CKPT --target all --seed k --sparsity S`` writes them),
+``<method>.json`` (each attribution method), ``summary.json`` (scores, patching, each
+circuit's metrics, roles and chains, the exact single-edge effects of the top edges)
 and ``induction.html`` (one offline page: attention patterns of ``P`` and ``I``, the
 patching bars and pruning's seed-0 circuit; it inlines plotly, ~5 MB, and is not
-committed). From the repository root, ~5 min on one busy core::
+committed; ``--svg docs/figures`` writes the three figures as SVG too). From the repository
+root, ~3 min of CPU (10 min on a loaded 2-core machine)::
 
     python examples/induction_circuits.py --ckpt examples/checkpoints/induction-cpu/last.pt \\
-        --out circuits/induction-cpu
+        --out circuits/induction-cpu --svg docs/figures
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from mechlab.checkpoint import load_checkpoint
-from mechlab.evals.induction import head_scores, recovered_roles
+from mechlab.evals.induction import head_scores, induction_chains, recovered_roles
 from mechlab.io import atomic_write_text
 from mechlab.patching import activation_patch
 from mechlab.pipelines import prune_checkpoint
@@ -48,6 +50,8 @@ from mechlab.tasks.induction import sample_sequences
 from mechlab.tasks.induction_prune import TARGET, induction_prune_data
 from mechlab.viz import circuit_figure
 from mechlab.viz.figures import page_html
+
+INDUCTION_HEAD = 0.9  # a head whose induction score is above this is an induction head
 
 try:  # the attribution methods (issue 18)
     from mechlab.prune.methods import METHODS, find_circuit
@@ -83,17 +87,25 @@ def per_head_patching(model, cfg, n: int = 256, seed: int = 1) -> dict:
             "corrupted_metric": result.corrupted_metric}  # fmt: skip
 
 
-def describe(circuit, previous_head: int, induction_head: int, n_layers: int) -> dict:
+def describe(circuit, scores, previous_head: int, induction_head: int, n_layers: int) -> dict:
     meta = circuit.metadata
-    roles = recovered_roles(circuit.edges, previous_head, induction_head, n_layers)
+    n_heads = scores.induction.shape[1]
+    chains = induction_chains(circuit.edges, previous_head, n_heads, n_layers)
     return {
         "n_edges": circuit.n_edges,
         "faithfulness": meta["metrics"]["faithfulness"],
         "complement_faithfulness": meta["metrics"]["complement_faithfulness"],
-        "recovered": roles,
-        "recovered_all": all(roles.values()),
+        "roles_top_heads": recovered_roles(circuit.edges, previous_head, induction_head, n_layers),
+        "chains": chains,
+        "recovered": bool(chains) and set(chains) <= set(induction_heads(scores, n_layers)),
         "edges": sorted(f"{w} -> {r}" for w, r in circuit.edges),
     }
+
+
+def induction_heads(scores, n_layers: int) -> list[int]:
+    """The last layer's heads whose induction score is above :data:`INDUCTION_HEAD`."""
+    row = scores.induction[n_layers - 1]
+    return [h for h in range(row.shape[0]) if float(row[h]) > INDUCTION_HEAD]
 
 
 def pattern_figure(model, cfg, previous_head: int, induction_head: int) -> go.Figure:
@@ -125,6 +137,16 @@ def patching_figure(patching: dict) -> go.Figure:
     return fig
 
 
+def write_svgs(folder: Path, model, cfg, prev_head: int, ind_head: int, patching: dict, circuit) -> None:
+    """The page's three figures as static SVG files (for docs/induction.md)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pattern_figure(model, cfg, prev_head, ind_head).write_image(folder / "induction-patterns.svg")
+    patching_figure(patching).write_image(folder / "induction-patching.svg")
+    fig = circuit_figure(circuit)
+    fig.update_layout(width=1000, height=600)
+    fig.write_image(folder / "induction-circuit.svg")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", type=Path, required=True)
@@ -135,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-train", type=int, default=256)
     parser.add_argument("--n-test", type=int, default=512)
     parser.add_argument("--force", action="store_true", help="Overwrite what --out holds.")
+    parser.add_argument("--svg", type=Path, default=None,
+                        help="Also write the three figures as SVG into this folder (kaleido).")
     args = parser.parse_args(argv)
     if (args.out / "summary.json").exists() and not args.force:
         parser.error(f"{args.out} already holds circuits; pass --force to overwrite them")
@@ -161,11 +185,6 @@ def main(argv: list[str] | None = None) -> None:
             circuits[f"all_seed{seed}"] = prune_checkpoint(
                 ckpt, TARGET, args.sparsity, seed=seed, steps=args.steps, progress=False, **sizes
             )
-        # the repeat at the same place in the corrupted run: the QK path is not tested
-        circuits["all_tokens-corruption_seed0"] = prune_checkpoint(
-            ckpt, TARGET, args.sparsity, seed=0, corruption="tokens", steps=args.steps,
-            progress=False, **sizes,
-        )  # fmt: skip
     budget = circuits[f"all_seed{args.seeds[0]}"].n_edges
     data = induction_prune_data(cfg, seed=args.seeds[0], **sizes)  # the first seed's traces
     for method in METHODS:
@@ -176,15 +195,22 @@ def main(argv: list[str] | None = None) -> None:
         circuits[method].metadata.update(checkpoint=str(args.ckpt), data_seed=args.seeds[0])
     for name, circuit in circuits.items():
         circuit.to_json(args.out / f"{name}.json")
-        summary[name] = describe(circuit, prev_head, ind_head, L)
-        flags = " ".join(f"{k}={'y' if v else 'n'}" for k, v in summary[name]["recovered"].items())
-        print(f"{name:32s} {circuit.n_edges:3d} edges  faithfulness {summary[name]['faithfulness']:.3f}  {flags}")
+        entry = summary[name] = describe(circuit, scores, prev_head, ind_head, L)
+        flags = " ".join(f"{k}={'y' if v else 'n'}" for k, v in entry["roles_top_heads"].items())
+        print(f"{name:14s} {circuit.n_edges:3d} edges  faithfulness {entry['faithfulness']:.3f}  "
+              f"chains through {entry['chains']}  top pair: {flags}")
     record = {
         "checkpoint": str(args.ckpt), "task_cfg": cfg.to_dict(), "sparsity": args.sparsity,
         "steps": args.steps, "n_train": args.n_train, "n_test": args.n_test,
         "heads": {"previous_token": prev_head, "induction": ind_head},
+        "induction_heads": induction_heads(scores, L), "induction_head_threshold": INDUCTION_HEAD,
         "scores": scores.to_dict(), "patching": patching, "circuits": summary,
     }  # fmt: skip
+    if "exact" in circuits:  # every edge ablated alone: the effects of the 12 largest
+        effects = circuits["exact"].metadata["attribution"]["scores"]
+        record["exact_effects"] = [
+            [f"{w} -> {r}", v] for w, r, v in sorted(effects, key=lambda e: -abs(e[2]))[:12]
+        ]
     atomic_write_text(args.out / "summary.json", json.dumps(record, indent=1) + "\n")
     page = page_html("Induction circuit", [
         ("Attention patterns", pattern_figure(model, cfg, prev_head, ind_head)),
@@ -192,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         ("Edge pruning, seed 0", circuit_figure(circuits[f"all_seed{args.seeds[0]}"])),
     ])  # fmt: skip
     atomic_write_text(args.out / "induction.html", page)
+    if args.svg is not None:
+        write_svgs(args.svg, model, cfg, prev_head, ind_head, patching, circuits[f"all_seed{args.seeds[0]}"])
     print(f"wrote {len(circuits)} circuits, summary.json and induction.html to {args.out}")
 
 

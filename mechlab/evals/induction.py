@@ -15,7 +15,8 @@ Both are averages of attention weights, in ``[0, 1]``; a uniform causal head sco
 
 :func:`induction_edges` names the edges the induction circuit runs through in the pruning
 graph (``embed -> a0.hP.v``, ``a0.hP -> a1.hI.k``, ``embed -> a1.hI.q``, ``embed -> a1.hI.v``,
-``a1.hI -> out``), and :func:`recovered_roles` says which of them a circuit holds.
+``a1.hI -> out``), :func:`recovered_roles` says which of them a circuit holds and
+:func:`induction_chains` through which induction heads a circuit holds all of them.
 """
 
 from __future__ import annotations
@@ -140,3 +141,12 @@ def recovered_roles(edges: Iterable[tuple[str, str]], previous_head: int, induct
     """Which edges of :func:`induction_edges` a circuit's ``edges`` hold (role -> bool)."""
     kept = set(edges)
     return {role: edge in kept for role, edge in induction_edges(previous_head, induction_head, n_layers).items()}
+
+
+def induction_chains(edges: Iterable[tuple[str, str]], previous_head: int, n_heads: int,
+                     n_layers: int = 2) -> list[int]:  # fmt: skip
+    """The last-layer heads through which ``edges`` hold the whole circuit of
+    :func:`induction_edges` with ``previous_head``: every role present, in head order."""
+    kept = set(edges)
+    return [h for h in range(n_heads)
+            if all(recovered_roles(kept, previous_head, h, n_layers).values())]  # fmt: skip

@@ -134,7 +134,7 @@ def prune_checkpoint(
     (targets ``final``, ``changed``, ``all``; ``corruption`` ``random`` (what the default
     means there) or ``x<k>``); the NiH settings are ignored. An induction checkpoint is
     pruned on :func:`mechlab.tasks.induction_prune.induction_prune_data` traces (target
-    ``all``; corruption ``resample``, what the default means there, or ``tokens``).
+    ``all``; corruption ``resample``, what the default means there).
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`; its metadata records the

@@ -11,7 +11,9 @@ A checkpoint names its task in ``metadata["task"]`` and stores the task's config
 from pathlib import Path
 from typing import Any
 
-from mechlab.tasks.induction import InductionConfig
+from mechlab.tasks.induction import InductionConfig, Sequences, sample_sequences
+from mechlab.tasks.induction_prune import induction_prune_data
+from mechlab.tasks.ioi import ioi_records
 from mechlab.tasks.lds import (
     CLOSE,
     OBS,
@@ -34,6 +36,13 @@ from mechlab.tasks.lds_evals import (
     uninterleaved,
 )
 from mechlab.tasks.nih import NiH, default_haystack, nih
+from mechlab.tasks.prompts import (
+    PromptPairs,
+    load_pairs,
+    load_tokenizer,
+    logit_diff_metrics,
+    pairs_from_records,
+)
 from mechlab.tasks.state_tracking import (
     S5_PERMUTATIONS,
     SequenceSet,
@@ -86,6 +95,15 @@ def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> An
 __all__ = [
     "CLOSE",
     "InductionConfig",
+    "PromptPairs",
+    "Sequences",
+    "induction_prune_data",
+    "ioi_records",
+    "load_pairs",
+    "load_tokenizer",
+    "logit_diff_metrics",
+    "pairs_from_records",
+    "sample_sequences",
     "TASK_CONFIGS",
     "NiH",
     "default_haystack",

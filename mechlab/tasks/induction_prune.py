@@ -3,31 +3,23 @@
 The engines (:mod:`mechlab.prune`) know no task: this module builds their
 :class:`~mechlab.traces.PruneData` from an :class:`~mechlab.tasks.induction.InductionConfig`.
 
-Clean traces are sequences of the task; the corrupted trace of each is
-
-* ``"resample"`` (default): an independent draw of the task, other random tokens with the
-  repeat at another place, so an interchange ablation of any writer replaces its output by
-  what it computes on a sequence whose earlier occurrences lie elsewhere: both the
-  attention pattern of an induction head (its query and key inputs) and what it copies
-  (its value input) are tested;
-* ``"tokens"``: other random tokens with the repeat at the *same* place. An induction head
-  then attends to the same positions in both runs, so its query and key inputs can be
-  ablated without changing its pattern: only what is copied (the value path) is tested,
-  and a circuit found so lacks the previous-token head (docs/induction.md shows both).
-
-The traces' ``observed`` mask is the task's predictable
-positions, so the target ``"all"`` scores exactly those (``truth`` holds the next tokens,
-for ``loss="truth"``).
+Clean traces are sequences of the task; the corrupted trace of each is an independent draw
+(``"resample"``: other random tokens, the repeat at another place), so an interchange
+ablation of any writer replaces its output by what it computes on a sequence whose earlier
+occurrences lie elsewhere: both the attention pattern of an induction head (its query and
+key inputs) and what it copies (its value input) are tested. The traces' ``observed`` mask
+is the task's predictable positions, so the target ``"all"`` scores exactly those
+(``truth`` holds the next tokens, for ``loss="truth"``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mechlab.traces import PruneData, Traces
 from mechlab.tasks.induction import InductionConfig, sample_sequences
+from mechlab.traces import PruneData, Traces
 
-CORRUPTIONS = ("resample", "tokens")
+CORRUPTIONS = ("resample",)
 TARGET = "all"  # the predictable positions (the traces' observed mask)
 TEST_SEED_OFFSET = 7919  # the held-out traces' seed is seed + this
 
@@ -39,8 +31,7 @@ def induction_traces(cfg: InductionConfig, n: int, seed: int, corruption: str = 
         raise ValueError(f"unknown corruption {corruption!r}; choose one of {list(CORRUPTIONS)}")
     gen = torch.Generator().manual_seed(seed)
     clean = sample_sequences(cfg, n, gen)
-    same_place = cfg.n_ctx - 1 - clean.first_len if corruption == "tokens" else None
-    corrupted = sample_sequences(cfg, n, gen, repeat=same_place)
+    corrupted = sample_sequences(cfg, n, gen)
     return Traces(inputs=clean.tokens, corrupted=corrupted.tokens, truth=clean.targets,
                   observed=clean.scored)  # fmt: skip
 
@@ -58,8 +49,7 @@ def induction_prune_data(
         cfg: The task config the model was trained on.
         n_train: Training traces (``Generator(seed)``).
         n_test: Held-out traces (``Generator(seed + 7919)``).
-        corruption: ``"resample"`` (another draw of the task) or ``"tokens"`` (other
-            tokens, the repeat at the same place); see the module docstring.
+        corruption: ``"resample"``: the corrupted trace is another draw of the task.
         seed: Seed of the traces.
 
     Returns:

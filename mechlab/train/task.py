@@ -111,7 +111,18 @@ class LDSTask:
         return out
 
 
-class StateTrackingTask:
+class TokenTask:
+    """What the token tasks share: the loss is the cross-entropy per scored token."""
+
+    def loss(
+        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
+        n_scored: Tensor | None = None,
+    ) -> Tensor:
+        """Cross-entropy per scored token (``reduction`` is for the continuous task; unused)."""
+        return masked_cross_entropy(pred, targets, mask, n_scored)
+
+
+class StateTrackingTask(TokenTask):
     """State tracking on Z_m or S_5 (the induction-bias study): token cross-entropy on the
     scored positions of the task's format (:mod:`mechlab.tasks.state_tracking`)."""
 
@@ -129,13 +140,6 @@ class StateTrackingTask:
     def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
         return self.data.batch(batch_size, generator)
 
-    def loss(
-        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
-        n_scored: Tensor | None = None,
-    ) -> Tensor:
-        """Cross-entropy per scored token (``reduction`` is for the continuous task; unused)."""
-        return masked_cross_entropy(pred, targets, mask, n_scored)
-
     def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
         """Validation loss (teacher forcing) and accuracy on the whole validation set, and
         accuracy on the first ``cfg.eval_traces`` sequences of the OOD set."""
@@ -148,7 +152,7 @@ class StateTrackingTask:
         return out
 
 
-class InductionTask:
+class InductionTask(TokenTask):
     """Induction on repeated random tokens (:mod:`mechlab.tasks.induction`): token
     cross-entropy on the predictable positions of the repeat."""
 
@@ -165,13 +169,6 @@ class InductionTask:
 
     def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
         return induction.batch(self.cfg, batch_size, generator)
-
-    def loss(
-        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
-        n_scored: Tensor | None = None,
-    ) -> Tensor:
-        """Cross-entropy per scored token (``reduction`` is for the continuous task; unused)."""
-        return masked_cross_entropy(pred, targets, mask, n_scored)
 
     def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
         """Loss and accuracy on the fixed validation set; for a transformer, the best

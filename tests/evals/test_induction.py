@@ -4,7 +4,7 @@ and on one whose heads are set to attend to the previous token or the induction 
 import pytest
 import torch
 
-from mechlab.evals.induction import head_scores, induction_edges, recovered_roles
+from mechlab.evals.induction import head_scores, induction_chains, induction_edges, recovered_roles
 from mechlab.models import build_model
 from mechlab.tasks.induction import InductionConfig, sample_sequences
 
@@ -66,6 +66,10 @@ def test_roles_name_the_textbook_edges():
                      "output": ("a1.h1", "out")}  # fmt: skip
     found = recovered_roles([("a0.h2", "a1.h1.k"), ("a1.h1", "out"), ("embed", "a1.h0.v")], 2, 1)
     assert found == {"previous_value": False, "key": True, "query": False, "value": False, "output": True}
+    both = [*induction_edges(2, 1).values(), *induction_edges(2, 3).values(), ("a0.h1", "a1.h0.k")]
+    assert induction_chains(both, 2, n_heads=4) == [1, 3]
+    shared = ("embed", "a0.h2.v")  # the previous-token head's value: both chains need it
+    assert induction_chains([e for e in both if e != shared], 2, n_heads=4) == []
 
 
 def test_scores_need_a_transformer():

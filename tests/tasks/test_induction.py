@@ -64,23 +64,23 @@ def test_checkpoint_metadata_names_the_task():
     assert cfg == InductionConfig(n_ctx=25, max_repeat=12)
 
 
-def test_prune_data_of_both_corruptions():
+def test_prune_data_are_clean_draws_and_independent_corruptions():
     cfg = InductionConfig(d_vocab=30, n_ctx=17, min_repeat=3, max_repeat=8)
     data = induction_prune_data(cfg, n_train=64, n_test=32, seed=2)
     assert len(data.train) == 64 and len(data.test) == 32 and data.info["corruption"] == "resample"
     tr = data.train
     assert torch.equal(tr.truth[:, :-1], tr.inputs[:, 1:])
-    # observed = the clean traces' predictable positions; the corruption is another draw
-    n = (~tr.observed).cumprod(1).sum(1) - 1  # the first scored position is n + 1
+    # observed = the clean traces' predictable positions: the repeat starts after n
+    n = (~tr.observed).cumprod(1).sum(1) - 1
     rows = torch.arange(64)
-    assert torch.equal(tr.inputs[rows, n + 1], tr.inputs[rows, 1])  # the repeat starts there
-    assert ((tr.inputs != tr.corrupted).float().mean() > 0.8).item()
-    same = induction_prune_data(cfg, n_train=64, n_test=32, seed=2, corruption="tokens")
-    assert torch.equal(same.train.inputs, tr.inputs)
-    # "tokens" keeps the repeat's place: the corrupted sequence repeats from the same position
-    assert torch.equal(same.train.corrupted[rows, n + 1], same.train.corrupted[rows, 1])
-    resampled_same_place = (tr.corrupted[rows, n + 1] == tr.corrupted[rows, 1]).float().mean()
-    assert resampled_same_place < 0.5  # resample draws the place anew
+    assert torch.equal(tr.inputs[rows, n + 1], tr.inputs[rows, 1])
+    assert torch.equal(tr.observed, (tr.truth != -100) & tr.observed)
+    # the corruption is another draw: other tokens, the repeat elsewhere in most traces
+    assert (tr.inputs[:, 1:] != tr.corrupted[:, 1:]).float().mean() > 0.8
+    assert (tr.corrupted[rows, n + 1] == tr.corrupted[rows, 1]).float().mean() < 0.5
+    again = induction_prune_data(cfg, n_train=64, n_test=32, seed=2)
+    assert torch.equal(again.train.corrupted, tr.corrupted)  # seeded
+    assert not torch.equal(data.test.inputs[:32], tr.inputs[:32])  # held-out traces differ
     with pytest.raises(ValueError, match="unknown corruption 'shuffle'"):
         induction_prune_data(cfg, corruption="shuffle")
     with pytest.raises(ValueError, match="n_train must be a positive integer"):
