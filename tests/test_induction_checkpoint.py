@@ -134,3 +134,17 @@ def test_every_attribution_method_but_eap_recovers_the_circuit(method, ckpt):
     circuit = find_circuit(ckpt.model, data, TARGET, method, n_edges=8)
     chains = induction_chains(circuit.edges, PREV, n_heads=4)
     assert chains and set(chains) <= set(SUMMARY["induction_heads"]), sorted(circuit.edges)
+
+
+@pytest.mark.slow
+def test_the_preset_retrains_the_bundled_checkpoint(tmp_path, ckpt):
+    """`mechlab train --task induction --preset induction-cpu` (one thread, ~1 min of CPU)."""
+    import torch
+
+    from mechlab.cli import main
+
+    assert main(["train", "--task", "induction", "--preset", "induction-cpu", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 0  # fmt: skip
+    again = load_checkpoint(tmp_path / "run" / "last.pt")
+    for name, value in ckpt.model.state_dict().items():
+        assert torch.equal(value, again.model.state_dict()[name]), name
