@@ -50,3 +50,29 @@ def test_bad_induction_prune_input_is_one_line_exit_2(extra, message, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_prune_a_mechlab_checkpoint_on_token_id_pairs(tmp_path, capsys):
+    """--ckpt with --pairs: the induction model on id pairs whose answer is the repeat's next
+    token (position -2 predicts the last one); the trained model's logit difference is large."""
+    import json
+
+    import torch
+
+    from mechlab.tasks.induction import InductionConfig, sample_sequences
+
+    cfg = InductionConfig()
+    gen = torch.Generator().manual_seed(0)
+    clean, corrupted = sample_sequences(cfg, 12, gen), sample_sequences(cfg, 12, gen)
+    lines = []
+    for x, y in zip(clean.tokens.tolist(), corrupted.tokens.tolist(), strict=True):
+        wrong = next(t for t in range(1, cfg.d_vocab) if t not in x)
+        lines.append(json.dumps({"clean": x, "corrupted": y, "answer": x[-1], "wrong": wrong, "position": -2}))
+    pairs = tmp_path / "repeats.jsonl"
+    pairs.write_text("\n".join(lines) + "\n")
+    code = main(["prune", "--ckpt", str(BUNDLED), "--pairs", str(pairs), "--sparsity", "0.9", "--steps", "5",
+                 "--no-progress", "--out", str(tmp_path / "c")])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    meta = Circuit.from_json(tmp_path / "c" / "repeats_seed0.json").metadata
+    assert meta["model_kind"] == "checkpoint" and meta["metrics"]["logit_diff_full"] > 10
+    assert meta["metrics"]["logit_diff_ablated"] < meta["metrics"]["logit_diff_full"] - 10
