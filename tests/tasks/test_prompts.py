@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mechlab.models import build_model
-from mechlab.prune import Circuit, prune
+from mechlab.prune import Circuit, find_circuit, prune
 from mechlab.prune.evaluate import target_outputs
 from mechlab.prune.graph import build_graph
 from mechlab.tasks.prompts import (
@@ -181,6 +181,10 @@ def test_prune_on_prompt_pairs_and_logit_difference_against_direct_runs(tmp_path
     assert everything["logit_diff_recovered"] == pytest.approx(1.0, abs=1e-4)
     assert everything["logit_diff_complement_recovered"] == pytest.approx(0.0, abs=1e-3)
     one_line_error(logit_diff_metrics, outputs, train.subset(torch.arange(5)), match="rows of 'full' outputs for")
+    # the attribution methods take the same data
+    scored = find_circuit(model, data, TARGET, "eap-ig", n_edges=10, steps=3)
+    assert scored.metadata["metrics"]["n_positions"] == len(test)  # one explained position per pair
+    assert 0 < scored.n_edges <= 10
 
 
 def test_prompt_pairs_validate_their_fields():
