@@ -71,7 +71,7 @@ def prune(
         raise UsageProblem(f"--{sorted(prompt_only)[0].replace('_', '-')} applies with --pairs only")
     if pairs is not None:
         refused = sorted({"target", "corruption", "haystack", "seg_len", "length", "share", "recipe",
-                          "protocol", "traces", "test_traces", "node_sparsity"} & given)  # fmt: skip
+                          "protocol", "traces", "test_traces"} & given)  # fmt: skip
         if refused:
             raise UsageProblem(
                 f"--{refused[0].replace('_', '-')} does not apply with --pairs: the pairs give the "
@@ -80,7 +80,8 @@ def prune(
         _prune_pairs(ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
                      ablation=ablation, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
-                     normalize_loss=normalize_loss, device=device, progress=progress, threads=threads)  # fmt: skip
+                     normalize_loss=normalize_loss, node_sparsity=node_sparsity, device=device,
+                     progress=progress, threads=threads)  # fmt: skip
         return
 
     recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
