@@ -9,6 +9,9 @@ construction) is the data side's business and lives with the pipelines.
 
 The default search (docs/pruning.md, "Optimisation"):
 
+* **warm start** ``"auto"``: the masks start from an attribution ranking on the training
+  traces (exact single-edge ablation up to :data:`EXACT_WARM_MAX` countable edges,
+  EAP-IG above; :func:`~mechlab.prune.search.warm_logits`: only the order is used);
 * **loss**: the task loss divided by the fully ablated model's (``normalize_loss``), so
   it reads ``1 - faithfulness`` of the batch whatever the scale of the outputs;
 * **constraint** ``"budget"``: no Lagrange multipliers. At every step the masks'
@@ -17,17 +20,20 @@ The default search (docs/pruning.md, "Optimisation"):
   asked count over the first ``warmup`` steps). The masks move only by the task
   gradient (Adam: invariant to the loss's scale), the budget is met at every step and
   at the end, and nothing can wind up and close the circuit;
-* **select** ``"refine"``: the circuit is chosen on the true objective, by backward
-  elimination from the ``n_keep + refine_extra`` edges of highest mask
-  (:mod:`mechlab.prune.refine`), then filled up to the budget with the edges that
-  reduce the loss most, while any does measurably;
-* **noise** ``"shared+mixed"``: two searches, one whose mask noise is shared by every
-  edge (each sampled circuit a top set of the ranking: it finds groups of edges that
-  only help together, such as a query and a key) and one alternating shared and
-  independent noise (each edge also tried alone: better rankings on trained models);
-  the circuit of lower loss on the selection's traces is kept
-  (:func:`~mechlab.prune.engine.run_searches`). It costs two searches.
+* **noise** ``"mixed"``: the masks' noise shared by every edge on even steps (each
+  sampled circuit a top set of the ranking: groups of edges that only help together,
+  a query and a key, are tried together) and independent on odd ones; 200 steps;
+* **select** ``"refine"``: the circuit is chosen on the true objective (binary masks,
+  :mod:`mechlab.prune.refine`): backward elimination from the search's ``n_keep +
+  refine_extra`` best edges and the warm start's ``n_keep`` best, against the search's
+  and the warm start's own complete paths, the lowest loss kept; then filled up to the
+  budget with the edges that reduce the loss most, while any does measurably. The
+  circuit is therefore never worse, on the selection's traces, than the warm start's
+  attribution circuit of the same size.
 
+``noise="shared+mixed"`` runs two searches (shared and mixed noise) and keeps the circuit
+of lower loss (:func:`~mechlab.prune.engine.run_searches`), the previous default
+(``steps=500``, ``warm_start="none"``).
 ``constraint="lagrangian"`` is Edge Pruning's (Bhaskar et al. 2024) Lagrangian
 ``lambda1 (s - t) + lambda2 (s - t)^2`` with the multipliers' learning rate warmed up
 and decayed (mechlab's previous default; the ``study`` protocol uses it), and
@@ -48,6 +54,8 @@ LOSSES = ("model", "truth")
 CONSTRAINTS = ("budget", "lagrangian")
 SELECTIONS = ("refine", "rank")
 NOISES = ("shared+mixed", "shared", "independent", "mixed")
+WARM_STARTS = ("auto", "eap-ig", "exact", "eap", "none")  # where a search's masks start
+EXACT_WARM_MAX = 1000  # "auto": exact single-edge scores up to this many countable edges, else EAP-IG
 NOISE_RUNS = {"shared+mixed": ("shared", "mixed")}  # noise settings that run several searches
 LR = 0.1  # learning rate of the masks (constant)
 LAMBDA_LR = 1.0  # peak learning rate of the Lagrange multipliers (constraint "lagrangian")
@@ -115,6 +123,12 @@ class PruneConfig:
         min_effect: An edge whose removal (or addition) changes the normalised loss by
             less than this has no measurable effect: the fill stops there, and the
             circuit's metadata lists kept edges below it.
+        warm_start: Start the masks from an attribution method's ranking
+            (:data:`WARM_STARTS`; :func:`~mechlab.prune.search.warm_logits`) and let the
+            selection also weigh that method's own circuit, or ``"none"`` (every mask
+            starts at ``init_mean``). ``"auto"``: exact single-edge ablation up to
+            :data:`EXACT_WARM_MAX` countable edges (one replay per edge), EAP-IG above.
+        warm_steps: Integration points of an ``"eap-ig"`` warm start.
     """
 
     sparsity: float = 0.95
@@ -124,18 +138,20 @@ class PruneConfig:
     normalize_loss: bool = True
     loss_scale: float = 1.0
     constraint: str = "budget"
-    steps: int = 500
+    steps: int = 200
     warmup: int | None = None
     lr: float = LR
     lambda_lr: float = LAMBDA_LR
     lambda_warmup: int | None = None
     batch_size: int = 64
     init_mean: float = INIT_MEAN
-    noise: str = "shared+mixed"
+    noise: str = "mixed"
     select: str = "refine"
     refine_extra: int = 16
     refine_traces: int = 128
     min_effect: float = 1e-4
+    warm_start: str = "auto"
+    warm_steps: int = 10
 
     def __post_init__(self) -> None:
         _unit("sparsity", self.sparsity)
@@ -162,6 +178,8 @@ class PruneConfig:
         _count("refine_traces", self.refine_traces)
         if _number("min_effect", self.min_effect) < 0:
             raise ValueError(f"min_effect must be >= 0, got {self.min_effect!r}")
+        _choice("warm_start", self.warm_start, WARM_STARTS)
+        _count("warm_steps", self.warm_steps)
         for name in ("sparsity", "loss_scale", "lr", "lambda_lr", "init_mean", "min_effect"):
             object.__setattr__(self, name, float(getattr(self, name)))  # 1 -> 1.0 (JSON alike)
 
@@ -206,7 +224,7 @@ PROTOCOLS: dict[str, PruneConfig] = {
     "uniform": PruneConfig(),
     "study": PruneConfig(
         sparsity=0.99, node_sparsity=0.8, loss="truth", normalize_loss=False, loss_scale=1000.0,
-        steps=3000, constraint="lagrangian", noise="independent", select="rank",
+        steps=3000, constraint="lagrangian", noise="independent", select="rank", warm_start="none",
     ),
 }
 """The named protocols' search settings. ``default`` and ``uniform``: mechlab's default
@@ -214,6 +232,15 @@ search at 95% edge sparsity (they differ in their data: :data:`mechlab.pipelines
 ``study``: the recall study's Edge Pruning settings (99% edge sparsity, node masks at 80%,
 1000 x raw MSE to the ground truth, 3000 steps, the Lagrangian, independent mask noise,
 edges ranked by mask)."""
+
+
+JOINT_CONFIG = PruneConfig(steps=500, noise="shared+mixed", warm_start="none")
+""":func:`~mechlab.prune.joint.joint_prune`'s base settings: the single-target default
+before the warm start (two 500-step searches, shared and mixed noise, cold start). A
+shared search (``share > 0``) is the sum of the targets' losses plus the sharing term,
+which one target's attribution ranking does not describe; at 200 steps of mixed noise the
+consensus masks of ``tests/prune/test_joint.py``'s gated model closed every edge (seed 1,
+share 1), at these settings they find the shared path."""
 
 
 def prune_config(
@@ -242,5 +269,8 @@ __all__ = [
     "PruneConfig",
     "RUN_ARGUMENTS",
     "SELECTIONS",
+    "EXACT_WARM_MAX",
+    "JOINT_CONFIG",
+    "WARM_STARTS",
     "prune_config",
 ]

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from mechlab.models.base import predict_in_chunks
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.config import NOISE_RUNS, PruneConfig, prune_config
+from mechlab.prune.config import EXACT_WARM_MAX, NOISE_RUNS, PruneConfig, prune_config
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward, select_traces
 from mechlab.prune.graph import (
@@ -51,7 +51,7 @@ from mechlab.prune.graph import (
 )
 from mechlab.prune.paths import live_edges, select_on_paths
 from mechlab.prune.refine import Selection, kept_log_alpha, loss_function, select_edges
-from mechlab.prune.search import MaskResult, optimise_masks, task_loss
+from mechlab.prune.search import MaskResult, optimise_masks, task_loss, warm_logits
 from mechlab.traces import (
     PruneData,
     Target,
@@ -103,6 +103,7 @@ class SearchSetup:
         ablated_losses: Per target, the fully ablated model's training loss (computed
             when normalising, else 1.0).
         norms: Per target, what its task loss is divided by.
+        warm: Per target, the warm start's attribution scores (``[n_edges]``), or None.
     """
 
     graph: EdgeGraph
@@ -115,6 +116,7 @@ class SearchSetup:
     n_keep: list[int]
     ablated_losses: list[float]
     norms: list[float]
+    warm: list[Tensor] | None = None
 
 
 def check_prune_data(config: PruneConfig, data: PruneData) -> None:
@@ -163,8 +165,36 @@ def prepare_search(
             if compute else [1.0] * len(targets)
         )  # fmt: skip
     norms = losses if config.normalize_loss else [1.0] * len(targets)
+    warm = None
+    if config.warm_start != "none":
+        with frozen_eval(model):
+            warm = [warm_start_scores(model, train, t, graph, config) for t in targets]
     return SearchSetup(graph, train, positions, reference, ablated, scored, countable, n_keep,
-                       losses, norms)  # fmt: skip
+                       losses, norms, warm)  # fmt: skip
+
+
+def warm_start_scores(
+    model: nn.Module, traces: Traces, target: Target, graph: EdgeGraph, config: PruneConfig
+) -> Tensor:
+    """``[n_edges]`` the scores of ``config.warm_start`` (an attribution method,
+    :func:`mechlab.prune.attribution.score_edges`; ``"auto"``: exact single-edge ablation up
+    to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else EAP-IG) on the
+    training traces, with the search's ablation and its task loss as the metric. The model
+    must be frozen and in eval mode."""
+    from mechlab.prune.attribution import build_objective, score_edges
+
+    obj = build_objective(model, traces, target, config.ablation, "loss", graph)
+    return score_edges(obj, warm_method(config, int(obj.countable.sum())), steps=config.warm_steps).float().cpu()
+
+
+def warm_method(config: PruneConfig, n_countable: int) -> str | None:
+    """The attribution method a search starts from (None: no warm start); ``"auto"``:
+    ``"exact"`` up to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else ``"eap-ig"``."""
+    if config.warm_start == "none":
+        return None
+    if config.warm_start == "auto":
+        return "exact" if n_countable <= EXACT_WARM_MAX else "eap-ig"
+    return config.warm_start
 
 
 @torch.no_grad()
@@ -408,7 +438,8 @@ def prune(
                            desc=f"pruning {name} (seed {seed})")  # fmt: skip
         result, selection = run.results[0], run.selections[0]
         settings_record = {"checkpoint_sha256": checkpoint_sha256, "seed": seed,
-                           **search_record(config, setup.norms[0]), **run.record(0)}  # fmt: skip
+                           **search_record(config, setup.norms[0]), **run.record(0),
+                           "warm_start_method": warm_method(config, int(setup.countable[0].sum()))}  # fmt: skip
         circuit = finish_circuit(
             model, setup.graph, data, target, config.ablation, result, config.sparsity,
             config.node_sparsity, setup.countable[0], setup.scored[0], settings_record, started,
@@ -485,6 +516,9 @@ def run_searches(
             model, setup.graph, setup.train, setup.positions, setup.reference, setup.ablated, cfg,
             countable=setup.countable, norms=setup.norms, share=share, n_keep=setup.n_keep,
             seed=seed, progress=progress, desc=desc if len(modes) == 1 else f"{desc}, {mode} noise",
+            warm=None if setup.warm is None else [
+                warm_logits(w, c) for w, c in zip(setup.warm, setup.countable, strict=True)
+            ],
         )  # fmt: skip
         selections: list[Selection | None] = [None] * n_t
         if cfg.select == "refine":
@@ -531,8 +565,10 @@ def refine_result(
     if result.node_log_alpha is not None:  # edges of closed writers cannot be chosen
         edge_writer = torch.tensor([setup.graph.writer_index[w] for w, _ in setup.graph.edges])
         countable = countable.cpu() & (hc.deterministic_mask(result.node_log_alpha.cpu()) > 0)[edge_writer]
+    rankings = [] if setup.warm is None else [setup.warm[target].abs()]
     selection = select_edges(setup.graph, result.edge_log_alpha, countable, setup.n_keep[target],
-                             loss_of, config.ablation, config.refine_extra, config.min_effect)  # fmt: skip
+                             loss_of, config.ablation, config.refine_extra, config.min_effect,
+                             rankings=rankings)  # fmt: skip
     la = kept_log_alpha(result.edge_log_alpha, selection.edges, setup.countable[target].cpu())
     return MaskResult(la, result.node_log_alpha, result.history), selection
 

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.circuit import jaccard as jaccard_of
-from mechlab.prune.config import PruneConfig, prune_config
+from mechlab.prune.config import JOINT_CONFIG, PruneConfig, prune_config
 from mechlab.prune.engine import (
     SearchSetup,
     check_prune_args,
@@ -151,7 +151,8 @@ def joint_prune(
             ``math.inf`` / ``"tied"``: one circuit for every target, its loss the sum of
             the targets' losses.
         config: The search settings (:class:`~mechlab.prune.config.PruneConfig`, edge
-            masks only); ``settings`` override single fields. ``select="refine"``
+            masks only; default :data:`~mechlab.prune.config.JOINT_CONFIG`); ``settings``
+            override single fields. ``select="refine"``
             (default) chooses the circuits on the joint objective
             (:mod:`mechlab.prune.refine`), ``"rank"`` by ``log_alpha`` rank as
             :func:`~mechlab.prune.engine.prune` does with it.
@@ -169,7 +170,7 @@ def joint_prune(
             ``share``, node masks, or any of :func:`prune`'s bad arguments, before any work.
     """
     share = check_share(share)
-    config = prune_config(sparsity, config, **settings)
+    config = prune_config(sparsity, JOINT_CONFIG if config is None else config, **settings)
     if config.node_sparsity is not None:
         raise ValueError("joint pruning masks edges only; leave node_sparsity unset")
     targets = check_joint_targets(targets, data)

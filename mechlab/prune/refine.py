@@ -303,6 +303,7 @@ def select_edges(
     ablation: str = "interchange",
     extra: int = REFINE_EXTRA,
     min_effect: float = 1e-4,
+    rankings: Sequence[Tensor] = (),
 ) -> Selection:
     """Choose ``n_keep`` edges on the true objective, starting from the search's ranking.
 
@@ -326,6 +327,9 @@ def select_edges(
         ablation: The ablation (where complete paths start).
         extra: Size of the pool beyond the quota, and of the fill's candidate list.
         min_effect: The smallest loss change that counts as an effect.
+        rankings: Other ``[n_edges]`` rankings (a warm start's ``|score|``): their best
+            ``n_keep`` countable edges join the elimination's pool, and their own
+            complete paths are a candidate as the search's are.
 
     Returns:
         The :class:`Selection`.
@@ -333,22 +337,25 @@ def select_edges(
     countable = countable.cpu().bool()
     la = log_alpha.detach().cpu()
     pool = ranked_pool(la, countable, n_keep + extra)
+    for other in rankings:
+        pool |= ranked_pool(other, countable, n_keep)
     kept, loss, effects = halving_eliminate(graph, pool, n_keep, loss_of, ablation)
     n_pool = int(live_edges(graph, pool, ablation).sum())
-    ranked, _ = select_on_paths(graph, la, countable, n_keep, ablation)
-    ranked_loss = loss_of(ranked)
-    if ranked_loss < loss:  # greedy steps can go astray where only whole groups help
-        kept, loss, effects = ranked, ranked_loss, {}
+    for ranking in (la, *rankings):
+        ranked, _ = select_on_paths(graph, ranking.detach().cpu(), countable, n_keep, ablation)
+        ranked_loss = loss_of(ranked)
+        if ranked_loss < loss:  # greedy steps can go astray where only whole groups help
+            kept, loss, effects = ranked, ranked_loss, {}
     added: list[int] = []
     stopped, rejected = "budget", {}
-    edge_writer, edge_feeds, source = _graph_arrays(graph, ablation)
+    arrays = _graph_arrays(graph, ablation)
     order = torch.argsort(la, descending=True, stable=True)
     while int(kept.sum()) < n_keep:
-        fed, useful = _reach(kept, edge_writer, edge_feeds, source)
+        fed, useful = _reach(kept, arrays)
+        onward = arrays.onward(useful)
         candidates = [
             i for i in order.tolist()
-            if countable[i] and not kept[i] and fed[edge_writer[i]]
-            and (edge_feeds[i] < 0 or useful[edge_feeds[i]])
+            if countable[i] and not kept[i] and fed[arrays.edge_writer[i]] and onward[i]
         ][:extra]  # fmt: skip
         if not candidates:
             stopped = "no candidate"

@@ -52,6 +52,7 @@ from mechlab.prune.forward import divergence, masked_forward, select_traces, tru
 from mechlab.prune.graph import EdgeGraph
 
 _SHIFT = hc.BETA * math.log(-hc.LIMIT_LEFT / hc.LIMIT_RIGHT)  # P(z > 0) = sigmoid(la - _SHIFT)
+WARM_SPREAD = 3.0  # a warm start's logits span init_mean +- this, best-ranked edge highest
 
 
 @dataclass
@@ -160,6 +161,34 @@ def budget_shift(log_alpha: Tensor, counted: Tensor, n_open: Tensor, weight: Ten
     return (0.5 * (lo + hi)).to(log_alpha.dtype)
 
 
+def warm_logits(scores: Tensor, countable: Tensor, spread: float = WARM_SPREAD) -> Tensor:
+    """Offsets of the initial logits from attribution scores (a warm start).
+
+    The countable edges are ranked by ``|score|`` (ties: graph order) and given offsets
+    falling linearly from ``+spread`` (the best) to ``-spread`` (the worst); the others
+    get 0. Only the order is used, so the start does not depend on the scores' scale,
+    and under the budget constraint (a common threshold) only the order and spacing of
+    the logits matter.
+
+    Args:
+        scores: ``[n_edges]`` attribution scores (NaN counts as 0).
+        countable: ``[n_edges]`` bool.
+        spread: Half the range of the offsets.
+
+    Returns:
+        ``[n_edges]`` float32 offsets.
+    """
+    magnitude = torch.nan_to_num(scores.detach().double().cpu().abs(), nan=0.0)
+    index = countable.cpu().bool().nonzero().flatten()
+    out = torch.zeros(scores.numel(), dtype=torch.float32)
+    if len(index) == 0:
+        return out
+    order = index[torch.sort(-magnitude[index], stable=True).indices]
+    steps = torch.linspace(spread, -spread, len(order)) if len(order) > 1 else torch.tensor([spread])
+    out[order] = steps.float()
+    return out
+
+
 def consensus_penalty(p: Tensor, p0: Tensor, n_keep: Sequence[int]) -> Tensor:
     """``mean over targets t of sum_e |p[t, e] - p0[e]| / k_t``: distance from the consensus.
 
@@ -191,6 +220,7 @@ def optimise_masks(
     seed: int = 0,
     progress: bool = True,
     desc: str = "pruning",
+    warm: Sequence[Tensor] | None = None,
 ) -> list[MaskResult]:
     """Optimise hard-concrete masks for one or more targets (module docstring).
 
@@ -214,6 +244,9 @@ def optimise_masks(
         seed: Seeds the initial masks, the noise and the batches.
         progress: Show a tqdm bar.
         desc: What the bar says.
+        warm: Per target, ``[n_edges]`` offsets of the initial logits
+            (:func:`warm_logits`), or None (every edge starts at ``init_mean``). Shared
+            masks (``share > 0``) start from the targets' mean offset.
 
     Returns:
         One :class:`MaskResult` per target.
@@ -236,11 +269,17 @@ def optimise_masks(
 
     gen = torch.Generator().manual_seed(seed)
     init = hc.init_log_alpha(graph.n_edges, gen, config.init_mean)  # [n_edges]
+    starts = init.repeat(n_t, 1)  # [T, n_edges]
+    if warm is not None:
+        if len(warm) != n_t:
+            raise ValueError(f"warm has {len(warm)} entries for {n_t} targets")
+        starts = starts + torch.stack([w.detach().float().cpu() for w in warm])
+        init = starts.mean(0)
     node_la = None
     if config.node_sparsity is not None:
         node_la = nn.Parameter(hc.init_log_alpha(graph.n_writers, gen, config.init_mean).to(device))
     if share == 0:  # independent: each target's masks are the one-target search's
-        consensus, private = None, nn.Parameter(init.repeat(n_t, 1).to(device))
+        consensus, private = None, nn.Parameter(starts.to(device))
     elif tied:  # one mask set for every target
         consensus = nn.Parameter(init.to(device))
         private = torch.zeros(n_t, graph.n_edges, device=device)
@@ -352,4 +391,5 @@ __all__ = [
     "lr_factor",
     "optimise_masks",
     "task_loss",
+    "warm_logits",
 ]

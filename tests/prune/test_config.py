@@ -13,9 +13,9 @@ from mechlab.prune.engine import check_prune_args
 
 def test_defaults_are_the_documented_search():
     cfg = PruneConfig()
-    assert (cfg.sparsity, cfg.constraint, cfg.select, cfg.noise) == (0.95, "budget", "refine", "shared+mixed")
-    assert cfg.normalize_loss and cfg.loss_scale == 1.0
-    assert cfg.warmup_steps == 250 and cfg.lambda_warmup_steps == 50
+    assert (cfg.sparsity, cfg.constraint, cfg.select, cfg.noise) == (0.95, "budget", "refine", "mixed")
+    assert cfg.normalize_loss and cfg.loss_scale == 1.0 and cfg.warm_start == "auto"
+    assert cfg.steps == 200 and cfg.warmup_steps == 100 and cfg.lambda_warmup_steps == 20
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.steps = 3  # type: ignore[misc]
 
@@ -38,6 +38,9 @@ def test_defaults_are_the_documented_search():
     ("noise", "iid", "unknown noise 'iid'"),
     ("refine_extra", -1, "refine_extra must be an integer >= 0"),
     ("min_effect", -1e-3, "min_effect must be >= 0"),
+    ("warm_start", "acdc", "unknown warm_start 'acdc'"),
+    ("warm_start", None, "unknown warm_start None"),
+    ("warm_steps", 0, "warm_steps must be a positive integer"),
 ])  # fmt: skip
 def test_bad_values_are_refused_in_one_line(field, value, message):
     with pytest.raises(ValueError, match=message) as info:
@@ -72,7 +75,7 @@ def test_protocols_are_instances_and_the_pipelines_carry_their_data_separately()
     study = PROTOCOLS["study"]
     assert (study.sparsity, study.node_sparsity, study.loss, study.loss_scale, study.steps) == (
         0.99, 0.8, "truth", 1000.0, 3000)
-    assert not study.normalize_loss
+    assert not study.normalize_loss and study.warm_start == "none"
     for name, entry in PRUNE_PROTOCOLS.items():  # the NiH construction is the data side's
         assert {k: v for k, v in entry.items() if k != "nih"} == {
             "sparsity": PROTOCOLS[name].sparsity, **PROTOCOLS[name].overrides()}

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from mechlab.models.transformer import Transformer, TransformerConfig
+from mechlab.prune.config import JOINT_CONFIG
 from mechlab.prune.engine import prune
 from mechlab.prune.graph import build_graph, countable_edges
 from mechlab.prune.joint import consensus_penalty, joint_prune, share_sweep
@@ -116,7 +117,7 @@ def test_share_zero_is_independent_pruning():
         # one search core: each target's run is prune()'s, selection included
         joint = joint_prune(model, data, [even, odd], sparsity, share=0.0, seed=seed, progress=False)
         for name, target in (("even", even), ("odd", odd)):
-            alone = prune(model, data, target, sparsity, seed=seed, progress=False)
+            alone = prune(model, data, target, sparsity, seed=seed, progress=False, config=JOINT_CONFIG)
             circuit = joint.circuits[name]
             assert set(circuit.edges) == set(alone.edges)
             for edge, value in alone.log_alpha.items():

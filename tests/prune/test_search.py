@@ -12,7 +12,7 @@ from mechlab.prune import masks as hc
 from mechlab.prune.engine import prune
 from mechlab.prune.graph import build_graph, countable_edges
 from mechlab.prune.planted import PLANTED_FAMILY, planted_model
-from mechlab.prune.search import BatchSampler, budget_shift, lr_factor, task_loss
+from mechlab.prune.search import BatchSampler, budget_shift, lr_factor, task_loss, warm_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -77,3 +77,38 @@ def test_task_loss_and_lr_factor():
     ids = torch.tensor([0, 0])
     assert float(task_loss(logits, ids, "tokens")) == pytest.approx(-(math.log(0.5) + math.log(0.9)) / 2)
     assert lr_factor(0, 100, 10) == pytest.approx(0.1) and lr_factor(99, 100, 10) == pytest.approx(1 / 90)
+
+
+def test_warm_logits_follow_the_ranking_not_the_scale():
+    scores = torch.tensor([0.5, -3.0, 0.0, 2.0, float("nan"), 1.0])
+    countable = torch.tensor([True, True, True, True, True, False])
+    out = warm_logits(scores, countable, spread=2.0)
+    # |score| order among the countable: 1 (3.0), 3 (2.0), 0 (0.5), then 2 and 4 (0, NaN) in graph order
+    assert out.tolist() == pytest.approx([0.0, 2.0, -1.0, 1.0, -2.0, 0.0])
+    assert torch.equal(warm_logits(scores * 1e-6, countable, 2.0), out)  # scale-free
+    assert warm_logits(scores, torch.zeros(6, dtype=torch.bool)).abs().sum() == 0
+
+
+def test_a_warm_start_starts_from_the_ranking(planted):
+    """With no room to move (one step, a tiny learning rate), a warm-started search hands
+    back the attribution's order, and the selection weighs the attribution's own circuit."""
+    model, data = planted.model, planted.data(0)
+    n = int(countable_edges(build_graph(model), "interchange").sum())
+    kw = {"steps": 1, "lr": 1e-6, "progress": False, "warm_start": "exact"}
+    circuit = prune(model, data, "all", 1 - 6 / n, **kw)
+    top = sorted(circuit.log_alpha, key=lambda e: -circuit.log_alpha[e])[:6]
+    assert set(top) == set(planted.edges)  # exact scores single out the planted edges
+    assert set(circuit.edges) == set(planted.edges)
+    assert circuit.metadata["warm_start"] == circuit.metadata["warm_start_method"] == "exact"
+    cold = prune(model, data, "all", 1 - 6 / n, **{**kw, "warm_start": "none"})
+    assert set(cold.edges) != set(planted.edges)  # without it one step finds nothing
+
+
+def test_auto_warm_start_is_exact_on_small_graphs_and_eap_ig_on_large():
+    from mechlab.prune.config import EXACT_WARM_MAX, PruneConfig
+    from mechlab.prune.engine import warm_method
+
+    assert warm_method(PruneConfig(), EXACT_WARM_MAX) == "exact"
+    assert warm_method(PruneConfig(), EXACT_WARM_MAX + 1) == "eap-ig"
+    assert warm_method(PruneConfig(warm_start="none"), 10) is None
+    assert warm_method(PruneConfig(warm_start="eap"), 10) == "eap"
