@@ -465,3 +465,20 @@ def test_normalized_loss_divides_by_the_fully_ablated_loss():
     assert raw.metadata["loss_scale"] == 1000.0
     with pytest.raises(ValueError, match="normalize_loss"):
         prune(model, data, "all", 0.8, steps=2, normalize_loss="yes", progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, best_attribution", [("1-after", 0.978), ("2-after", 0.967)])
+def test_the_default_on_the_bundled_checkpoint_fills_its_budget_and_beats_attribution(target, best_attribution):
+    """At the defaults the circuit has the 25 edges asked (or names those without effect)
+    and is at least as faithful on held-out traces as the best attribution method's at the
+    same size (exact single-edge ablation, docs/pruning.md "Methods side by side"); ~10 min
+    per target on one loaded core."""
+    from mechlab.pipelines import checkpoint_prune_data
+
+    torch.set_num_threads(1)
+    ckpt, data = checkpoint_prune_data("examples/checkpoints/recall-cpu/last.pt", data_seed=0)
+    circuit = prune(ckpt.model, data, target, 0.95, seed=0, progress=False)
+    meta = circuit.metadata
+    assert circuit.n_edges == meta["n_edges_asked"] == 25 or meta["edges_without_effect"]
+    assert meta["metrics"]["faithfulness"] >= best_attribution
