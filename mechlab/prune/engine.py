@@ -6,12 +6,15 @@ the ablation, the reference outputs, the fully ablated loss), runs the one searc
 (:func:`mechlab.prune.search.optimise_masks`, shared with the joint search), chooses the
 circuit and scores it on the held-out traces (:func:`finish_circuit`).
 
-The default (docs/pruning.md, "Optimisation"): the task loss divided by the fully
-ablated model's (``1 - faithfulness`` of the batch), a budget constraint that holds the
-expected number of open edges on its schedule at every step (no multipliers), and the
-circuit chosen on the true objective (:func:`mechlab.prune.refine.select_edges`:
-backward elimination from the best-ranked edges, then a fill up to the budget with
-edges that measurably lower the loss). The metadata records the settings, the edges the
+The default (docs/pruning.md, "Optimisation"): masks warm-started from an attribution
+ranking (:func:`warm_start_scores`: exact single-edge ablation on graphs up to 1000
+countable edges, EAP-IG above), the task loss divided by the fully ablated model's
+(``1 - faithfulness`` of the batch), a budget constraint that holds the expected number
+of open edges on its schedule at every step (no multipliers), and the circuit chosen on
+the true objective (:func:`mechlab.prune.refine.select_edges`: backward elimination from
+the search's and the warm start's best-ranked edges, against both rankings' own
+complete-path circuits, then a fill up to the budget with edges that measurably lower the
+loss). The metadata records the settings, the edges the
 fill added, each kept edge's effect and the kept edges without a measurable one.
 
 With ``select="rank"`` the circuit (:func:`binarize`) keeps only open edges
