@@ -26,33 +26,28 @@ def load_circuits(paths: Sequence[str | Path]) -> list[Circuit]:
 
 
 def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] = ()) -> Path:
-    """``mechlab view``: one page drawing each circuit, with the overlap view of two or more
-    on one layout first.
+    """``mechlab view``: the circuit explorer of the circuits (:func:`mechlab.viz.circuit_explorer`):
+    choose target, method and seed, compare two (shared / only A / only B), filter by score
+    and stability, hover or click for scores; one offline file, plotly.js inside.
 
     Args:
         paths: Circuit JSON files.
         out: The ``.html`` file to write.
-        labels: A name per circuit (default: target and seed).
+        labels: A name per circuit (default: target, method and seed).
 
     Returns:
         The page's path.
     """
-    from mechlab.viz import circuit_figure, overlap_figure
-    from mechlab.viz.figures import page_html
+    from mechlab.viz.explorer import circuit_explorer
 
     if labels and len(labels) != len(paths):
         raise ValueError(f"give one --label per circuit: {len(labels)} labels for {len(paths)} circuits")
     if Path(out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must be an .html file, got {str(out)!r}")
     loaded = load_circuits(paths)
-    names = list(labels) or [f"{c.metadata.get('target', Path(p).stem)} (seed {c.metadata.get('seed', '?')})"
-                             for c, p in zip(loaded, paths, strict=True)]  # fmt: skip
-    sections: list[tuple[str, Any]] = []
-    if len(loaded) >= 2:
-        sections.append(("Overlap", overlap_figure(loaded, names)))
-    sections += [(name, circuit_figure(c)) for name, c in zip(names, loaded, strict=True)]
-    title = "Circuit" if len(loaded) == 1 else f"{len(loaded)} circuits"
-    return outputs.write_text(out, page_html(title, sections))
+    explorer = circuit_explorer(loaded, list(labels) or None)
+    page = explorer.to_html("inline", start=0, compare=1 if len(loaded) >= 2 else None)
+    return outputs.write_text(out, page)
 
 
 def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sha: str | None,
