@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
+from mechlab.models.names import hook_name
 from mechlab.prune import Circuit
 from mechlab.prune.graph import build_graph, transformer_graph, windowed_recurrent_graph
-from mechlab.models.names import hook_name
 from mechlab.viz.circuits import _curve, circuit_figure, node_positions, overlap_figure
 
 
