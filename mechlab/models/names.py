@@ -173,8 +173,14 @@ def hook_graph_names(graph: Mapping[str, Any], hooks: list[str]) -> dict[str, st
                 out[hook] = first if first == last else f"{first} .. {last} (by head)"
             continue
         name = graph_name(hook, graph)
-        if name is not None:
-            out[hook] = name + (" (per window)" if graph.get("windows") else "")
+        if name is None:
+            continue
+        if graph.get("windows"):
+            out[hook] = f"{name}@<window>"
+        elif name.endswith(".state"):  # a state reader exists in windowed graphs only
+            out[hook] = f"{name}@<window> (windowed graphs)"
+        else:
+            out[hook] = name
     return out
 
 
