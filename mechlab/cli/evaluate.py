@@ -43,7 +43,10 @@ def eval_(
         typer.echo(f"{name}: {json_path}, {html_path}")
         _print_report(report)
 
-    evaluate_checkpoint(ckpt, suite, out, on_suite=show, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
+    def start(name: str) -> None:
+        typer.echo(f"evaluating {name} ({traces} {'examples' if trials else 'traces'})...", err=True)
+
+    evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_start=start, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
                         seed=seed, protocol=nih, trials=trials, device=device)  # fmt: skip
 
 
