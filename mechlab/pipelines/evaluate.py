@@ -157,6 +157,7 @@ def evaluate_checkpoint(
     nih_protocol(settings.get("protocol", "study"))
     device = settings.pop("device", None)
     ckpt = open_checkpoint(source, device)
+    _ = ckpt.task_config  # no task metadata: the one-line error, before any suite starts
     folder = Path(out) if out is not None else outputs.beside(source_path(source), "eval")
     trials = settings.pop("trials", None)
     reports = {}

@@ -94,3 +94,17 @@ def test_intervals_and_seed_caveats():
     words = caveats(report)
     assert words[0].startswith("2 seeds per target: no interval") and "--seed 2" in words[0]
     assert "256 traces" in words[1] and "300 optimiser steps" in words[2]
+
+
+def test_every_link_of_the_page_finds_its_section_of_concepts_md():
+    import re
+    from pathlib import Path
+
+    from mechlab.pipelines.report_page import CONCEPTS, concepts_link
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "concepts.md"
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(), flags=re.M):  # GitHub's anchors
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    assert set(CONCEPTS.values()) <= anchors, set(CONCEPTS.values()) - anchors
+    assert concepts_link("nulls", "null models").startswith("<a href='file://")
