@@ -142,6 +142,8 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
         typer.echo(f"  logit difference: full {m['logit_diff_full']:.3f}  circuit {m['logit_diff_circuit']:.3f}  "
                    f"all ablated {m['logit_diff_ablated']:.3f}  complement {m['logit_diff_complement']:.3f}  "
                    f"(recovered {m['logit_diff_recovered']:.3f})")  # fmt: skip
+    if meta.get("sparsity_limited_by_open_edges"):
+        typer.echo(f"mechlab: {stem}: {budget_note(meta, circuit.n_edges)}", err=True)
     for line in meta["warnings"]:
         warn(f"{stem}: {line}")
 
