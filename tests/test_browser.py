@@ -1,7 +1,8 @@
 """The HTML pages render in a real browser, offline: headless Chromium through selenium.
 
 For the report page, the circuit explorer (``mechlab view``) and a circuit figure, at 800
-and 1400 px wide: every plot draws its SVG, the console shows no error, the page fetches
+and 1400 px wide, and for every figure of ``mechlab.viz`` drawn from the committed results,
+at 800 and 1600 px: every plot draws its SVG, the console shows no error, the page fetches
 nothing from the network (plotly.js is in the page or in the folder's ``plotly.min.js``),
 and no two titles, legends or annotations of a plot overlap (their bounding boxes). The
 report's every section opens with its "how to read this"; the explorer answers its
@@ -171,3 +172,60 @@ def test_circuit_figure_and_explorer_render_offline_and_answer(browser, tmp_path
     details = browser.execute_script(f"return {ex}.details()")
     assert details.startswith("edge ") and "hooks " in details and "score " in details and "stability" in details
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def every_figure() -> list[tuple[str, object]]:
+    """Every figure builder of ``mechlab.viz``, each drawn from results committed in the
+    repository (the bundled checkpoints' evaluations, recall analyses, curves and circuits,
+    the state-tracking sweep), so that the layouts are checked on real numbers."""
+    from mechlab.prune import Circuit
+    from mechlab.prune.curves import read_curves
+    from mechlab.viz import (
+        circuit_figure,
+        circuits_across_checkpoints_figure,
+        faithfulness_curves_figure,
+        figure_for_suite,  # fmt: skip
+        overlap_figure,
+        recall_dynamics_figure,
+        recall_figure,
+    )
+    from mechlab.viz.sweep import kappa_figure, n_star_figure, ood_kappa_figure
+
+    run = ROOT / "examples" / "checkpoints" / "recall-cpu"
+    circuits = ROOT / "circuits"
+
+    def read(path: Path):
+        return json.loads(path.read_text())
+
+    recall = [Circuit.from_json(circuits / "recall-cpu" / f"{t}_seed{s}.json") for t in ("1-after", "2-after") for s in (0, 1)]
+    searches = read(ROOT / "examples" / "sweeps" / "state-tracking-cpu" / "searches.json")
+    figures = [(f"eval {s}", figure_for_suite(read(run / "eval" / f"{s}.json")))
+               for s in ("nih", "ood", "uninterleaved", "dynamics")]  # fmt: skip
+    figures += [
+        ("recall", recall_figure(read(run / "recall" / "recall.json"))),
+        ("recall dynamics", recall_dynamics_figure(read(run / "recall" / "recall_dynamics.json"))),
+        ("curves", faithfulness_curves_figure(read_curves(circuits / "recall-cpu" / "curves" / "curve_1-after.json")
+                                              + read_curves(circuits / "recall-cpu" / "curves" / "curve_2-after.json"))),
+        ("transformer circuit", circuit_figure(recall[0])),
+        ("LSTM circuit", circuit_figure(Circuit.from_json(circuits / "recall-lstm-cpu" / "1-after_seed0.json"))),
+        ("induction circuit", circuit_figure(Circuit.from_json(circuits / "induction-cpu" / "all_seed0.json"))),
+        ("state-tracking circuit", circuit_figure(Circuit.from_json(circuits / "state-tracking" / "dense_ssm" / "final_n6_seed0.json"))),
+        ("overlap of two", overlap_figure(recall[:1] + recall[2:3])),
+        ("overlap of four", overlap_figure(recall, labels=["1-after s0", "1-after s1", "2-after s0", "2-after s1"])),
+        ("across checkpoints", circuits_across_checkpoints_figure(recall[:2], steps=[100, 200])),
+        ("N*", n_star_figure(searches)),
+        ("kappa", kappa_figure(searches)),
+        ("OOD kappa", ood_kappa_figure(searches)),
+    ]  # fmt: skip
+    return figures
+
+
+def test_every_figure_holds_at_800_and_1600_px_on_the_committed_results(browser, tmp_path):
+    from mechlab.viz.figures import page_html, write_plotlyjs
+
+    figures = every_figure()
+    write_plotlyjs(tmp_path)
+    page = tmp_path / "figures.html"
+    page.write_text(page_html("Every figure", figures, plotlyjs="directory"))
+    for width in (800, 1600):  # the two ends of the range a figure must hold
+        open_page(browser, page, len(figures), "figures", width)

@@ -443,7 +443,8 @@ def circuits_across_checkpoints_figure(
     last = set(circuits[-1].edges)
     similarity = [jaccard(c.edges, last) for c in circuits]
     labels = [str(s) for s in steps]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04,
+                        specs=[[{}], [{"secondary_y": True}]])  # the Jaccard on its own 0-1 axis
     fig.add_trace(go.Heatmap(
         z=z, x=labels, y=[f"{w} → {r}" for w, r in rows], colorscale="Viridis", zmin=0, zmax=1,
         colorbar={"title": "score", "len": 0.7, "y": 0.62}, hoverongaps=False,
@@ -451,12 +452,16 @@ def circuits_across_checkpoints_figure(
     ), row=1, col=1)  # fmt: skip
     fig.add_trace(go.Scatter(x=labels, y=[len(c.edges) for c in circuits], name="edges kept",
                              mode="lines+markers"), row=2, col=1)  # fmt: skip
-    fig.add_trace(go.Scatter(x=labels, y=similarity, name="Jaccard with the last", mode="lines+markers",
-                             yaxis="y3"), row=2, col=1)  # fmt: skip
+    fig.add_trace(go.Scatter(x=labels, y=similarity, name="Jaccard with the last (right axis)",
+                             mode="lines+markers", line={"dash": "dash"}), row=2, col=1, secondary_y=True)  # fmt: skip
+    fig.update_yaxes(title_text="edges", rangemode="tozero", row=2, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="Jaccard", range=[0, 1.05], tickvals=[0, 0.5, 1], showgrid=False, row=2, col=1,
+                     secondary_y=True)
     target = circuits[-1].metadata.get("target", "?")
     fig.update_layout(
         title=title or f"Circuit for {target} across {len(circuits)} checkpoints",
-        height=int(min(1600, max(450, 18 * len(rows) + 250))), legend={"orientation": "h", "y": -0.08},
+        height=int(min(1600, max(450, 18 * len(rows) + 250))),
+        legend={"x": 1.1, "xanchor": "left", "y": 0.25, "yanchor": "top"},  # beside its panel and axis, under the colour bar
         xaxis2={"title": "checkpoint step", "type": "category"},
     )  # fmt: skip
     return fig

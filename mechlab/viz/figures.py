@@ -51,6 +51,25 @@ def write_plotlyjs(folder: str | Path, writer: Any = None) -> Path:
     return (writer or atomic_write_text)(path, text)
 
 
+def legend_below(fig: go.Figure, plot_height: int = 380, row_height: int = 26) -> go.Figure:
+    """Put the legend under the x axis title, one row per entry, and make the figure tall
+    enough to hold it, so that a long legend neither covers the axis title nor squeezes
+    the plot (at 800 px each entry takes a row; wider, several share one).
+
+    Args:
+        fig: The figure (changed in place).
+        plot_height: Pixels for the title, the plot and its axes.
+        row_height: Pixels per legend entry.
+
+    Returns:
+        ``fig``.
+    """
+    entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
+                      height=plot_height + row_height * entries)  # fmt: skip
+    return fig
+
+
 def figure_html(fig: go.Figure, plotlyjs: str = "inline") -> str:
     """One figure as a whole offline page (plotly.js inlined, or beside the page)."""
     _check_mode(plotlyjs)

@@ -129,7 +129,8 @@ def recall_dynamics_figure(report: dict[str, Any]) -> go.Figure:
         A plotly figure: score, ``follows_label`` and the clean error vs examples seen.
     """
     ex = report["examples"]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+    # one panel above the other, sharing the x axis, so that the titles hold at 800 px
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=(
         "Score (1 = follows the label)", "Misdirected: closer to the label's system", "Clean error (median)",
     ))  # fmt: skip
     for j, values in report["per_offset"].items():
@@ -137,12 +138,14 @@ def recall_dynamics_figure(report: dict[str, Any]) -> go.Figure:
         fig.add_trace(go.Scatter(x=ex, y=score, mode="lines+markers", name=f"{j}-after", legendgroup=j,
                                  text=values["verdict"]), row=1, col=1)  # fmt: skip
         fig.add_trace(go.Scatter(x=ex, y=values["follows_label"], mode="lines+markers", name=f"{j}-after",
-                                 legendgroup=j, showlegend=False), row=1, col=2)  # fmt: skip
+                                 legendgroup=j, showlegend=False), row=2, col=1)  # fmt: skip
         fig.add_trace(go.Scatter(x=ex, y=report["errors"]["clean"][j], mode="lines+markers",
-                                 name=f"{j}-after", legendgroup=j, showlegend=False), row=1, col=3)
-    fig.update_xaxes(type="log", title_text="examples seen")
+                                 name=f"{j}-after", legendgroup=j, showlegend=False), row=3, col=1)
+    fig.update_xaxes(type="log")
+    fig.update_xaxes(title_text="examples seen", row=3, col=1)
     fig.update_yaxes(range=[-0.05, 1.05], row=1, col=1)
-    fig.update_yaxes(range=[-0.05, 1.05], row=1, col=2)
-    fig.update_yaxes(type="log", row=1, col=3)
-    fig.update_layout(title="When each mechanism appears: recall scores across training", height=450)
+    fig.update_yaxes(range=[-0.05, 1.05], row=2, col=1)
+    fig.update_yaxes(type="log", row=3, col=1)
+    fig.update_layout(title="When each mechanism appears: recall scores across training", height=900,
+                      legend={"title": {"text": "offset"}})  # fmt: skip
     return fig

@@ -178,6 +178,7 @@ def test_circuits_across_checkpoints_rows_scores_and_jaccard():
     counts, jaccard = fig.data[1], fig.data[2]
     assert list(counts.y) == [3, 4]
     assert list(jaccard.y) == [pytest.approx(1 / 6), 1.0]
+    assert jaccard.yaxis != counts.yaxis and fig.layout[jaccard.yaxis.replace("y", "yaxis")].range == (0, 1.05)
     with pytest.raises(ValueError, match="2 steps for 1"):
         circuits_across_checkpoints_figure([early], steps=[1, 2])
     with pytest.raises(ValueError, match="at least one"):
