@@ -184,7 +184,7 @@ def every_figure() -> list[tuple[str, object]]:
         circuit_figure,
         circuits_across_checkpoints_figure,
         faithfulness_curves_figure,
-        figure_for_suite,  # fmt: skip
+        figure_for_suite,
         overlap_figure,
         recall_dynamics_figure,
         recall_figure,
