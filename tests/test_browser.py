@@ -9,7 +9,8 @@ report's every section opens with its "how to read this"; the explorer answers i
 controls and clicks. A screenshot of each page and width is kept in ``test-artifacts/``
 (or ``$MECHLAB_ARTIFACTS``). The test skips, saying why, only where Chromium, its driver
 or selenium is missing; CI installs them (``.ci/run``: Debian ``chromium`` and
-``chromium-driver``).
+``chromium-driver``) and sets ``MECHLAB_REQUIRE_BROWSER=1``, under which a missing browser
+fails instead.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ BROWSER = next((p for n in ("chromium", "chromium-browser", "google-chrome") if 
 DRIVER = shutil.which("chromedriver")
 WIDTHS = (800, 1400)
 
+# CI (.ci/run) installs Chromium and sets MECHLAB_REQUIRE_BROWSER=1: there a missing browser
+# fails the run instead of skipping the check.
+REQUIRED = os.environ.get("MECHLAB_REQUIRE_BROWSER", "") not in ("", "0")
+MISSING = "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver)"
+if REQUIRED and (BROWSER is None or DRIVER is None):
+    pytest.fail(f"MECHLAB_REQUIRE_BROWSER is set but there is {MISSING}", pytrace=False)
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
 )
 if BROWSER is None or DRIVER is None:
-    pytest.skip(
-        "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver)",
-        allow_module_level=True,
-    )
+    pytest.skip(MISSING, allow_module_level=True)
 
 # Every title, legend, colour bar and annotation of every plot, as bounding boxes, and the
 # pairs of one plot that overlap by more than 1 px each way.
