@@ -60,7 +60,7 @@ overlap_figure([one, two], ["1-after", "2-after"])
 
 # %%
 explorer = mechlab.viz.circuit_explorer([Circuit.from_json(p) for p in sorted(CIRCUITS.glob("*-after_seed*.json"))])
-explorer  # noqa: B018 (the cell shows it in Jupyter)
+explorer
 
 # %% [markdown]
 # One name per component: `mechlab.hook_name` and `mechlab.graph_name` map the graph's names
