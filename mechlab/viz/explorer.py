@@ -48,6 +48,7 @@ from mechlab.viz.circuits import (
     _reader_kind,
     circuit_layout,
 )
+from mechlab.viz.figures import EXPLORER_STYLE, PAGE_STYLE, plotly_script, write_plotlyjs
 
 
 def _method(c: Circuit) -> str:
@@ -174,8 +175,6 @@ class CircuitExplorer:
             start: Index of the circuit shown first.
             compare: Index of the circuit compared with it first.
         """
-        from mechlab.viz.figures import plotly_script
-
         return (
             "<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(self.title)}</title><style>{PAGE_STYLE}{EXPLORER_STYLE}</style>"
@@ -186,8 +185,6 @@ class CircuitExplorer:
     def write(self, path: str | Path, plotlyjs: str = "inline") -> Path:
         """Write the page (atomically); with ``plotlyjs="directory"`` also ``plotly.min.js``
         beside it (when missing). Returns the page's path."""
-        from mechlab.viz.figures import write_plotlyjs
-
         path = Path(path)
         if plotlyjs == "directory":
             write_plotlyjs(path.parent)
@@ -235,21 +232,6 @@ def circuit_explorer(
         raise ValueError("the circuits come from different graphs; an explorer shows one model's circuits")
     return CircuitExplorer(circuits, labels, title or f"{len(circuits)} circuit(s): hover or click for scores")
 
-
-PAGE_STYLE = (
-    "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.45}"
-    "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-    "th{background:#f4f4f4}td:first-child{text-align:left}"
-)
-EXPLORER_STYLE = (
-    ".mechlab-explorer{border:1px solid #ddd;padding:8px;margin:0.5em 0 1.5em}"
-    ".mx-controls{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;font-size:14px}"
-    ".mx-controls label{white-space:nowrap}"
-    ".mx-summary{font-size:14px;margin:6px 0;color:#333}"
-    ".mx-details{font-size:13px;background:#f8f8f8;border:1px solid #e4e4e4;padding:6px;"
-    "min-height:3em;font-family:monospace;white-space:pre-wrap}"
-)
 
 _CONTROLS = (
     "<label>target <select class='mx-target'></select></label>"

@@ -12,6 +12,22 @@ from mechlab.io import atomic_write_text
 PLOTLYJS = "plotly.min.js"  # the file name plotly's include_plotlyjs="directory" refers to
 PLOTLYJS_MODES = ("inline", "directory")
 
+# The CSS of mechlab's pages (the report, mechlab view) and of a circuit explorer in them.
+PAGE_STYLE = (
+    "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.45}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "th{background:#f4f4f4}td:first-child{text-align:left}"
+)
+EXPLORER_STYLE = (
+    ".mechlab-explorer{border:1px solid #ddd;padding:8px;margin:0.5em 0 1.5em}"
+    ".mx-controls{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;font-size:14px}"
+    ".mx-controls label{white-space:nowrap}"
+    ".mx-summary{font-size:14px;margin:6px 0;color:#333}"
+    ".mx-details{font-size:13px;background:#f8f8f8;border:1px solid #e4e4e4;padding:6px;"
+    "min-height:3em;font-family:monospace;white-space:pre-wrap}"
+)
+
 
 def _check_mode(plotlyjs: str) -> None:
     if plotlyjs not in PLOTLYJS_MODES:
@@ -138,8 +154,6 @@ def page_html(
         The page (works offline: nothing is fetched).
     """
     import html
-
-    from mechlab.viz.explorer import EXPLORER_STYLE, PAGE_STYLE
 
     parts = [f"<h1>{html.escape(title)}</h1>"]
     for heading, body in sections:
