@@ -142,6 +142,8 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
         typer.echo(f"  logit difference: full {m['logit_diff_full']:.3f}  circuit {m['logit_diff_circuit']:.3f}  "
                    f"all ablated {m['logit_diff_ablated']:.3f}  complement {m['logit_diff_complement']:.3f}  "
                    f"(recovered {m['logit_diff_recovered']:.3f})")  # fmt: skip
+    if meta.get("sparsity_limited_by_open_edges"):
+        typer.echo(f"mechlab: {stem}: {budget_note(meta, circuit.n_edges)}", err=True)
     for line in meta["warnings"]:
         warn(f"{stem}: {line}")
 
@@ -168,10 +170,19 @@ def _print_circuit(stem: str, circuit, out: Path) -> None:
         typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_unreachable']} edges "
                    f"excluded (they reach no read-out of the target windows: {', '.join(meta['target_windows'])})")  # fmt: skip
     if meta["sparsity_limited_by_open_edges"]:
-        typer.echo(f"mechlab: {stem}: only {meta['n_open_edges']} edges are open: kept {circuit.n_edges} "
-                   f"of the {meta['n_edges_asked']} the sparsity asks", err=True)  # fmt: skip
+        typer.echo(f"mechlab: {stem}: {budget_note(meta, circuit.n_edges)}", err=True)
     for line in meta["warnings"]:
         warn(f"{stem}: {line}")
+
+
+def budget_note(meta: dict, n_kept: int) -> str:
+    """What happened when a circuit kept fewer edges than its sparsity allows, and what to do."""
+    on_paths = meta.get("n_open_edges_on_paths", -1)
+    paths = f", {on_paths} of them on complete paths from the input to the read-out" if on_paths >= 0 else ""
+    return (f"kept {n_kept} edges where sparsity {meta['sparsity_asked']:.4g} allows {meta['n_edges_asked']}: "
+            f"the search closed every other edge ({meta['n_open_edges']} stayed open{paths}; a circuit "
+            "keeps whole paths). Not an error: the target needs fewer edges than the budget, and the "
+            "faithfulness above says how well they do. If it is low, try more --steps or another --seed.")  # fmt: skip
 
 
 def pairs_ioi(
@@ -211,13 +222,15 @@ def overlap_(
     json_out: Path | None = typer.Option(None, "--json", help="Write everything as JSON here."),
     device: str = typer.Option("cpu"),
     mixed_checkpoints: bool = typer.Option(False, "--mixed-checkpoints", help="Compare circuits found on different checkpoints (refused otherwise; edge names match across checkpoints of one shape, their meaning need not)."),
+    progress: bool = typer.Option(True, help="Show progress bars (null models, cross-evaluation)."),
 ) -> None:
     """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
     uniform and degree-preserving null models, cross-evaluation with --ckpt."""
     from mechlab.pipelines import overlap_circuits
 
     r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level, exclude_writers=exclude_writer,
-                         seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out)  # fmt: skip
+                         seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out,
+                         progress=progress, log=(lambda line: typer.echo(line, err=True)) if progress else None)  # fmt: skip
     rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
     for p in r["pairs"]:
         rows.append((Path(p["a"]).name, Path(p["b"]).name, str(p["n_edges_a"]), str(p["n_edges_b"]),
@@ -247,7 +260,8 @@ def overlap_(
         for c in r["cross_evaluation"]:
             table.append((c["circuit_target"], str(c["seed"]), c["evaluated_on"] + (" (own)" if c["own"] else ""),
                           f"{c['faithfulness']:.3f}", f"{c['complement_faithfulness']:.3f}"))  # fmt: skip
-        typer.echo("cross-evaluation (held-out traces):")
+        typer.echo(f"cross-evaluation, on the held-out traces of {Path(circuits[0]).name} (so a circuit's own-target "
+                   "row differs a little from its faithfulness, measured on its own seed's traces):")  # fmt: skip
         echo_table(table)
     if json_out is not None:
         typer.echo(f"wrote {json_out}")

@@ -54,10 +54,19 @@ def test_prune_a_model_folder_on_prompt_pairs(gpt2_folder, ioi_file, tmp_path, c
     code = main(["prune", "--model", str(gpt2_folder), "--pairs", str(ioi_file), "--steps", "5",
                  "--sparsity", "0.9", "--no-progress", "--out", str(out), "--threads", "1"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "ioi_seed0: " in printed and "logit difference: full" in printed
     circuit = Circuit.from_json(out / "ioi_seed0.json")
     meta = circuit.metadata
+    assert meta["sparsity_limited_by_open_edges"] == ("the search closed every other edge" in captured.err)
+    # had fewer edges been open than the budget allows, the same words as for a task's circuits
+    from mechlab.cli.circuits import _print_prompt_circuit
+
+    meta.update(sparsity_limited_by_open_edges=True, n_edges_asked=circuit.n_edges + 5)
+    _print_prompt_circuit("ioi_seed0", circuit, out)
+    note = capsys.readouterr().err
+    assert f"ioi_seed0: kept {circuit.n_edges} edges where sparsity 0.9 allows {circuit.n_edges + 5}" in note
     assert meta["target"] == "all" and meta["metric"] == "logit-diff" and meta["model_kind"] == "hf-folder"
     assert meta["data"]["n_train"] == 6 and meta["data"]["n_test"] == 6
     for key in ("logit_diff_full", "logit_diff_circuit", "logit_diff_ablated", "logit_diff_recovered"):
