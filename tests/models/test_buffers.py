@@ -23,6 +23,14 @@ TRANSFORMERS = {
                         "parallel_attn_mlp": True, "io": "tokens", "d_vocab": 7, "n_ctx": 9},
 }  # fmt: skip
 MAPS = ("hook_attn_scores", "hook_pattern")
+RECURRENT = {
+    "lstm": {"arch": "lstm", "d_model": 8, "n_layers": 2, **IO},
+    "dense_ssm": {"arch": "dense_ssm", "d_model": 8, "d_state": 5, "n_layers": 2, **IO},
+    "mamba": {"arch": "mamba", "d_model": 8, "d_state": 3, "n_layers": 2, **IO},
+}
+# what each recurrent family writes into the pool: its per-step trajectories
+TRAJECTORIES = {"lstm": ("lstm.hook_i", "lstm.hook_c", "lstm.hook_h"), "dense_ssm": ("ssm.hook_A", "ssm.hook_h"),
+                "mamba": ("mixer.hook_ssm_state",)}  # fmt: skip
 
 
 @pytest.fixture
@@ -146,3 +154,25 @@ def test_torch_still_counts_the_holders_of_a_storage():
     assert buffers._storage_use_count(t) == 2
     del view
     assert buffers._storage_use_count(t) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("family", list(RECURRENT))
+def test_recurrent_trajectories_go_into_the_pool_and_stay_what_they_were(pool_everything, family, dtype,
+                                                                          monkeypatch):  # fmt: skip
+    model, x = model_and_input(RECURRENT[family], dtype)
+    x2 = torch.randn_like(x)
+    out, cache = cached(model, x)
+    ptrs = pooled_ptrs()
+    for n in cache.keys():
+        if n.endswith(TRAJECTORIES[family]):
+            assert cache[n].untyped_storage().data_ptr() in ptrs, n
+    kept = {n: cache[n].clone() for n in cache.keys()}
+    _, other = cached(model, x2)  # while the first cache lives, its memory is not reused
+    for n in cache.keys():
+        assert torch.equal(cache[n], kept[n]), n
+    del other
+    monkeypatch.setattr(POOL, "enabled", False)
+    out_plain, plain = cached(model, x)
+    assert torch.equal(out, out_plain)
+    assert_same_cache(cache, plain)
