@@ -71,7 +71,7 @@ class CacheBuffers:
         self._lock = threading.Lock()
         self._depth = 0
         self._session = 0
-        self._used: dict[Key, int] = {}  # this session's takes of each key
+        self._used: dict[Key, int] = {}  # takes of each key since the last trim (sessions and between)
         self._wanted: dict[Key, tuple[int, int]] = {}  # key -> (last session using it, takes then)
         self._recent_bytes: list[int] = []  # bytes each recent session took
 
@@ -103,7 +103,6 @@ class CacheBuffers:
         buffers beyond one spare set are dropped (see :meth:`_trim`)."""
         with self._lock:
             if self._depth == 0:
-                self._used = {}
                 self._session += 1
             self._depth += 1
         try:
@@ -121,6 +120,7 @@ class CacheBuffers:
         for key, n in self._used.items():
             self._wanted[key] = (self._session, n)
         taken = sum(n * _nbytes(key) for key, n in self._used.items())
+        self._used = {}
         self._recent_bytes = [*self._recent_bytes, taken][-self.remember :]
         budget = max(self._recent_bytes)
         order = sorted(self._buffers, key=lambda k: self._wanted.get(k, (0, 0))[0], reverse=True)
