@@ -5,15 +5,20 @@ before and after, samples how many *other* threads wanted a core while the run w
 (``/proc/stat``'s running count less the running threads of this process and its
 children, twice a second: well under 1% of a core), and the machine: CPU model and
 cores, torch and its BLAS/LAPACK build (``torch.__config__.show()``), torch's intra- and
-inter-op threads, the device. A run during which other work kept more than
-:data:`LOAD_LIMIT` threads busy on average is **provisional**: its figures say so
-wherever they are printed or rendered (:mod:`mechlab.bench.tables`). Without ``/proc``
-the load averages decide, less the run's own threads.
+inter-op threads, the device.
 
-The load average alone cannot tell: on a quiet machine a benchmark's own threads raise it
-to about their number within a minute, and one benchmark run after another starts at the
-load the previous one left. So the verdict counts other processes' threads; the load
-averages are recorded as they are.
+A run is **provisional** (its figures say so wherever they are printed or rendered,
+:mod:`mechlab.bench.tables`) when any of these exceeds :data:`LOAD_PER_CORE` (0.5) per
+core, 1.0 on a 2-core machine:
+
+- the 1-minute load average before the run;
+- the 1-minute load average after it, less the run's own threads (a benchmark's own
+  threads raise the load average to about their number within a minute);
+- the threads of other processes running, sampled through the run (Linux).
+
+A benchmark run right after another starts at the load the first left (the 1-minute
+average decays by e in a minute): ``scripts/bench_quiet.sh`` waits between runs until it
+is below the limit (:mod:`mechlab.bench.quiet`).
 
 A run's :class:`BenchRecord` prints as a header plus its tables and writes as JSON
 (``mechlab bench ... --json PATH``: atomically, never over an existing file unless
@@ -38,7 +43,7 @@ from typing import Any
 
 from mechlab.io import atomic_write_text
 
-LOAD_LIMIT = 1.0  # other threads wanting a core, on average: above it a run is provisional
+LOAD_PER_CORE = 0.5  # load per core (before, after less the run's threads, others' threads): above it, provisional
 SCHEMA = "mechlab-bench/1"
 SAMPLE_SECONDS = 0.5
 TREE_SECONDS = 5.0  # how often the sampler looks for new child processes (a /proc scan)
@@ -200,6 +205,37 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def load_limit(cores: int | None = None) -> float:
+    """The load above which a run is provisional: :data:`LOAD_PER_CORE` x the cores."""
+    return LOAD_PER_CORE * (cores or os.cpu_count() or 1)
+
+
+def load_verdict(before: Sequence[float] | None, after: Sequence[float] | None, others_mean: float | None,
+                 own_threads: int, cores: int | None = None) -> list[str]:  # fmt: skip
+    """Why a run is provisional (empty: it is not): each measure of other work above
+    :func:`load_limit`, said with its value.
+
+    Args:
+        before: The load averages (1, 5, 15 minutes) before the run, or None.
+        after: The load averages after it, or None.
+        others_mean: Other processes' running threads, mean over the run, or None.
+        own_threads: The threads the run itself kept busy (its torch threads).
+        cores: The machine's cores (default: ``os.cpu_count()``).
+    """
+    cores = cores or os.cpu_count() or 1
+    limit = load_limit(cores)
+    per = f"limit {limit:.2f} = {LOAD_PER_CORE:g} per core x {cores}"
+    reasons = []
+    if before is not None and before[0] > limit:
+        reasons.append(f"load average {before[0]:.2f} before the run ({per})")
+    if after is not None and after[0] - own_threads > limit:
+        reasons.append(f"load average {after[0]:.2f} after the run, {after[0] - own_threads:.2f} beyond its own "
+                       f"{own_threads} thread(s) ({per})")  # fmt: skip
+    if others_mean is not None and others_mean > limit:
+        reasons.append(f"other processes kept {others_mean:.1f} threads running on average ({per})")
+    return reasons
+
+
 @dataclass
 class Table:
     """One printed (and rendered) table: column names, formatted cells, and the numbers.
@@ -273,8 +309,8 @@ class BenchRecord:
             self.load_line(),
         ]
         if self.provisional:
-            lines.append(f"PROVISIONAL: other work kept the machine busy (limit {LOAD_LIMIT:g}); "
-                         "rerun on a quiet machine for figures that count")  # fmt: skip
+            why = "; ".join(self.load.get("reasons") or ["other work kept the machine busy"])
+            lines.append(f"PROVISIONAL: {why}; rerun on a quiet machine for figures that count")
         return lines
 
     def text(self) -> str:
@@ -363,19 +399,17 @@ class Recorder:
 
     def load(self) -> dict[str, Any]:
         """The load so far: averages before and now, other threads' mean and max, the verdict."""
+        import torch
+
         samples = self._monitor.samples
         others = self._monitor.mean
         after = _loadavg()
-        if others is not None:
-            provisional = others > LOAD_LIMIT
-        else:  # no /proc: judge by the load averages, less this run's own threads
-            import torch
-
-            own = torch.get_num_threads()
-            provisional = any(v is not None and v[0] - own > LOAD_LIMIT for v in (self.before, after))
+        own, cores = torch.get_num_threads(), os.cpu_count() or 1
+        reasons = load_verdict(self.before, after, others, own, cores)
         return {"before": self.before, "after": after, "others_mean": None if others is None else round(others, 2),
                 "others_max": max(samples) if samples else None, "samples": len(samples),
-                "limit": LOAD_LIMIT, "provisional": provisional}  # fmt: skip
+                "own_threads": own, "cores": cores, "per_core_limit": LOAD_PER_CORE, "limit": load_limit(cores),
+                "provisional": bool(reasons), "reasons": reasons}  # fmt: skip
 
     def record(self, tables: list[Table], data: dict[str, Any] | None = None) -> BenchRecord:
         """The record of the run so far (call at its end, inside the ``with``)."""

@@ -48,9 +48,9 @@ def describe(record: BenchRecord) -> str:
         f"mechlab {commit[:12]}{'+changes' if commit.endswith('+changes') else ''}; {record.seconds:.0f} s.",
     ]
     if record.provisional:
-        lines += ["", f"**Provisional: measured under load** (other threads running "
-                      f"{ld.get('others_mean', '?')} on average, limit {ld.get('limit', 1.0):g}); "
-                      "rerun with `bash scripts/bench_quiet.sh` on a quiet machine."]  # fmt: skip
+        why = "; ".join(ld.get("reasons") or [f"other threads running {ld.get('others_mean', '?')} on average"])
+        lines += ["", f"**Provisional: measured under load** ({why}); rerun with `bash scripts/bench_quiet.sh` "
+                      "on a quiet machine."]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -17,8 +17,10 @@ from mechlab.bench.timing import Timing, paired_ratio, quartiles, timing_of
 from mechlab.cli import main
 
 
-def make_record(others: int, monkeypatch) -> BenchRecord:
+def make_record(others: int, monkeypatch, load: float = 0.1) -> BenchRecord:
+    """A record taken while ``others`` threads of other processes ran, at load average ``load``."""
     monkeypatch.setattr(record, "_running_threads_elsewhere", lambda tree=None: others)
+    monkeypatch.setattr(record, "_loadavg", lambda: [load, load, load])
     with Recorder("hooks", {"repeats": 3}, command="mechlab bench hooks --repeats 3") as rec:
         table = Table(["family", "cache / plain"], [["transformer", "1.01x [1.00-1.02]"]],
                       values=[{"family": "transformer", "cache_ratio": 1.01}])  # fmt: skip
@@ -39,10 +41,24 @@ def test_a_record_says_where_and_how_it_was_measured(monkeypatch):
 
 
 def test_a_run_while_other_threads_want_the_cores_is_provisional(monkeypatch):
-    rec = make_record(3, monkeypatch)
-    assert rec.provisional and rec.load["others_mean"] == 3
-    assert "PROVISIONAL" in rec.text()
-    assert "**Provisional: measured under load**" in tables.render(rec)
+    rec = make_record(3 * os.cpu_count(), monkeypatch)
+    assert rec.provisional and rec.load["others_mean"] == 3 * os.cpu_count()
+    assert "PROVISIONAL: other processes kept" in rec.text()
+    assert "**Provisional: measured under load** (other processes kept" in tables.render(rec)
+
+
+def test_a_run_started_or_ended_above_half_a_load_per_core_is_provisional(monkeypatch):
+    cores = os.cpu_count()
+    rec = make_record(0, monkeypatch, load=0.6 * cores + torch.get_num_threads())
+    assert rec.provisional and rec.load["limit"] == 0.5 * cores
+    assert any(r.startswith(f"load average {0.6 * cores + torch.get_num_threads():.2f} before") for r in rec.load["reasons"])
+    # after: the run's own threads count in the load average, so they are taken off it
+    assert record.load_verdict([0.1] * 3, [1.9] * 3, 0.0, own_threads=2, cores=2) == []
+    assert record.load_verdict([0.1] * 3, [3.2] * 3, 0.0, own_threads=2, cores=2) == [
+        "load average 3.20 after the run, 1.20 beyond its own 2 thread(s) (limit 1.00 = 0.5 per core x 2)"]
+    assert record.load_verdict([1.01] * 3, None, None, own_threads=1, cores=2)[0].startswith("load average 1.01 before")
+    assert record.load_verdict([0.99] * 3, [0.99] * 3, 0.99, own_threads=0, cores=2) == []
+    assert record.load_verdict([0.5] * 3, [0.5] * 3, 0.6, own_threads=1, cores=1)[0].startswith("other processes kept 0.6")
 
 
 def test_the_sampler_counts_a_child_process_as_this_runs_own_work():
