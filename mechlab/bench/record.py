@@ -224,15 +224,16 @@ def load_verdict(before: Sequence[float] | None, after: Sequence[float] | None, 
     """
     cores = cores or os.cpu_count() or 1
     limit = load_limit(cores)
-    per = f"limit {limit:.2f} = {LOAD_PER_CORE:g} per core x {cores}"
     reasons = []
     if before is not None and before[0] > limit:
-        reasons.append(f"load average {before[0]:.2f} before the run ({per})")
+        reasons.append(f"load average {before[0]:.2f} before the run")
     if after is not None and after[0] - own_threads > limit:
-        reasons.append(f"load average {after[0]:.2f} after the run, {after[0] - own_threads:.2f} beyond its own "
-                       f"{own_threads} thread(s) ({per})")  # fmt: skip
+        reasons.append(f"load average {after[0]:.2f} after it, {after[0] - own_threads:.2f} beyond its own "
+                       f"{own_threads} thread(s)")  # fmt: skip
     if others_mean is not None and others_mean > limit:
-        reasons.append(f"other processes kept {others_mean:.1f} threads running on average ({per})")
+        reasons.append(f"other processes kept {others_mean:.1f} threads running on average")
+    if reasons:
+        reasons[-1] += f" (limit {limit:.2f}: {LOAD_PER_CORE:g} per core x {cores} cores)"
     return reasons
 
 

@@ -25,7 +25,8 @@ import re
 import sys
 from pathlib import Path
 
-from mechlab.bench.record import BenchRecord
+from mechlab.bench.goals import row_goals
+from mechlab.bench.record import BenchRecord, Table
 from mechlab.io import atomic_write_text
 
 BLOCK = re.compile(r"(<!-- bench: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
@@ -55,11 +56,16 @@ def describe(record: BenchRecord) -> str:
 
 
 def render(record: BenchRecord) -> str:
-    """A record as Markdown: its description, then each table (titles and notes as text)."""
+    """A record as Markdown: its description, then each table (titles and notes as text),
+    with a last column of goals (:mod:`mechlab.bench.goals`) where the benchmark has them."""
     parts = [describe(record)]
     for table in record.tables:
         if table.title:
             parts.append(table.title)
+        goals = row_goals(record.bench, table.values, record.settings)
+        if goals is not None and len(goals) == len(table.rows):
+            table = Table([*table.columns, "goal"], [[*r, g] for r, g in zip(table.rows, goals, strict=True)],
+                          table.title, table.values, table.notes)  # fmt: skip
         parts.append(table.markdown())
         if table.notes:
             parts.append("\n".join(f"- {n.strip()}" for n in table.notes))

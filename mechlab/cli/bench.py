@@ -40,7 +40,7 @@ def _recorded(bench: str, settings: dict[str, Any], device: str, json_path: Path
 
 @bench_app.command("prune")
 def bench_prune_(
-    presets: str = typer.Option("tiny,small,medium", help="Comma-separated transformer presets (also big)."),
+    presets: str = typer.Option("tiny,small,medium", help="Comma-separated model presets: transformers (also big, gpt2_small_shape) or recurrent (mamba_130m_shape)."),
     batch: int = typer.Option(16, min=1),
     n_pos: int = typer.Option(64, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(5, min=1),
@@ -54,10 +54,15 @@ def bench_prune_(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
-    from mechlab.bench.commands import check_transformer_presets, prune_table, reference_table
+    from mechlab.bench.commands import (
+        check_model_presets,
+        check_transformer_presets,
+        prune_table,
+        reference_table,
+    )
 
     names = [p.strip() for p in presets.split(",") if p.strip()]
-    check_transformer_presets(names)
+    (check_transformer_presets if reference is not None else check_model_presets)(names)
     if reference is not None:
         from mechlab.bench.reference import check_reference
 

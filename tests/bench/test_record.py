@@ -55,7 +55,7 @@ def test_a_run_started_or_ended_above_half_a_load_per_core_is_provisional(monkey
     # after: the run's own threads count in the load average, so they are taken off it
     assert record.load_verdict([0.1] * 3, [1.9] * 3, 0.0, own_threads=2, cores=2) == []
     assert record.load_verdict([0.1] * 3, [3.2] * 3, 0.0, own_threads=2, cores=2) == [
-        "load average 3.20 after the run, 1.20 beyond its own 2 thread(s) (limit 1.00 = 0.5 per core x 2)"]
+        "load average 3.20 after it, 1.20 beyond its own 2 thread(s) (limit 1.00: 0.5 per core x 2 cores)"]
     assert record.load_verdict([1.01] * 3, None, None, own_threads=1, cores=2)[0].startswith("load average 1.01 before")
     assert record.load_verdict([0.99] * 3, [0.99] * 3, 0.99, own_threads=0, cores=2) == []
     assert record.load_verdict([0.5] * 3, [0.5] * 3, 0.6, own_threads=1, cores=1)[0].startswith("other processes kept 0.6")
