@@ -1,78 +1,112 @@
 #!/usr/bin/env bash
-# Run the benchmarks docs/benchmarks.md shows, on a quiet machine, and refresh its tables.
+# Run every benchmark docs/benchmarks.md shows, on a quiet machine, and regenerate its tables.
 #
-#   bash scripts/bench_quiet.sh                 # everything (about 15 minutes on 2 idle cores)
-#   ONLY="hooks prune" bash scripts/bench_quiet.sh
-#   ALLOW_LOAD=1 bash scripts/bench_quiet.sh    # run anyway; the records say "provisional"
+#   bash scripts/bench_quiet.sh               # everything: about 20 minutes on 2 idle cores
+#   ONLY="hooks-1 prune-1" bash scripts/bench_quiet.sh   # some steps (names below)
+#   ALLOW_LOAD=1 bash scripts/bench_quiet.sh  # run on a busy machine; the records say "provisional"
+#   QUICK=1 bash scripts/bench_quiet.sh [DIR] # tiny sizes into DIR (default: a new temp folder),
+#                                             # the page rendered there; what tests/scripts runs
+#   REFERENCE=/tmp/edge-pruning REFERENCE_PYTHON=PY4 bash scripts/bench_quiet.sh
+#                                             # also Edge Pruning beside ours (docs: "Against the
+#                                             # reference implementation"; needs transformers 4.x)
 #
-# Every run writes its record to docs/bench/<name>.json (--json ... --force: these files
-# exist to be refreshed), with the load, threads, torch build and machine it ran on, then
-# `python -m mechlab.bench.tables docs/benchmarks.md` renders the page's tables from them.
-# A run during which other processes kept more than one thread busy on average is marked
-# provisional in its record and on the page (mechlab.bench.record), so a run that turns
-# out noisy says so; this script also refuses to start while the machine is busy.
-# The prose around the tables is written by hand: read the new tables, then the prose.
+# Before the first benchmark the script waits up to WAIT seconds (600) for a quiet machine:
+# 1-minute load average and other processes' running threads at most 0.5 per core
+# (python -m mechlab.bench.quiet); still busy, it refuses (exit 2), saying the load. Between
+# two benchmarks it waits up to COOL seconds (180) for the load the last one left to decay.
+# Every step writes its record to docs/bench/<step>.json (--json ... --force: these files
+# exist to be refreshed) with the load before and after, threads, torch and BLAS build and
+# machine; a run under load is marked provisional in its record and on the page. Then
+# `python -m mechlab.bench.tables docs/benchmarks.md` renders every table of the
+# page from the records, each with its command, load and threads, and the goal beside each
+# row (mechlab.bench.goals). The prose around the tables is written by hand: read the new
+# tables, then the prose. Exit 1 when a record came out provisional.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=docs/bench
-ONLY=${ONLY:-"hooks prune scan startup train ensemble"}
 PYTHON=${PYTHON:-python}
 MECHLAB=${MECHLAB:-mechlab}
+QUICK=${QUICK:-0}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
-busy() {  # other threads running on average over 5 s (this shell's own are about 0)
-  "$PYTHON" - <<'EOF'
-import time
-from mechlab.bench.record import _running_threads_elsewhere
-xs = []
-for _ in range(10):
-    n = _running_threads_elsewhere()
-    xs.append(0 if n is None else n)
-    time.sleep(0.5)
-print(f"{sum(xs) / len(xs):.1f}")
-EOF
-}
-
-load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
-others=$(busy)
-echo "load average $load, other threads running $others on average"
-if [[ "${ALLOW_LOAD:-0}" != 1 ]] && awk -v o="$others" 'BEGIN { exit !(o > 1.0) }'; then
-  echo "bench_quiet: the machine is busy (other threads running $others on average, limit 1);" >&2
-  echo "stop the other jobs, or run with ALLOW_LOAD=1 to record provisional figures" >&2
-  exit 2
+if [[ "$QUICK" == 1 ]]; then
+  ROOT=${1:-$(mktemp -d "${TMPDIR:-/tmp}/bench-quiet.XXXXXX")}
+  ALLOW_LOAD=1
+  mkdir -p "$ROOT/docs"
+  cp docs/benchmarks.md "$ROOT/docs/benchmarks.md"
+else
+  ROOT=.
 fi
+OUT=$ROOT/docs/bench
+PAGE=$ROOT/docs/benchmarks.md
 mkdir -p "$OUT"
-started=$(date +%s)
+ALLOW_LOAD=${ALLOW_LOAD:-0}
+WAIT=${WAIT:-600}
+COOL=${COOL:-180}
 
-step() {  # step NAME COMMAND...: run one benchmark, timed, its record in $OUT/NAME.json
-  local name=$1; shift
-  local t0; t0=$(date +%s)
-  echo; echo "== $name: $*"
-  "$@" --json "$OUT/$name.json" --force
-  echo "== $name: $(( $(date +%s) - t0 )) s"
+quiet() {  # quiet SECONDS: wait for load <= 0.5 per core; status 2 when still busy
+  "$PYTHON" -m mechlab.bench.quiet --wait "$1"
 }
-wanted() { [[ " $ONLY " == *" $1 "* ]]; }
 
-for threads in 1 2; do
-  if wanted hooks; then  # issue 25: caching costs, every family, beside nnsight
-    step "hooks-$threads" "$MECHLAB" bench hooks --repeats 5 --threads "$threads"
+if [[ "$ALLOW_LOAD" != 1 ]]; then
+  quiet "$WAIT" || { echo "bench_quiet: refused (the machine is busy); ALLOW_LOAD=1 records provisional figures" >&2; exit 2; }
+fi
+
+started=$(date +%s)
+ran=()
+# step NAME SECONDS FULL_ARGS QUICK_ARGS: one benchmark (SECONDS: its expected time on 2
+# idle cores), its record in $OUT/NAME.json
+step() {
+  local name=$1 expect=$2 full=$3 small=$4
+  if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return 0; fi
+  local args=$full
+  [[ "$QUICK" == 1 ]] && args=$small
+  if [[ "$ALLOW_LOAD" != 1 && ${#ran[@]} -gt 0 ]]; then
+    quiet "$COOL" || echo "bench_quiet: still busy after $COOL s; $name will be recorded as provisional" >&2
   fi
-  if wanted prune; then  # pruning step vs forward+backward, memory vs naive stacking
-    step "prune-$threads" "$MECHLAB" bench prune --presets tiny,small,medium --threads "$threads" --straightforward
-  fi
-done
-if wanted scan; then
-  step scan-1 "$MECHLAB" bench scan --repeats 5 --threads 1
+  local t0; t0=$(date +%s)
+  echo; echo "== $name (about $expect s): $MECHLAB bench $args"
+  # shellcheck disable=SC2086  # the arguments are words
+  $MECHLAB bench $args --json "$OUT/$name.json" --force
+  echo "== $name: $(( $(date +%s) - t0 )) s"
+  ran+=("$name")
+}
+
+Q="--batch 2 --pos 8 --repeats 1"
+# issue 25: what caching costs, every family, beside nnsight, at 1 and 2 threads
+step hooks-1 90 "hooks --repeats 5 --threads 1" "hooks $Q --threads 1"
+step hooks-2 60 "hooks --repeats 5 --threads 2" "hooks $Q --threads 2"
+# issue 25: a pruning step vs forward+backward, memory vs naive stacking
+step prune-1 90 "prune --presets tiny,small,medium --threads 1 --straightforward" \
+  "prune --presets tiny $Q --threads 1 --straightforward"
+step prune-big-1 150 "prune --presets big --threads 1 --no-memory --straightforward --repeats 3" \
+  "prune --presets tiny $Q --threads 1 --no-memory --straightforward"
+step prune-scale-1 120 "prune --presets gpt2_small_shape,mamba_130m_shape --threads 1 --batch 4 --pos 32 --repeats 3 --straightforward" \
+  "prune --presets tiny,st_mamba_small $Q --threads 1 --straightforward"
+if [[ -n "${REFERENCE:-}" ]]; then
+  step prune-reference-1 240 "prune --presets tiny,small,medium --threads 1 --reference $REFERENCE --reference-python ${REFERENCE_PYTHON:-$PYTHON}" \
+    "prune --presets tiny $Q --threads 1 --reference $REFERENCE --reference-python ${REFERENCE_PYTHON:-$PYTHON}"
 fi
-if wanted startup; then
-  step startup "$MECHLAB" bench startup --repeats 5
+step scan-1 60 "scan --repeats 5 --threads 1" "scan $Q --threads 1"
+step train-tiny-1 150 "train --preset tiny --batch 256 --repeats 3 --threads 1" \
+  "train --preset tiny --batch 2 --repeats 1 --threads 1"
+step train-recall-1 90 "train --preset recall-cpu --steps 10 --repeats 15 --threads 1" \
+  "train --preset recall-cpu --batch 2 --repeats 1 --threads 1"
+step startup 40 "startup --repeats 5" "startup --repeats 1"
+step ensemble-1 300 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
+  "ensemble --presets st_lstm_small --steps 1 --n-train 16 --repeats 1"
+
+"$PYTHON" -m mechlab.bench.tables "$PAGE" --root "$ROOT"
+provisional=$("$PYTHON" - "$OUT" "${ran[@]}" <<'EOF'
+import sys
+from pathlib import Path
+from mechlab.bench.record import BenchRecord
+out = Path(sys.argv[1])
+print(" ".join(n for n in sys.argv[2:] if BenchRecord.read(out / f"{n}.json").provisional))
+EOF
+)
+echo "bench_quiet: ${#ran[@]} benchmark(s) in $(( $(date +%s) - started )) s; records in $OUT, tables in $PAGE"
+if [[ -n "$provisional" ]]; then
+  echo "bench_quiet: provisional (measured under load): $provisional" >&2
+  [[ "$QUICK" == 1 ]] || exit 1
 fi
-if wanted train; then
-  step train-tiny-1 "$MECHLAB" bench train --preset tiny --batch 256 --threads 1
-fi
-if wanted ensemble; then
-  step ensemble-1 "$MECHLAB" bench ensemble \
-    --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3
-fi
-"$PYTHON" -m mechlab.bench.tables docs/benchmarks.md
-echo "bench_quiet: done in $(( $(date +%s) - started )) s; review docs/benchmarks.md's prose against the new tables"
+echo "review docs/benchmarks.md's prose against the new tables"

@@ -13,6 +13,9 @@ command runs in, the repository root)::
 
     python -m mechlab.bench.tables docs/benchmarks.md          # rewrite the blocks
     python -m mechlab.bench.tables docs/benchmarks.md --check  # exit 1 when one is stale
+    python -m mechlab.bench.tables docs/benchmarks.md --strict # exit 2 when a record is missing
+
+A block whose record does not exist yet shows a placeholder (``--strict`` refuses instead).
 
 The prose around the blocks is written by hand; ``scripts/bench_quiet.sh`` runs the
 benchmarks on a quiet machine and then this.
@@ -72,22 +75,34 @@ def render(record: BenchRecord) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def regenerate(text: str, root: Path) -> tuple[str, list[str]]:
-    """``text`` with every block re-rendered from its record; also the paths it read.
+def placeholder(path: str) -> str:
+    """What a block shows before its record exists."""
+    return (f"*No record yet: `bash scripts/bench_quiet.sh` writes `{path}` (see the top of this page); "
+            "until then the figures in the text are the earlier hand-recorded ones.*\n")
+
+
+def regenerate(text: str, root: Path, strict: bool = False) -> tuple[str, list[str], list[str]]:
+    """``text`` with every block re-rendered from its record; also the paths it read and
+    the paths that have no record yet (rendered as :func:`placeholder`).
 
     Raises:
-        ValueError: A block names a file that does not exist or is not a record.
+        ValueError: A block names a file that is not a record, or (``strict``) no file.
     """
     paths: list[str] = []
+    missing: list[str] = []
 
     def block(m: re.Match[str]) -> str:
-        path = root / m.group("path")
+        name = m.group("path")
+        path = root / name
         if not path.is_file():
-            raise ValueError(f"{m.group('path')}: no such record (run its benchmark with --json first)")
-        paths.append(m.group("path"))
+            if strict:
+                raise ValueError(f"{name}: no such record (run its benchmark with --json first)")
+            missing.append(name)
+            return m.group(1) + placeholder(name) + m.group(4)
+        paths.append(name)
         return m.group(1) + render(BenchRecord.read(path)) + m.group(4)
 
-    return BLOCK.sub(block, text), paths
+    return BLOCK.sub(block, text), paths, missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("page", type=Path, help="the Markdown page (docs/benchmarks.md)")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="where the records' paths start (.)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a block is not its record's rendering")
+    parser.add_argument("--strict", action="store_true", help="fail (exit 2) when a block's record does not exist")
     args = parser.parse_args(argv)
     try:
         text = args.page.read_text()
-        new, paths = regenerate(text, args.root)
+        new, paths, missing = regenerate(text, args.root, strict=args.strict)
     except (OSError, ValueError) as exc:
         print(f"mechlab.bench.tables: {exc}", file=sys.stderr)
         return 2
@@ -111,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if new != text:
         atomic_write_text(args.page, new)
     print(f"{args.page}: {len(paths)} table block(s) rendered from {', '.join(paths) or 'no records'}")
+    if missing:
+        print(f"{args.page}: no record yet for {', '.join(missing)} (placeholders)")
     return 0
 
 

@@ -118,6 +118,12 @@ def test_tables_render_every_block_of_a_page_from_its_record(tmp_path, monkeypat
     assert "old" not in text
     assert tables.main([str(page), "--root", str(tmp_path), "--check"]) == 0
     page.write_text("<!-- bench: missing.json -->\n<!-- /bench -->\n")
+    assert tables.main([str(page), "--root", str(tmp_path), "--strict"]) == 2
+    assert page.read_text() == "<!-- bench: missing.json -->\n<!-- /bench -->\n"
+    assert tables.main([str(page), "--root", str(tmp_path)]) == 0
+    assert "No record yet: `bash scripts/bench_quiet.sh` writes `missing.json`" in page.read_text()
+    (tmp_path / "bad.json").write_text('{"schema": "other"}')
+    page.write_text("<!-- bench: bad.json -->\n<!-- /bench -->\n")
     assert tables.main([str(page), "--root", str(tmp_path)]) == 2
 
 
