@@ -67,6 +67,8 @@ def render(record: BenchRecord) -> str:
             parts.append(table.title)
         goals = row_goals(record.bench, table.values, record.settings)
         if goals is not None and len(goals) == len(table.rows):
+            if record.provisional:
+                goals = [g if g == "-" else f"(provisional) {g}" for g in goals]
             table = Table([*table.columns, "goal"], [[*r, g] for r, g in zip(table.rows, goals, strict=True)],
                           table.title, table.values, table.notes)  # fmt: skip
         parts.append(table.markdown())

@@ -46,3 +46,5 @@ def test_the_page_shows_the_goal_column_computed_from_the_rows_numbers():
     assert "| transformer | 1.20x | <= 1.05x and below nnsight: missed (1.20x)" in text
     assert "| lstm | 1.40x | <= 1.50x: **met** (1.40x, nnsight 3.00x) |" in text
     assert goals.row_goals("ensemble", table.values, {}) is None
+    rec.load["provisional"] = True
+    assert "| lstm | 1.40x | (provisional) <= 1.50x: **met**" in tables.render(rec)
