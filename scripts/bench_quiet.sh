@@ -20,7 +20,8 @@
 # `python -m mechlab.bench.tables docs/benchmarks.md` renders every table of the
 # page from the records, each with its command, load and threads, and the goal beside each
 # row (mechlab.bench.goals). The prose around the tables is written by hand: read the new
-# tables, then the prose. Exit 1 when a record came out provisional.
+# tables, then the prose. A benchmark that fails does not stop the others; exit 1 when one
+# failed or a record came out provisional.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -53,6 +54,7 @@ fi
 
 started=$(date +%s)
 ran=()
+failed=()
 # step NAME SECONDS FULL_ARGS QUICK_ARGS: one benchmark (SECONDS: its expected time on 2
 # idle cores), its record in $OUT/NAME.json
 step() {
@@ -66,9 +68,13 @@ step() {
   local t0; t0=$(date +%s)
   echo; echo "== $name (about $expect s): $MECHLAB bench $args"
   # shellcheck disable=SC2086  # the arguments are words
-  $MECHLAB bench $args --json "$OUT/$name.json" --force
-  echo "== $name: $(( $(date +%s) - t0 )) s"
-  ran+=("$name")
+  if $MECHLAB bench $args --json "$OUT/$name.json" --force; then
+    echo "== $name: $(( $(date +%s) - t0 )) s"
+    ran+=("$name")
+  else
+    echo "== $name: FAILED after $(( $(date +%s) - t0 )) s (its old record, if any, is kept)" >&2
+    failed+=("$name")
+  fi
 }
 
 Q="--batch 2 --pos 8 --repeats 1"
@@ -105,6 +111,10 @@ print(" ".join(n for n in sys.argv[2:] if BenchRecord.read(out / f"{n}.json").pr
 EOF
 )
 echo "bench_quiet: ${#ran[@]} benchmark(s) in $(( $(date +%s) - started )) s; records in $OUT, tables in $PAGE"
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "bench_quiet: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
 if [[ -n "$provisional" ]]; then
   echo "bench_quiet: provisional (measured under load): $provisional" >&2
   [[ "$QUICK" == 1 ]] || exit 1

@@ -31,13 +31,21 @@ def test_the_script_parses():
 
 
 def test_quick_mode_renders_the_tables_from_the_new_records_in_a_temp_folder(tmp_path):
+    # hooks-2 fails (a stand-in `mechlab` exits 3 for it): the steps after it still run
+    fake = tmp_path / "mechlab"
+    fake.write_text('#!/bin/sh\ncase "$*" in *"--threads 2"*) echo "hooks broke" >&2; exit 3;; esac\n'
+                    f'exec {sys.executable} -m mechlab "$@"\n')  # fmt: skip
+    fake.chmod(0o755)
+    out = tmp_path / "out"
     before = snapshot()
-    done = run_script({"QUICK": "1", "ONLY": "hooks-1"}, str(tmp_path))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    record = json.loads((tmp_path / "docs" / "bench" / "hooks-1.json").read_text())
+    done = run_script({"QUICK": "1", "ONLY": "hooks-1 hooks-2 scan-1", "MECHLAB": str(fake)}, str(out))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "== hooks-2: FAILED" in done.stderr and "bench_quiet: FAILED: hooks-2" in done.stderr
+    assert not (out / "docs" / "bench" / "hooks-2.json").exists() and (out / "docs" / "bench" / "scan-1.json").is_file()
+    record = json.loads((out / "docs" / "bench" / "hooks-1.json").read_text())
     assert record["settings"]["batch"] == 2 and record["machine"]["threads"] == 1
     assert len(record["load"]["before"]) == 3 and "provisional" in record
-    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    page = (out / "docs" / "benchmarks.md").read_text()
     block = page.split("<!-- bench: docs/bench/hooks-1.json -->\n", 1)[1].split("<!-- /bench -->", 1)[0]
     assert block.startswith("`mechlab bench hooks --batch 2 --pos 8 --repeats 1 --threads 1 --json")
     assert "1 intra-op" in block and "load average" in block
@@ -46,6 +54,8 @@ def test_quick_mode_renders_the_tables_from_the_new_records_in_a_temp_folder(tmp
     body = rows[1:]
     assert [r.split(" | ")[0] for r in body] == ["| transformer", "| lstm", "| dense_ssm", "| mamba"]
     assert all(re.search(r"\| (\(provisional\) )?<= 1\.\d\dx", r) for r in body)
+    assert "`mechlab bench scan --batch 2 --pos 8 --repeats 1 --threads 1 --json" in page
+    assert "<!-- bench: docs/bench/hooks-2.json -->\n*No record yet" in page
     assert snapshot() == before  # the repository's page and records are left alone
 
 
@@ -70,3 +80,4 @@ def test_a_busy_machine_is_refused_before_anything_runs(tmp_path):
     assert done.returncode == 2
     assert "busy: load average 7.00" in done.stderr and "refused" in done.stderr and "==" not in done.stdout
     assert snapshot() == before
+
