@@ -43,6 +43,13 @@ Batch = tuple[Tensor, Tensor, Tensor]  # inputs [batch, pos, d_in], targets [bat
 
 # Contender names, in the order they are interleaved and reported.
 CONTENDERS = ("trainer", "minimal", "trainer+data", "minimal+data", "data")
+LABELS = {
+    "trainer": "trainer.train_step (pre-generated batches)",
+    "minimal": "minimal loop (pre-generated batches)",
+    "trainer+data": "trainer.train_step (draws its batch)",
+    "minimal+data": "minimal loop (draws its batch)",
+    "data": "task.batch alone",
+}
 RATIO_GOAL = 0.95  # trainer examples/s over minimal examples/s
 DATA_SHARE_GOAL = 0.10  # task.batch time over a full trainer step
 
@@ -225,17 +232,10 @@ class TrainBenchResult:
     def table(self) -> Table:
         """The result as a :class:`~mechlab.bench.record.Table`: one row per contender, the
         ratios and goals as notes (what :meth:`format_table` prints)."""
-        labels = {
-            "trainer": "trainer.train_step (pre-generated batches)",
-            "minimal": "minimal loop (pre-generated batches)",
-            "trainer+data": "trainer.train_step (draws its batch)",
-            "minimal+data": "minimal loop (draws its batch)",
-            "data": "task.batch alone",
-        }
         cells, values = [], []
         for name in CONTENDERS:
             t, cpu = self.timings[name], self.cpu_timings[name]
-            cells.append([labels[name], f"{t.median * 1e3:.1f}", f"{t.q1 * 1e3:.1f}-{t.q3 * 1e3:.1f}",
+            cells.append([LABELS[name], f"{t.median * 1e3:.1f}", f"{t.q1 * 1e3:.1f}-{t.q3 * 1e3:.1f}",
                           f"{self.examples_per_s(t.median):,.1f}" if name != "data" else "-",
                           f"{cpu.median * 1e3:.1f}"])  # fmt: skip
             values.append({"contender": name, "s_per_step": t.median, "cpu_s_per_step": cpu.median})
@@ -247,18 +247,11 @@ class TrainBenchResult:
 
     def format_table(self) -> str:
         """The result as aligned text: one row per contender, then the ratios and goals."""
-        labels = {
-            "trainer": "trainer.train_step (pre-generated batches)",
-            "minimal": "minimal loop (pre-generated batches)",
-            "trainer+data": "trainer.train_step (draws its batch)",
-            "minimal+data": "minimal loop (draws its batch)",
-            "data": "task.batch alone",
-        }
         rows = [("contender", "ms/step", "q1-q3 ms", "examples/s", "CPU ms/step")]
         for name in CONTENDERS:
             t = self.timings[name]
             rows.append((
-                labels[name], f"{t.median * 1e3:.1f}", f"{t.q1 * 1e3:.1f}-{t.q3 * 1e3:.1f}",
+                LABELS[name], f"{t.median * 1e3:.1f}", f"{t.q1 * 1e3:.1f}-{t.q3 * 1e3:.1f}",
                 f"{self.examples_per_s(t.median):,.1f}" if name != "data" else "-",
                 f"{self.cpu_timings[name].median * 1e3:.1f}",
             ))
