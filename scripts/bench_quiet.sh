@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every benchmark docs/benchmarks.md shows, on a quiet machine, and regenerate its tables.
 #
-#   bash scripts/bench_quiet.sh               # everything: about 20 minutes on 2 idle cores
+#   bash scripts/bench_quiet.sh               # everything: 15-20 minutes on 2 idle cores
 #   ONLY="hooks-1 prune-1" bash scripts/bench_quiet.sh   # some steps (names below)
 #   ALLOW_LOAD=1 bash scripts/bench_quiet.sh  # run on a busy machine; the records say "provisional"
 #   QUICK=1 bash scripts/bench_quiet.sh [DIR] # tiny sizes into DIR (default: a new temp folder),
@@ -53,10 +53,14 @@ if [[ "$ALLOW_LOAD" != 1 ]]; then
 fi
 
 started=$(date +%s)
+if [[ -z "${ONLY:-}" && "$QUICK" != 1 ]]; then
+  echo "bench_quiet: every step, about 15 minutes on 2 idle cores (each step says its own)"
+fi
 ran=()
 failed=()
 # step NAME SECONDS FULL_ARGS QUICK_ARGS: one benchmark (SECONDS: its expected time on 2
-# idle cores), its record in $OUT/NAME.json
+# idle cores, from its CPU time at --repeats 1 under load, scaled to its repeats), its
+# record in $OUT/NAME.json
 step() {
   local name=$1 expect=$2 full=$3 small=$4
   if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return 0; fi
@@ -79,26 +83,26 @@ step() {
 
 Q="--batch 2 --pos 8 --repeats 1"
 # issue 25: what caching costs, every family, beside nnsight, at 1 and 2 threads
-step hooks-1 90 "hooks --repeats 5 --threads 1" "hooks $Q --threads 1"
-step hooks-2 60 "hooks --repeats 5 --threads 2" "hooks $Q --threads 2"
+step hooks-1 60 "hooks --repeats 5 --threads 1" "hooks $Q --threads 1"
+step hooks-2 40 "hooks --repeats 5 --threads 2" "hooks $Q --threads 2"
 # issue 25: a pruning step vs forward+backward, memory vs naive stacking
-step prune-1 90 "prune --presets tiny,small,medium --threads 1 --straightforward" \
+step prune-1 45 "prune --presets tiny,small,medium --threads 1 --straightforward" \
   "prune --presets tiny $Q --threads 1 --straightforward"
-step prune-big-1 150 "prune --presets big --threads 1 --no-memory --straightforward --repeats 3" \
+step prune-big-1 80 "prune --presets big --threads 1 --no-memory --straightforward --repeats 3" \
   "prune --presets tiny $Q --threads 1 --no-memory --straightforward"
-step prune-scale-1 120 "prune --presets gpt2_small_shape,mamba_130m_shape --threads 1 --batch 4 --pos 32 --repeats 3 --straightforward" \
+step prune-scale-1 60 "prune --presets gpt2_small_shape,mamba_130m_shape --threads 1 --batch 4 --pos 32 --repeats 3 --straightforward" \
   "prune --presets tiny,st_mamba_small $Q --threads 1 --straightforward"
 if [[ -n "${REFERENCE:-}" ]]; then
   step prune-reference-1 240 "prune --presets tiny,small,medium --threads 1 --reference $REFERENCE --reference-python ${REFERENCE_PYTHON:-$PYTHON}" \
     "prune --presets tiny $Q --threads 1 --reference $REFERENCE --reference-python ${REFERENCE_PYTHON:-$PYTHON}"
 fi
-step scan-1 60 "scan --repeats 5 --threads 1" "scan $Q --threads 1"
-step train-tiny-1 150 "train --preset tiny --batch 256 --repeats 3 --threads 1" \
+step scan-1 40 "scan --repeats 5 --threads 1" "scan $Q --threads 1"
+step train-tiny-1 165 "train --preset tiny --batch 256 --repeats 3 --threads 1" \
   "train --preset tiny --batch 2 --repeats 1 --threads 1"
-step train-recall-1 90 "train --preset recall-cpu --steps 10 --repeats 15 --threads 1" \
+step train-recall-1 50 "train --preset recall-cpu --steps 10 --repeats 15 --threads 1" \
   "train --preset recall-cpu --batch 2 --repeats 1 --threads 1"
-step startup 40 "startup --repeats 5" "startup --repeats 1"
-step ensemble-1 300 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
+step startup 25 "startup --repeats 5" "startup --repeats 1"
+step ensemble-1 240 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
   "ensemble --presets st_lstm_small --steps 1 --n-train 16 --repeats 1"
 
 "$PYTHON" -m mechlab.bench.tables "$PAGE" --root "$ROOT"
