@@ -102,7 +102,7 @@ step train-tiny-1 165 "train --preset tiny --batch 256 --repeats 3 --threads 1" 
 step train-recall-1 50 "train --preset recall-cpu --steps 10 --repeats 15 --threads 1" \
   "train --preset recall-cpu --batch 2 --repeats 1 --threads 1"
 step startup 25 "startup --repeats 5" "startup --repeats 1"
-step ensemble-1 240 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
+step ensemble-1 170 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
   "ensemble --presets st_lstm_small --steps 1 --n-train 16 --repeats 1"
 
 "$PYTHON" -m mechlab.bench.tables "$PAGE" --root "$ROOT"
