@@ -90,16 +90,16 @@ step prune-1 45 "prune --presets tiny,small,medium --threads 1 --straightforward
   "prune --presets tiny $Q --threads 1 --straightforward"
 step prune-big-1 80 "prune --presets big --threads 1 --no-memory --straightforward --repeats 3" \
   "prune --presets tiny $Q --threads 1 --no-memory --straightforward"
-step prune-scale-1 60 "prune --presets gpt2_small_shape,mamba_130m_shape --threads 1 --batch 4 --pos 32 --repeats 3 --straightforward" \
+step prune-scale-1 100 "prune --presets gpt2_small_shape,mamba_130m_shape --threads 1 --batch 4 --pos 32 --repeats 3 --straightforward" \
   "prune --presets tiny,st_mamba_small $Q --threads 1 --straightforward"
 if [[ -n "${REFERENCE:-}" ]]; then
   step prune-reference-1 240 "prune --presets tiny,small,medium --threads 1 --reference $REFERENCE --reference-python ${REFERENCE_PYTHON:-$PYTHON}" \
     "prune --presets tiny $Q --threads 1 --reference $REFERENCE --reference-python ${REFERENCE_PYTHON:-$PYTHON}"
 fi
-step scan-1 40 "scan --repeats 5 --threads 1" "scan $Q --threads 1"
+step scan-1 55 "scan --repeats 5 --threads 1" "scan $Q --threads 1"
 step train-tiny-1 165 "train --preset tiny --batch 256 --repeats 3 --threads 1" \
   "train --preset tiny --batch 2 --repeats 1 --threads 1"
-step train-recall-1 50 "train --preset recall-cpu --steps 10 --repeats 15 --threads 1" \
+step train-recall-1 65 "train --preset recall-cpu --steps 10 --repeats 7 --threads 1" \
   "train --preset recall-cpu --batch 2 --repeats 1 --threads 1"
 step startup 25 "startup --repeats 5" "startup --repeats 1"
 step ensemble-1 170 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
