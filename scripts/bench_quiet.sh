@@ -37,7 +37,7 @@ if [[ "$QUICK" == 1 ]]; then
 else
   ROOT=.
 fi
-OUT=$ROOT/docs/bench
+if [[ "$ROOT" == . ]]; then OUT=docs/bench; else OUT=$ROOT/docs/bench; fi  # records name their command
 PAGE=$ROOT/docs/benchmarks.md
 mkdir -p "$OUT"
 ALLOW_LOAD=${ALLOW_LOAD:-0}
