@@ -6,11 +6,14 @@ compiled Tracr programs.
     nice -n 19 python examples/bench_methods.py --threads 1 \
         [--ckpt examples/checkpoints/recall-cpu/last.pt] \
         [--planted tests.prune.planted_cases:cases] [--seeds 0,1] [--tracr-seeds 0,1,2] \
-        [--methods prune,eap,eap-ig,eap-ig-inputs,exact,acdc] [--out methods.json]
+        [--methods prune,eap,eap-ig,eap-ig-inputs,exact,acdc] [--out methods.json [--force]]
 
 ``--planted MODULE:FUNCTION`` names the planted generator: a function of the seeds that
 returns :class:`mechlab.bench.methods.PlantedCase` items (run from the repository root to
 use the test suite's). ``--planted none`` and ``--tracr-seeds none`` leave those columns out.
+The JSON records how the run was measured (machine, torch build, threads, load:
+:mod:`mechlab.bench.record`; a run under load is marked provisional) and is never written
+over an existing file unless ``--force``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 import torch
 
 from mechlab.bench.methods import bench_methods, tracr_cases
+from mechlab.bench.record import Recorder, check_json_path
 from mechlab.io import atomic_write_text
 from mechlab.pipelines import checkpoint_prune_data
 from mechlab.prune.methods import METHODS
@@ -43,19 +47,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tracr-seeds", default="0,1,2")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="write the table's JSON here")
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     args = parser.parse_args(argv)
+    try:
+        check_json_path(args.out, args.force)  # before the run, not after it
+    except ValueError as exc:
+        parser.exit(2, f"bench_methods: {str(exc).replace('--json', '--out')}\n")
     torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
-    planted = []
-    if args.planted != "none":
-        sys.path.insert(0, str(Path.cwd()))
-        module, _, name = args.planted.partition(":")
-        planted = getattr(importlib.import_module(module), name)(_seeds(args.seeds))
-    tracr = tracr_cases(seeds=_seeds(args.tracr_seeds)) if _seeds(args.tracr_seeds) else []
-    ckpt, data = checkpoint_prune_data(args.ckpt)
-    table = bench_methods(ckpt.model, data, args.targets.split(","), methods, planted=planted,
-                          tracr=tracr)  # fmt: skip
-    table.info.update(checkpoint=args.ckpt, checkpoint_sha256=ckpt.sha256, command=sys.argv)
+    with Recorder("methods", vars(args)) as recorder:
+        planted = []
+        if args.planted != "none":
+            sys.path.insert(0, str(Path.cwd()))
+            module, _, name = args.planted.partition(":")
+            planted = getattr(importlib.import_module(module), name)(_seeds(args.seeds))
+        tracr = tracr_cases(seeds=_seeds(args.tracr_seeds)) if _seeds(args.tracr_seeds) else []
+        ckpt, data = checkpoint_prune_data(args.ckpt)
+        table = bench_methods(ckpt.model, data, args.targets.split(","), methods, planted=planted,
+                              tracr=tracr)  # fmt: skip
+        record = recorder.record([])
+    table.info.update(checkpoint=args.ckpt, checkpoint_sha256=ckpt.sha256, command=sys.argv,
+                      machine=record.machine, load=record.load, provisional=record.provisional)  # fmt: skip
+    print("\n".join(record.header()) + "\n")
     print(table.to_markdown())
     info = table.info
     print(f"\nload average {info['loadavg_start']} -> {info['loadavg_end']}, "
