@@ -31,12 +31,12 @@ import torch
 from mechlab.checkpoint import load_checkpoint
 from mechlab.io import atomic_write_text
 from mechlab.pipelines import prune_checkpoint
-from mechlab.prune.data import target_positions
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import countable_edges, pruning_graph
 from mechlab.prune.stats import overlap_report
 from mechlab.tasks import state_tracking as st
 from mechlab.tasks.state_tracking_prune import resolve_target, state_tracking_prune_data
+from mechlab.traces import target_positions
 from mechlab.viz import circuit_figure, overlap_figure
 from mechlab.viz.figures import page_html
 

@@ -20,14 +20,16 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.models import FAMILIES, MechModel, ModelConfig, build_model, make_config, presets
     from mechlab.models.cache import MechCache
     from mechlab.models.hooked import HookedModule, hooked
+    from mechlab.models.importers import from_pretrained
     from mechlab.tasks.nih import NiH, nih
 
 __version__ = "0.1.0"
 
 # Loaded on first access: subpackages, and names -> the module that defines them.
 _LAZY_MODULES = (
-    "checkpoint", "models", "patching", "pipelines", "probes", "prune", "recall", "report",
-    "sweep", "tasks", "train", "viz",
+    "checkpoint", "evals", "label_vs_observation", "models", "patching", "pipelines", "probes",
+    "prune", "sweep", "tasks", "traces", "train", "viz",
+    "recall", "report",  # deprecated shims (mechlab.label_vs_observation, mechlab.pipelines)
 )  # fmt: skip
 _LAZY_NAMES = {
     "Checkpoint": "mechlab.checkpoint",
@@ -43,10 +45,11 @@ _LAZY_NAMES = {
     "MechCache": "mechlab.models.cache",
     "HookedModule": "mechlab.models.hooked",
     "hooked": "mechlab.models.hooked",
+    "from_pretrained": "mechlab.models.importers",
     "NiH": "mechlab.tasks.nih",
     "nih": "mechlab.tasks.nih",
-    "ReportConfig": "mechlab.report",
-    "make_report": "mechlab.report",
+    "ReportConfig": "mechlab.pipelines",
+    "make_report": "mechlab.pipelines",
     "PatchResult": "mechlab.patching",
     "activation_patch": "mechlab.patching",
     "attribution_patch": "mechlab.patching",
@@ -56,9 +59,12 @@ _LAZY_NAMES = {
     "collect_activations": "mechlab.probes",
     "probe_sweep": "mechlab.probes",
     "recall_targets": "mechlab.probes",
-    "RecallReport": "mechlab.recall",
-    "recall_analysis": "mechlab.recall",
+    "RecallReport": "mechlab.label_vs_observation",
+    "recall_analysis": "mechlab.label_vs_observation",
     "prune_checkpoint": "mechlab.pipelines",
+    "open_checkpoint": "mechlab.pipelines",
+    "Traces": "mechlab.traces",
+    "PruneData": "mechlab.traces",
 }
 
 
@@ -85,19 +91,23 @@ __all__ = [
     "ModelConfig",
     "NiH",
     "PatchResult",
+    "PruneData",
     "RecallReport",
     "RegressorProbe",
     "ReportConfig",
+    "Traces",
     "__version__",
     "activation_patch",
     "attribution_patch",
     "build_model",
     "collect_activations",
+    "from_pretrained",
     "hooked",
     "load_checkpoint",
     "make_config",
     "make_report",
     "nih",
+    "open_checkpoint",
     "path_patch",
     "presets",
     "probe_sweep",

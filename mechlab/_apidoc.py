@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import inspect
 
-PACKAGES = ("mechlab", "mechlab.prune", "mechlab.patching", "mechlab.probes", "mechlab.viz",
-            "mechlab.evals", "mechlab.tasks", "mechlab.train", "mechlab.sweep")  # fmt: skip
+PACKAGES = ("mechlab", "mechlab.traces", "mechlab.pipelines", "mechlab.prune", "mechlab.patching",
+            "mechlab.probes", "mechlab.viz", "mechlab.evals", "mechlab.tasks", "mechlab.train",
+            "mechlab.sweep")  # fmt: skip
 
 
 def _first_line(obj: object) -> str:
@@ -48,7 +49,25 @@ def render() -> str:
             summary = _first_line(obj) if callable(obj) or inspect.ismodule(obj) else ""
             out.append(f"{line}: {summary}" if summary else line)
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out + _deprecations())
+
+
+def _deprecations() -> list[str]:
+    """The "Deprecations" section: every moved name and renamed option, from
+    :data:`mechlab._deprecated.MOVED` and :data:`~mechlab._deprecated.RENAMED_OPTIONS`."""
+    from mechlab._deprecated import MOVED, REMOVED_IN, RENAMED_OPTIONS
+
+    out = ["## Deprecations", "",
+           "Names that moved in the restructuring of issue 20. The old names still work, with a",
+           f"`DeprecationWarning` that names the new one, and go in mechlab {REMOVED_IN}.", "",
+           "| old | new |", "|---|---|"]  # fmt: skip
+    out += [f"| `{old.replace(':', '.')}` | `{new.replace(':', '.')}` |" for old, new in MOVED.items()]
+    out += ["| `Circuit.plot()` | `mechlab.viz.circuit_figure(circuit)` |",
+            "| `Circuit.write_html(path)` | `mechlab.viz.write_html(mechlab.viz.circuit_figure(circuit), path)` |",
+            "", "Renamed options and keywords (the old spelling still works, with a warning):", "",
+            "| old | new |", "|---|---|"]  # fmt: skip
+    out += [f"| `{old}` | `{new}` |" for old, new in RENAMED_OPTIONS.items()]
+    return [*out, ""]
 
 
 if __name__ == "__main__":

@@ -78,10 +78,11 @@ def open_page(driver, page: Path, n_plots: int, shot: str) -> None:
 def test_circuit_and_overlap_pages_render_offline(browser, tmp_path):
     from mechlab.cli import main
     from mechlab.prune import Circuit
+    from mechlab.viz import circuit_figure, write_html
 
     committed = ROOT / "circuits" / "recall-cpu"
     circuit = Circuit.from_json(committed / "1-after_seed0.json")
-    page = circuit.write_html(tmp_path / "circuit.html")
+    page = write_html(circuit_figure(circuit), tmp_path / "circuit.html")
     open_page(browser, page, 1, "circuit")
     pair = [str(committed / f"{t}_seed0.json") for t in ("1-after", "2-after")]
     assert main(["view", *pair, "--out", str(tmp_path / "overlap.html")]) == 0
@@ -89,7 +90,7 @@ def test_circuit_and_overlap_pages_render_offline(browser, tmp_path):
 
 
 def test_report_page_renders_offline(browser, tmp_path, tiny_lds_checkpoint):
-    from mechlab.report import ReportConfig, make_report
+    from mechlab.pipelines import ReportConfig, make_report
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mechlab.checkpoint import load_checkpoint
-from mechlab.evals import run_suite
+from mechlab.pipelines import run_suite
 
 RUN = Path(__file__).resolve().parents[1] / "examples" / "checkpoints" / "recall-cpu"
 
@@ -53,7 +53,7 @@ def test_recall_reproduces_committed_scores_and_the_studys_finding():
     it is the slow part and is covered by tests/test_recall.py)."""
     import torch
 
-    from mechlab.recall import recall_analysis
+    from mechlab.label_vs_observation import recall_analysis
 
     committed = json.loads((RUN / "recall" / "recall.json").read_text())
     result = committed["result"]

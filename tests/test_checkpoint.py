@@ -20,6 +20,7 @@ from transformer_lens.hook_points import HookPoint
 
 from mechlab.checkpoint import (
     CheckpointError,
+    UncheckedCheckpointWarning,
     capture_rng,
     load_checkpoint,
     restore_rng,
@@ -428,7 +429,8 @@ def test_safetensors_with_bare_config_json(toy, tmp_path):
     import json
 
     (tmp_path / "config.json").write_text(json.dumps(model.cfg.to_dict()))
-    ckpt = load_checkpoint(path)
+    with pytest.warns(UncheckedCheckpointWarning, match="carries no checksum"):  # a bare config has none
+        ckpt = load_checkpoint(path)
     assert ckpt.config == model.cfg and ckpt.step == 0
     assert_same_tree(dict(model.state_dict()), dict(ckpt.model.state_dict()))
 
@@ -503,15 +505,18 @@ def test_changed_plain_values_are_refused_and_old_files_still_load(full_ckpt):
     tamper(full_ckpt, lambda p: p.update(step=4), reseal=False)
     assert "non-tensor values" in error_of(full_ckpt)
     tamper(full_ckpt, lambda p: p.pop("checksum"), reseal=False)  # as written before checksums
-    ckpt = load_checkpoint(full_ckpt)
+    with pytest.warns(UncheckedCheckpointWarning, match="carries no checksum"):
+        ckpt = load_checkpoint(full_ckpt)
     assert ckpt.step == 4 and not ckpt.checksum_verified
     tamper(full_ckpt, lambda p: p.update(checksum={"algorithm": "md5"}), reseal=False)
     assert "checksum entry is malformed" in error_of(full_ckpt)
 
 
-def test_the_bundled_checkpoint_predates_checksums_and_still_loads():
+def test_the_bundled_checkpoint_loads_with_its_checksum_verified():
+    # Re-saved with checksums in issue 19 (examples/reseal_checkpoints.py); every bundled
+    # file is bit-flipped in tests/checkpoint/test_bundled_checkpoints.py.
     ckpt = load_checkpoint(BUNDLED)
-    assert not ckpt.checksum_verified and ckpt.saved_dtype == torch.float32
+    assert ckpt.checksum_verified and ckpt.saved_dtype == torch.float32
     assert ckpt.step == 20000 and ckpt.config.arch == "transformer"
 
 

@@ -44,3 +44,17 @@ def test_every_block_of_the_analysis_page_runs(in_tmp_with_examples):
     for block in python_blocks("analysis.md"):
         exec(compile(block, "docs/analysis.md", "exec"), namespace)
     assert os.path.exists("patch.html")
+
+
+def test_every_block_of_the_models_page_runs_pasted_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the page promises no network
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        blocks = python_blocks("models.md")
+        assert len(blocks) >= 9
+        for block in blocks:
+            exec(compile(block, "docs/models.md", "exec"), {})
+    finally:
+        torch.set_num_threads(threads)

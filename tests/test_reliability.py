@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,10 +152,10 @@ def test_case_5_resume_with_another_models_last_pt(capsys, run_dir, tmp_path):
     [
         ([1], "holds a JSON list"),
         ("s", "holds a JSON string"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": 5}, "field edges: Input should be a valid list"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": 3, "edges": []}, "field nodes"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": []}, "field edges: Field required"),
-        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": [["a", "b"]]}, "field edges[0][2]"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": 5}, "edges must be a list, got 5"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": 3, "edges": []}, "nodes must be a list, got 3"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": []}, "field edges is missing"),
+        ({"format": "mechlab-circuit", "version": 1, "nodes": [], "edges": [["embed", "out"]]}, "field edges[0][2] is missing"),
     ],
     ids=["list", "string", "edges-int", "nodes-int", "no-edges", "short-edge"],
 )
@@ -302,3 +303,124 @@ def test_hooked_without_example_warns_once_about_a_shared_module():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.run_with_cache(x)  # said once
+
+
+# --------------------------------------------------------------------------- issue 19, library side
+# The cases of issue 19 that the library below the CLI now refuses, through the command
+# line (the output-policy cases are the CLI side's). Each is refused with exit 2 and one
+# line, fast, and leaves nothing behind. The library-level tests of the same cases:
+# tests/test_limits.py, tests/tasks/, tests/prune/test_circuit_file.py, tests/test_schema.py,
+# tests/sweep/test_spec.py, tests/train/test_config.py, tests/checkpoint/.
+
+TRILLION = str(10**12)
+
+
+def fast_refusal(capsys, *args, seconds: float = 5.0) -> str:
+    """Exit 2 with one error line, the last on stderr (progress lines and one-line warnings
+    may come before it; the order of report's stages is the CLI side's), no traceback, fast."""
+    import time
+
+    start = time.perf_counter()
+    code, _, err = cli(capsys, *args)
+    assert time.perf_counter() - start < seconds  # no allocation attempt
+    lines = err.strip().splitlines()
+    errors = [line for line in lines if line.startswith("mechlab: error: ")]
+    assert code == 2 and errors == lines[-1:] and "Traceback" not in err, err
+    assert all(not line.startswith("mechlab: ") or line.startswith(("mechlab: error: ", "mechlab: warning: "))
+               for line in lines)  # fmt: skip
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["eval", "--traces", TRILLION], ["eval", "--suite", "nih", "--traces", "10", "--trials", TRILLION],
+     ["prune", "--traces", TRILLION, "--test-traces", "8"], ["prune", "--test-traces", TRILLION, "--traces", "8"],
+     ["curve", "--traces", TRILLION], ["recall", "--traces", TRILLION],
+     ["report", "--eval-traces", TRILLION], ["report", "--prune-traces", TRILLION, "--eval-traces", "8"]],
+    ids=["eval-traces", "eval-trials", "prune-traces", "prune-test-traces", "curve-traces", "recall-traces",
+         "report-eval-traces", "report-prune-traces"],
+)  # fmt: skip
+def test_issue_19_counts_of_a_trillion_are_refused_before_allocating(capsys, run_dir, tmp_path, command):
+    line = fast_refusal(capsys, *command, "--ckpt", run_dir / "last.pt", "--out", tmp_path / "o")
+    assert "would hold" in line and "1e+1" in line and "MECHLAB_MAX_ELEMENTS" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_issue_19_an_old_checkpoints_task_config_too_big_to_allocate(capsys, run_dir, tmp_path):
+    payload = torch.load(run_dir / "last.pt", weights_only=True)
+    payload.pop("checksum")  # an old-format file: its metadata can be edited unnoticed
+    payload["metadata"]["task_cfg"]["n_pairs"] = 10**12
+    torch.save(payload, tmp_path / "old.pt")
+    line = fast_refusal(capsys, "eval", "--ckpt", tmp_path / "old.pt", "--traces", "8", "--out", tmp_path / "e")
+    assert "one LDS trace would hold positions 24 x width 2e+12" in line and "lower n_ctx or n_pairs" in line
+
+
+def test_issue_19_a_zip_bomb_checkpoint_is_refused_from_its_directory(capsys, run_dir, tmp_path):
+    import zipfile
+
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(run_dir / "last.pt") as zin, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+        with zout.open("archive/data/999", "w", force_zip64=True) as f:
+            for _ in range(4):
+                f.write(bytes(16 << 20))  # 64 MiB in about 64 KB
+    line = fast_refusal(capsys, "info", "--ckpt", bomb)
+    assert "'archive/data/999' is compressed" in line and "nothing was decompressed" in line
+
+
+def issue_19_circuits(tmp_path) -> dict[str, Path]:
+    """The hostile circuit files of issue 19, made from a committed circuit."""
+    good = json.loads((Path(__file__).resolve().parents[1] / "circuits/recall-cpu/1-after_seed0.json").read_text())
+    changes = {
+        "inf-score": lambda v: v["edges"][0].__setitem__(2, float("inf")),
+        "n_layers-1e8": lambda v: v["metadata"]["graph"].__setitem__("n_layers", 10**8),
+        "writer-1e9": lambda v: v["edges"][0].__setitem__(0, "a0.h1000000000"),
+        "data-5": lambda v: v["metadata"].__setitem__("data", 5),
+    }
+    out = {}
+    for name, change in changes.items():
+        values = json.loads(json.dumps(good))
+        change(values)
+        out[name] = tmp_path / f"{name}.json"
+        out[name].write_text(json.dumps(values, allow_nan=True))
+    out["deep"] = tmp_path / "deep.json"
+    out["deep"].write_text("[" * 200_000 + "]" * 200_000)
+    return out
+
+
+@pytest.mark.parametrize("case", ["inf-score", "n_layers-1e8", "writer-1e9", "data-5", "deep"])
+@pytest.mark.parametrize("command", ["view", "overlap"])
+def test_issue_19_hostile_circuit_files_are_one_line(capsys, tmp_path, case, command):
+    path = issue_19_circuits(tmp_path)[case]
+    other = Path(__file__).resolve().parents[1] / "circuits/recall-cpu/1-after_seed1.json"
+    args = [path, "--out", tmp_path / "v.html"] if command == "view" else [path, other]
+    line = fast_refusal(capsys, command, *args)
+    assert f"{case}.json" in line
+    assert not (tmp_path / "v.html").exists()
+
+
+@pytest.mark.parametrize(
+    "text, phrase",
+    [("a: " + "[" * 3000 + "]" * 3000 + "\n", "nests more than 64 levels deep"),
+     ("steps: !!python/object/apply:os.system ['echo pwned']\n", "holds the tag"),
+     ("steps: abc\n", "steps must be an integer, got 'abc'")],
+    ids=["deep-3000", "python-tag", "steps-abc"],
+)  # fmt: skip
+def test_issue_19_hostile_train_config_files_are_one_line(capsys, tmp_path, text, phrase):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    line = fast_refusal(capsys, "train", "--config", config, "--out", tmp_path / "r", "--no-progress")
+    assert phrase in line and not (tmp_path / "r").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="cli.py reads sweep YAML with yaml.safe_load itself; the CLI side is to "
+                   "call mechlab.sweep.spec.read_settings (safe loader), then this passes: remove the mark")  # fmt: skip
+@pytest.mark.parametrize(
+    "text", ["steps: !!python/object/apply:os.system ['echo pwned']\n", "a: " + "[" * 3000 + "]" * 3000 + "\n"],
+    ids=["python-tag", "deep-3000"],
+)
+def test_issue_19_hostile_sweep_config_files_are_one_line_through_the_cli(capsys, tmp_path, text):
+    config = tmp_path / "s.yaml"
+    config.write_text(text)
+    fast_refusal(capsys, "sweep", "--config", config, "--out", tmp_path / "s", "--local")

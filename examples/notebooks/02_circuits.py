@@ -30,10 +30,10 @@ for c in (one, two):
           f"complement {m['complement_faithfulness']:.3f}")
 
 # %%
-one.plot()
+mechlab.viz.circuit_figure(one)
 
 # %%
-two.plot()
+mechlab.viz.circuit_figure(two)
 
 # %% [markdown]
 # How much do the two targets' circuits share? (`mechlab overlap` adds bootstrap intervals,

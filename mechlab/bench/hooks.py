@@ -170,7 +170,7 @@ def bench_family(
 
         fns = {"plain": plain, "unrolled": unrolled, "cache": cache, "cache_fused": cache_fused,
                "cache_steps": cache_steps, "nnsight": nnsight_all}  # fmt: skip
-    times = time_interleaved(fns, repeats=repeats)
+    times = time_interleaved(fns, repeats=repeats, device=device)
     n_params = sum(p.numel() for p in model.parameters())
     return HookBenchRow(
         family=family,

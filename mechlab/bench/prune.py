@@ -1,5 +1,8 @@
 """`mechlab bench prune`: one pruning step against a plain training step, and the masked
-pass's peak memory against the naive scheme that stacks every upstream writer per layer."""
+pass's peak memory against the naive scheme that stacks every upstream writer per layer.
+
+The scale rows (a GPT-2-small-shaped transformer, a Mamba of the 130M shape) are
+:func:`bench_prune` on :func:`scale_model`; ``docs/benchmarks.md`` gives the commands."""
 
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ def _naive_forward(model, graph, x, ablated, z) -> Tensor:
     """The stacking scheme, for comparison only: at every reader group, stack the outputs
     of *all* upstream writers (clean and ablated) into new tensors and mix them.
 
-    Transformer only. Memory grows about as ``layers x writers x batch x pos x d``.
+    Transformers of GPT-2's graph layout only (a position table, one key/value head per
+    head, sequential MLP blocks). Memory grows about as ``layers x writers x batch x pos x d``.
     """
     cfg = model.cfg
     H = cfg.n_heads
@@ -50,8 +54,8 @@ def _naive_forward(model, graph, x, ablated, z) -> Tensor:
     clean += [model.read_in(x), model.W_pos[:n_pos].expand(batch, n_pos, -1)]
     for layer, block in enumerate(model.blocks):
         x_in = _layer_norm(block.ln1, read(_edge_block(z, graph, f"a{layer}.h0.q", 3 * H)))
-        clean += list(_attention(block.attn, x_in.view(3, H, batch, n_pos, -1)).unbind(0))
-        const = const + block.attn.b_O
+        clean += list(_attention(block.attn, *x_in.split(H)).unbind(0))
+        const = const if block.attn.b_O is None else const + block.attn.b_O
         clean.append(
             block.mlp(_layer_norm(block.ln2, read(_edge_block(z, graph, f"m{layer}.in", 1))[0]))
         )
@@ -88,21 +92,10 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    from torch.profiler import ProfilerActivity, profile
+    from mechlab.bench.cpu_memory import profiled_peak
 
-    with _native_stderr_silenced(), profile(
-        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
-    ) as prof:
-        fn()
-    current = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:
-        name = getattr(action, "name", str(action))
-        if name == "CREATE":
-            current += size
-        elif name == "DESTROY":
-            current -= size
-        peak = max(peak, current)
-    return peak
+    with _native_stderr_silenced():
+        return profiled_peak(fn)
 
 
 @dataclass
@@ -116,15 +109,18 @@ class PruneBench:
     plain_seconds: float  # plain forward + backward of the model's parameters, same batch
     memory_recompute: int | None = None  # bytes, masked forward + backward, recompute=True
     straightforward_seconds: float | None = None  # the same step on the autograd path
+    memory_plain: int | None = None  # bytes, the plain forward + backward (recurrent models)
 
     @property
-    def memory_ratio(self) -> float:
-        """Ours / naive (below 1 is better)."""
-        return self.memory_ours / self.memory_naive
+    def memory_ratio(self) -> float | None:
+        """Ours / naive (below 1 is better); None where naive stacking was not measured."""
+        return None if not self.memory_naive else self.memory_ours / self.memory_naive
 
     @property
-    def memory_recompute_ratio(self) -> float:
+    def memory_recompute_ratio(self) -> float | None:
         """Ours with reader inputs recomputed / naive."""
+        if not self.memory_naive or self.memory_recompute is None:
+            return None
         return self.memory_recompute / self.memory_naive
 
     @property
@@ -145,8 +141,14 @@ def bench_prune(
 ) -> PruneBench:
     """Measure the masked pass against the naive stacking scheme and a plain training step.
 
+    A recurrent model (LSTM, dense SSM, Mamba) has no stacking scheme to compare with and
+    no fast path: its pruning step (on the plain graph, the straightforward masked
+    forward) is measured against the plain forward+backward in time and, with
+    ``memory``, in peak memory (``memory_plain``).
+
     Args:
-        model: A transformer (default: the ``tiny`` preset, d=72, 3 layers, 6 heads).
+        model: A mechlab model (default: the ``tiny`` transformer preset, d=72, 3 layers,
+            6 heads).
         batch: Traces per batch.
         n_pos: Positions per trace.
         repeats: Timed runs (medians).
@@ -165,9 +167,11 @@ def bench_prune(
 
     torch.manual_seed(seed)
     model = (model or build_model("tiny")).to(device)
-    if model.cfg.arch != "transformer":
-        raise ValueError("bench_prune compares against the stacking scheme of transformers only")
     cfg = model.cfg
+    transformer = cfg.arch == "transformer"
+    if straightforward and not transformer:
+        raise ValueError("straightforward=True times the transformer's autograd path; a "
+                         f"{cfg.arch} has only that path")
     graph = build_graph(model)
     gen = torch.Generator().manual_seed(seed)
     if cfg.io == "continuous":
@@ -191,11 +195,13 @@ def bench_prune(
             out = _naive_forward(model, graph, x, ablated, z)
             divergence(out, reference, cfg.io).mean().backward()
 
-        memory_ours = memory_recompute = memory_naive = None
+        memory_ours = memory_recompute = memory_naive = memory_plain = None
         if memory:
             memory_ours = peak_memory(ours, device)
-            memory_recompute = peak_memory(lambda: ours(recompute=True), device)
-            memory_naive = peak_memory(naive, device)
+            if transformer:
+                memory_recompute = peak_memory(lambda: ours(recompute=True), device)
+                if not graph.layout:  # the stacking scheme is written for GPT-2's layout
+                    memory_naive = peak_memory(naive, device)
         opt = torch.optim.Adam([log_alpha], lr=0.1)
 
         def pruning_step(**options: bool) -> None:
@@ -218,24 +224,48 @@ def bench_prune(
 
         return run
 
+    if memory and not transformer:
+        memory_plain = peak_memory(plain_step, device)
     fns = {"prune": timed(), "plain": plain_step}
     if straightforward:
         fns["straightforward"] = timed(fast=False)
-    if device != "cpu":
-        sync = torch.cuda.synchronize
-        fns = {name: (lambda fn=fn: (fn(), sync())) for name, fn in fns.items()}
-    timings = time_interleaved(fns, repeats)
+    timings = time_interleaved(fns, repeats, device=device)
     for p in params:
         p.grad = None
     model.eval()
     return PruneBench(
         config={"arch": cfg.arch, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
-                "n_heads": cfg.n_heads, "batch": batch, "n_pos": n_pos, "n_edges": graph.n_edges,
-                "device": str(device)},
+                "n_heads": getattr(cfg, "n_heads", 0), "batch": batch, "n_pos": n_pos,
+                "n_edges": graph.n_edges, "device": str(device)},
         memory_ours=memory_ours,
         memory_naive=memory_naive,
         step_seconds=timings["prune"].median,
         plain_seconds=timings["plain"].median,
         memory_recompute=memory_recompute,
         straightforward_seconds=timings["straightforward"].median if straightforward else None,
+        memory_plain=memory_plain,
     )  # fmt: skip
+
+
+def scale_model(preset: str, n_pos: int, d_vocab: int = 64, seed: int = 0) -> nn.Module:
+    """A random token-mode model of a preset's widths, as the scale rows of
+    ``docs/benchmarks.md`` use: ``gpt2_small_shape`` (12 x 768, 12 heads, 32,936 edges) or
+    ``mamba_130m_shape`` (24 x 768, 325 edges), with ``d_vocab`` tokens (the reference
+    bench's 64, not the real 50k: the trunk is the real shape, the vocabulary is not).
+
+    Args:
+        preset: A transformer or Mamba preset name.
+        n_pos: Positions (the model's ``n_ctx``).
+        d_vocab: Vocabulary size.
+        seed: Seed of the random weights.
+    """
+    from mechlab.models import build_model
+    from mechlab.models.registry import presets
+
+    known = presets()
+    if preset not in known:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(known)}")
+    arch, fields = known[preset]
+    widths = {k: v for k, v in fields.items() if k not in ("io", "d_in", "d_out", "n_ctx")}
+    torch.manual_seed(seed)
+    return build_model(arch, **widths, io="tokens", d_vocab=d_vocab, n_ctx=n_pos).eval()

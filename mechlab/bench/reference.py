@@ -143,6 +143,15 @@ class _ReferenceProcess:
         if self._line() != "done":
             raise ValueError("the reference process answered out of turn")
 
+    def memory(self) -> int:
+        """Peak bytes of one reference step (its own profiler, in its process)."""
+        self.proc.stdin.write("memory\n")
+        self.proc.stdin.flush()
+        line = self._line()
+        if not line.startswith("memory "):
+            raise ValueError("the reference process answered out of turn")
+        return int(line.split()[1])
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -174,6 +183,8 @@ class ReferenceBench:
     ours_seconds: float
     reference_seconds: float
     max_output_diff: float  # the reference against mechlab, all edges kept and all ablated
+    memory_ours: int | None = None  # bytes, one mechlab step (None: not measured)
+    memory_reference: int | None = None  # bytes, one reference step
 
     @property
     def ratio(self) -> float:
@@ -190,6 +201,7 @@ def bench_reference(
     python: str | None = None,
     d_vocab: int = 64,
     seed: int = 0,
+    memory: bool = False,
 ) -> ReferenceBench:
     """Time one pruning step of mechlab and of the reference on the same model and batch.
 
@@ -202,6 +214,8 @@ def bench_reference(
         python: The interpreter that runs the reference (default: this one).
         d_vocab: Vocabulary size of the token model.
         seed: Seeds weights, batches and log-alphas.
+        memory: Also measure each side's peak memory of one step (each with torch's
+            profiler in its own process, before the timed runs).
 
     Returns:
         The :class:`ReferenceBench`.
@@ -260,6 +274,11 @@ def bench_reference(
                     f"the reference model does not reproduce mechlab's outputs (max difference "
                     f"{ref.max_diff:.3g} with every edge kept / ablated); is it the same FPT2 code?"
                 )
+            memory_ours = memory_reference = None
+            if memory:
+                from mechlab.bench.prune import peak_memory
+
+                memory_ours, memory_reference = peak_memory(ours), ref.memory()
             times = time_interleaved({"ours": ours, "reference": ref.step}, repeats)
         finally:
             ref.close()
@@ -269,4 +288,6 @@ def bench_reference(
         ours_seconds=times["ours"].median,
         reference_seconds=times["reference"].median,
         max_output_diff=ref.max_diff,
+        memory_ours=memory_ours,
+        memory_reference=memory_reference,
     )  # fmt: skip

@@ -12,7 +12,10 @@ edge kept and with every edge ablated, and prints ``ready MAX_DIFF``. Then, for 
 ``step`` line on its standard input, it runs one pruning step (as the reference's pruning
 script does: sampled masks, forward with ``corr_x``, KL to the full model's log-probs plus
 its edge and node regularisers, backward, an Adam step on the log-alphas) and prints
-``done``; ``quit`` ends it. A problem is one line ``error: ...`` and exit status 3.
+``done``; ``memory`` runs one step under ``torch.profiler`` and prints ``memory BYTES``,
+its peak allocation above what was allocated before (as
+:func:`mechlab.bench.prune.peak_memory` measures mechlab's side); ``quit`` ends it. A
+problem is one line ``error: ...`` and exit status 3.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ from pathlib import Path
 def _fail(message: str) -> None:
     print(f"error: {message}", flush=True)
     sys.exit(3)
+
+
+def _peak_bytes(fn) -> int:
+    """Peak bytes of ``fn()``: :func:`mechlab.bench.cpu_memory.profiled_peak`, loaded from its
+    file beside this one (the mechlab package is not imported here)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cpu_memory", Path(__file__).with_name("cpu_memory.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.profiled_peak(fn)
 
 
 def main(argv: list[str]) -> None:
@@ -81,18 +95,25 @@ def main(argv: list[str]) -> None:
     opt = torch.optim.Adam([p for p in ref.parameters() if p.requires_grad], lr=0.1)
     log_p = torch.log_softmax(full.flatten(0, 1).float(), dim=-1)  # [batch * pos, vocab]
     print(f"ready {diff!r}", flush=True)
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "quit":
-            break
-        if command != "step":
-            _fail(f"unknown command {command!r}")
+
+    def step() -> None:
         opt.zero_grad(set_to_none=True)
         out = ref(input_ids=x, corr_x=corr_x, target_edge_sparsity=0.5, target_node_sparsity=0.5)
         log_q = torch.log_softmax(out.logits.flatten(0, 1).float(), dim=-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
         (kl + out.edge_loss + out.node_loss).backward()
         opt.step()
+
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "quit":
+            break
+        if command == "memory":
+            print(f"memory {_peak_bytes(step)}", flush=True)
+            continue
+        if command != "step":
+            _fail(f"unknown command {command!r}")
+        step()
         print("done", flush=True)
 
 

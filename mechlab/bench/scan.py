@@ -108,7 +108,7 @@ def bench_scan(
         "loop_backward": backward("loop"),
         "chunked_backward": backward("chunked"),
     }
-    times = time_interleaved(fns, repeats=repeats)
+    times = time_interleaved(fns, repeats=repeats, device=device)
     _set_scan(model, "loop", chunk)
     out_loop, grads_loop = _loss_and_grads(model, x)
     _set_scan(model, "chunked", chunk)

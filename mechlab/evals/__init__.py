@@ -1,11 +1,14 @@
-"""Evaluation suites of the in-context recall study, run on a model or a checkpoint."""
+"""Evaluation suites of the in-context recall study, run on a model and its task config.
 
-from mechlab.evals.recall import (
+Running a suite on a checkpoint file (the haystack defaulting to the run's evaluation
+setting) is :func:`mechlab.pipelines.run_suite`.
+"""
+
+from mechlab._deprecated import moved_names
+from mechlab.evals.suites import (
     SUITES,
-    dynamics,
     evaluate_model,
     nih_errors,
-    run_suite,
     summarize,
     summarize_per_example,
     uninterleaved_errors,
@@ -13,11 +16,11 @@ from mechlab.evals.recall import (
 
 __all__ = [
     "SUITES",
-    "dynamics",
     "evaluate_model",
     "nih_errors",
-    "run_suite",
     "summarize",
     "summarize_per_example",
     "uninterleaved_errors",
 ]
+
+__getattr__ = moved_names(__name__)  # run_suite, dynamics: mechlab.pipelines

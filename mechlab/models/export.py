@@ -93,23 +93,31 @@ def gpt2_config(model: Transformer) -> GPT2Config:
         TypeError: ``model`` is not a mechlab transformer (an LSTM, Mamba, ...).
         ValueError: When the model has no GPT-2 equivalent (``n_heads * d_head !=
             d_model``, no LayerNorm, ReLU or non-causal attention, as loaded Tracr
-            programs have).
+            programs have, or the Llama/NeoX options: rotary positions, RMSNorm, SiLU,
+            gated MLPs, grouped key/value heads, a parallel residual, no MLP). Biases that
+            are off export as zeros.
     """
     _require_transformer(model, "gpt2_config")
     cfg = model.cfg
     unlike_gpt2 = [
         what
         for what, differs in (
-            ("normalization='none'", cfg.normalization != "LN"),
-            ("act_fn='relu'", cfg.act_fn == "relu"),
+            (f"normalization={cfg.normalization!r}", cfg.normalization != "LN"),
+            (f"act_fn={cfg.act_fn!r}", cfg.act_fn not in ("gelu_new", "gelu")),
             ("causal=False", not cfg.causal),
+            ("positional='rotary'", cfg.positional != "learned"),
+            ("gated_mlp=True", cfg.gated_mlp),
+            ("parallel_attn_mlp=True", cfg.parallel_attn_mlp),
+            ("attn_only=True", cfg.attn_only),
+            (f"n_key_value_heads={cfg.n_key_value_heads}", cfg.n_key_value_heads != cfg.n_heads),
         )
         if differs
     ]
     if unlike_gpt2:
         raise ValueError(
-            f"GPT-2 has LayerNorms, GELU and causal attention; this model has "
-            f"{', '.join(unlike_gpt2)} and cannot be exported"
+            f"GPT-2 has LayerNorms, GELU, causal attention, a position table, one key/value "
+            f"head per head and sequential MLP blocks; this model has {', '.join(unlike_gpt2)} "
+            "and cannot be exported (keep it as a mechlab checkpoint)"
         )
     if cfg.n_heads * cfg.d_head != cfg.d_model:
         raise ValueError(
@@ -138,6 +146,14 @@ def gpt2_config(model: Transformer) -> GPT2Config:
     )
 
 
+def _copy_or_zero(target: Tensor, source: Tensor | None) -> None:
+    """Copy a bias, or zero the target when the mechlab model has none."""
+    if source is None:
+        target.zero_()
+    else:
+        target.copy_(source)
+
+
 @torch.no_grad()
 def _copy_trunk(model: Transformer, trunk: GPT2Model) -> None:
     """Copy positions, blocks and the final LayerNorm into a ``GPT2Model``."""
@@ -147,15 +163,15 @@ def _copy_trunk(model: Transformer, trunk: GPT2Model) -> None:
         # [head, d_model, d_head] -> [d_model, head * d_head], heads in order
         w_qkv = [w.permute(1, 0, 2).flatten(1) for w in (attn.W_Q, attn.W_K, attn.W_V)]
         hf.attn.c_attn.weight.copy_(torch.cat(w_qkv, dim=1))
-        hf.attn.c_attn.bias.copy_(
-            torch.cat([attn.b_Q.flatten(), attn.b_K.flatten(), attn.b_V.flatten()])
-        )
+        b_qkv = [w.new_zeros(w.shape[1]) if b is None else b.flatten()
+                 for w, b in zip(w_qkv, attn.biases(), strict=True)]  # fmt: skip
+        hf.attn.c_attn.bias.copy_(torch.cat(b_qkv))
         hf.attn.c_proj.weight.copy_(attn.W_O.flatten(0, 1))  # [head * d_head, d_model]
-        hf.attn.c_proj.bias.copy_(attn.b_O)
+        _copy_or_zero(hf.attn.c_proj.bias, attn.b_O)
         hf.mlp.c_fc.weight.copy_(block.mlp.W_in)
-        hf.mlp.c_fc.bias.copy_(block.mlp.b_in)
+        _copy_or_zero(hf.mlp.c_fc.bias, block.mlp.b_in)
         hf.mlp.c_proj.weight.copy_(block.mlp.W_out)
-        hf.mlp.c_proj.bias.copy_(block.mlp.b_out)
+        _copy_or_zero(hf.mlp.c_proj.bias, block.mlp.b_out)
         for ln, hf_ln in ((block.ln1, hf.ln_1), (block.ln2, hf.ln_2)):
             hf_ln.weight.copy_(ln.w)
             hf_ln.bias.copy_(ln.b)

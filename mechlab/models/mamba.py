@@ -66,6 +66,9 @@ PRESETS: dict[str, dict] = {
     "st_mamba_1x256": {"d_model": 256, "n_layers": 1},
     "st_mamba_6x256": {"d_model": 256, "n_layers": 6},
     "st_mamba_small": {"d_model": 64, "n_layers": 1},  # CPU-sized
+    # state-spaces/mamba-130m's shape (24 x 768, d_state 16, expand 2): the scale row of
+    # `mechlab bench prune` (random weights; import real ones with from_pretrained).
+    "mamba_130m_shape": {"d_model": 768, "n_layers": 24},
 }
 
 

@@ -8,9 +8,9 @@ class; a module may also define ``PRESETS``, named dicts of config fields.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
+from mechlab import limits
 from mechlab.models.base import MechModel, ModelConfig
 
 # arch name -> (module, config class, model class)
@@ -90,39 +90,20 @@ def make_config(config: ModelConfig | dict[str, Any] | str, **overrides: Any) ->
     return config_cls.from_dict(fields)
 
 
-# Models larger than this many elements (parameters and buffers) are refused before
-# anything is allocated, unless the limit is raised (``max_elements=`` or the
-# environment variable ``MECHLAB_MAX_ELEMENTS``). 2**31 float32 elements are 8 GiB;
-# the study's largest preset ("big") has about 1.1e7.
-MAX_ELEMENTS = 2**31
-MAX_ELEMENTS_ENV = "MECHLAB_MAX_ELEMENTS"
-
-
-def max_elements() -> int:
-    """The size limit in force: ``MECHLAB_MAX_ELEMENTS`` if set, else :data:`MAX_ELEMENTS`.
-
-    Raises:
-        ValueError: The environment variable is set but not a positive integer.
-    """
-    raw = os.environ.get(MAX_ELEMENTS_ENV)
-    if raw is None or not raw.strip():
-        return MAX_ELEMENTS
-    try:
-        value = int(float(raw))
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(
-            f"{MAX_ELEMENTS_ENV}={raw!r} is not a positive number of elements; unset it or give "
-            "e.g. 4e9"
-        )
-    return value
+# Models larger than the size limit (parameters and buffers) are refused before anything
+# is allocated, unless the limit is raised (``max_elements=`` or the environment variable
+# ``MECHLAB_MAX_ELEMENTS``). The limit lives in :mod:`mechlab.limits`; these names stay
+# here for the code that imports them from the registry.
+MAX_ELEMENTS = limits.MAX_ELEMENTS
+MAX_ELEMENTS_ENV = limits.MAX_ELEMENTS_ENV
+max_elements = limits.max_elements
 
 
 def estimate_elements(cfg: ModelConfig) -> int:
     """Parameter and buffer elements the model of ``cfg`` will allocate, from its sizes alone.
 
-    Exact for the four families (within a few elements); computed with
+    Exact for the four families and the transformer's options (within a few elements;
+    the attention's causal mask is made per forward pass, not stored); computed with
     Python integers, so an absurd config gives an absurd number rather than an
     allocation.
 
@@ -139,11 +120,21 @@ def estimate_elements(cfg: ModelConfig) -> int:
         io = (int(cfg.d_in) + 1) * d + (d + 1) * int(cfg.d_out)
     arch = cfg.arch
     if arch == "transformer":
-        inner = int(cfg.n_heads) * int(cfg.d_head)
+        H, G, dh = int(cfg.n_heads), int(cfg.n_key_value_heads or cfg.n_heads), int(cfg.d_head)
         d_mlp = int(cfg.d_mlp)
-        # Each layer also holds an [n_ctx, n_ctx] causal mask.
-        per_layer = 4 * inner * d + 3 * inner + 2 * d * d_mlp + d_mlp + 6 * d + int(cfg.n_ctx) ** 2
-        extra = int(cfg.n_ctx) * d  # positions
+        norm = {"LN": 2 * d, "RMS": d}.get(cfg.normalization, 0)
+        per_layer = (2 * H + 2 * G) * d * dh + norm  # W_Q, W_O, W_K, W_V, ln1
+        per_layer += (H + 2 * G) * dh * bool(cfg.qkv_bias) + d * bool(cfg.attn_out_bias)
+        if not cfg.attn_only:
+            n_in = 2 if cfg.gated_mlp else 1
+            per_layer += (n_in + 1) * d * d_mlp + norm  # W_in (W_gate), W_out, ln2
+            per_layer += (n_in * d_mlp + d) * bool(cfg.mlp_bias)
+        if cfg.positional == "rotary":
+            per_layer += int(cfg.rotary_dim) // 2  # inv_freq
+        extra = int(cfg.n_ctx) * d if cfg.positional == "learned" else 0  # positions
+        extra += norm - 2 * d  # ln_final (counted as a LayerNorm below)
+        if cfg.io == "tokens" and cfg.tie_embeddings:
+            io -= int(cfg.d_vocab) * d  # the read-out's weight is the embedding
     elif arch == "lstm":
         h = int(getattr(cfg, "d_hidden", d) or d)
         per_layer = 4 * h * (d + h) + 8 * h + 2 * d + (h * d if h != d else 0)

@@ -1,26 +1,50 @@
-"""A GPT-2 style decoder-only transformer with TransformerLens hook points.
+"""A decoder-only transformer with TransformerLens hook points: GPT-2 by default, and the
+options that GPT-NeoX (Pythia), Llama, Qwen2 and Mistral need.
 
-Pre-LayerNorm blocks, a learned position table of ``n_ctx`` rows, causal
-softmax attention, a GELU MLP, a final LayerNorm, no dropout (the defaults; the
-``normalization``, ``act_fn`` and ``causal`` options give the no-LayerNorm, ReLU,
-bidirectional layout of Tracr's compiled programs, see :mod:`mechlab.models.tracr`)::
+The default is GPT-2's layout: pre-LayerNorm blocks, a learned position table of
+``n_ctx`` rows, causal softmax attention, a GELU MLP, a final LayerNorm, biases
+everywhere, no dropout::
 
     resid_pre  = embed + pos_embed                        (block 0)
     resid_mid  = resid_pre + attn(ln1(resid_pre))
     resid_post = resid_mid + mlp(ln2(resid_mid))
     out        = read_out(ln_final(resid_post of the last block))
 
-Parameters use TransformerLens' names and layouts (``W_Q`` is
-``[head, d_model, d_head]``, ``W_O`` is ``[head, d_head, d_model]``, ``W_in`` is
-``[d_model, d_mlp]``, ...), and so do the hook points; ``hook_normalized`` is
-the LayerNorm output *before* its affine ``w, b`` (as in TransformerLens'
-bridge and its folded ``LNPre``).
+Options (fields of :class:`TransformerConfig`, validated in ``__post_init__``):
+
+* ``positional="rotary"``: no position table; rotary position embeddings rotate the
+  first ``rotary_dim`` dimensions of each query and key (all of them by default;
+  Pythia rotates a quarter), in the "rotate half" layout of GPT-NeoX and Llama.
+* ``normalization="RMS"``: RMSNorms (``x / sqrt(mean(x^2) + eps) * w``) instead of
+  LayerNorms; ``"none"``: no normalisation (Tracr's compiled programs).
+* ``gated_mlp=True``: ``W_out (act(x W_gate) * (x W_in))`` (SwiGLU with ``act_fn="silu"``).
+* ``n_key_value_heads=G`` (< ``n_heads``): grouped-query attention; query head ``h``
+  uses key/value head ``h // (n_heads / G)``, as Hugging Face's ``repeat_kv`` does.
+* ``parallel_attn_mlp=True``: ``resid_post = resid_pre + attn(ln1(resid_pre)) +
+  mlp(ln2(resid_pre))`` (GPT-NeoX's parallel residual); no ``hook_resid_mid``.
+* ``attn_only=True``: blocks without an MLP (and without ``ln2``).
+* ``qkv_bias`` / ``attn_out_bias`` / ``mlp_bias``: biases of the query/key/value
+  projections, of the attention output and of the MLP; a bias that is off is no
+  parameter (``attn.b_Q is None``).
+* ``tie_embeddings=True``: the token read-out shares its weight with the embedding.
+* ``causal=False``: bidirectional attention (Tracr).
+
+Parameters use TransformerLens' names and layouts (``W_Q`` is ``[head, d_model,
+d_head]``, ``W_K`` / ``W_V`` ``[kv_head, d_model, d_head]``, ``W_O`` ``[head, d_head,
+d_model]``, ``W_in`` / ``W_gate`` ``[d_model, d_mlp]``, ...), and so do the hook points;
+``hook_normalized`` is the norm's output *before* its affine ``w, b`` (as in
+TransformerLens' bridge and its folded ``LNPre``). With rotary embeddings ``hook_q`` /
+``hook_k`` are the projections and ``hook_rot_q`` / ``hook_rot_k`` the rotated ones; with
+grouped-query attention ``hook_k`` / ``hook_v`` have ``n_key_value_heads`` heads.
 
 ``attn.hook_result`` (``[batch, pos, head, d_model]``, head ``h``'s output
 ``z_h @ W_O[h]``) is always computed, and the attention output is its sum over
 heads plus ``b_O``: one code path, so a forward pass gives bit-identical numbers
 whether or not anything is hooked (a fused ``z @ W_O`` would save about 1% of a
 training step of the ``tiny`` preset).
+
+:func:`mechlab.models.importers.from_pretrained` fills these models from Hugging Face
+GPT-2, GPT-NeoX, Llama, Qwen2 and Mistral checkpoints.
 """
 
 from __future__ import annotations
@@ -37,8 +61,9 @@ from transformer_lens.hook_points import HookPoint
 
 from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
 
-ACT_FNS = ("gelu_new", "gelu", "relu")
-NORMALIZATIONS = ("LN", "none")
+ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
+NORMALIZATIONS = ("LN", "RMS", "none")
+POSITIONALS = ("learned", "rotary")
 
 # The recall study's models (Daniels et al. 2025): 57-dim tokens in, 5-dim states
 # out, 251 positions. Parameter counts: 212,189 / 701,381 / 2,419,717 / 10,737,413.
@@ -52,7 +77,16 @@ PRESETS: dict[str, dict] = {
     "st_transformer_6x256": {"d_model": 256, "n_layers": 6, "n_heads": 4},
     "st_transformer_2x256": {"d_model": 256, "n_layers": 2, "n_heads": 4},
     "st_transformer_small": {"d_model": 64, "n_layers": 2, "n_heads": 4},  # CPU-sized
+    # GPT-2 small's shape (12 x 768, 12 heads, 32,936 edges): the scale row of
+    # `mechlab bench prune` (random weights; import real ones with from_pretrained).
+    "gpt2_small_shape": {"d_model": 768, "n_layers": 12, "n_heads": 12},
 }
+
+
+def _check_bool(cfg: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
 
 
 @dataclass
@@ -60,24 +94,42 @@ class TransformerConfig(ModelConfig):
     """Config of :class:`Transformer`.
 
     Args:
-        n_heads: Attention heads per block.
+        n_heads: Attention (query) heads per block.
         d_head: Width of each head; defaults to ``d_model // n_heads`` (which must
             then divide evenly).
         d_mlp: Hidden width of the MLP; defaults to ``4 * d_model``.
         act_fn: ``"gelu_new"`` (tanh approximation, GPT-2's and Hugging Face's
-            default), ``"gelu"`` (exact erf form) or ``"relu"``.
-        normalization: ``"LN"`` (a LayerNorm before attention, MLP and read-out) or
-            ``"none"`` (no normalisation: those three read the residual stream as is).
+            default), ``"gelu"`` (exact erf form), ``"relu"`` or ``"silu"``.
+        normalization: ``"LN"`` (a LayerNorm before attention, MLP and read-out),
+            ``"RMS"`` (RMSNorms there) or ``"none"`` (no normalisation: those three read
+            the residual stream as is).
         causal: Each position attends to itself and earlier positions only (True), or
             to the whole sequence (False, as in Tracr's compiled programs).
-        layer_norm_eps: Epsilon of every LayerNorm.
+        layer_norm_eps: Epsilon of every LayerNorm or RMSNorm.
         init_std: Standard deviation of the normal init of weight matrices,
             embeddings and the position table. As in GPT-2, the two projections
             that write into the residual stream (``W_O``, ``W_out``) use
-            ``init_std / sqrt(2 * n_layers)``. Biases start at 0, LayerNorm
-            scales at 1. A continuous read-in/read-out keeps PyTorch's default
-            ``nn.Linear`` init, as in the recall study's code; a token
-            embedding and unembedding use ``init_std`` (with a zero bias).
+            ``init_std / sqrt(2 * n_layers)``. Biases start at 0, norm scales at 1.
+            A continuous read-in/read-out keeps PyTorch's default ``nn.Linear`` init,
+            as in the recall study's code; a token embedding and unembedding use
+            ``init_std`` (with a zero bias).
+        positional: ``"learned"`` (a position table ``W_pos`` added to the embedding)
+            or ``"rotary"`` (rotary embeddings of queries and keys, no table).
+        rotary_dim: Dimensions of each query and key that are rotated (even, at most
+            ``d_head``); defaults to ``d_head`` with rotary embeddings. Only with
+            ``positional="rotary"``.
+        rotary_base: The rotary frequencies' base (``rope_theta``).
+        n_key_value_heads: Key/value heads per block (dividing ``n_heads``); defaults
+            to ``n_heads`` (no grouping).
+        gated_mlp: A gated MLP ``W_out (act(x W_gate) * (x W_in))``.
+        parallel_attn_mlp: Attention and MLP both read the block's input and are added
+            to it together (GPT-NeoX).
+        attn_only: Blocks without an MLP.
+        qkv_bias: Biases ``b_Q``, ``b_K``, ``b_V``.
+        attn_out_bias: The attention output bias ``b_O``.
+        mlp_bias: The MLP biases ``b_in`` (and ``b_gate``), ``b_out``.
+        tie_embeddings: The read-out's weight *is* the token embedding (tokens mode,
+            ``d_vocab_out == d_vocab``).
     """
 
     arch: ClassVar[str] = "transformer"
@@ -90,10 +142,21 @@ class TransformerConfig(ModelConfig):
     causal: bool = True
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
+    positional: str = "learned"
+    rotary_dim: int | None = None
+    rotary_base: float = 10000.0
+    n_key_value_heads: int | None = None
+    gated_mlp: bool = False
+    parallel_attn_mlp: bool = False
+    attn_only: bool = False
+    qkv_bias: bool = True
+    attn_out_bias: bool = True
+    mlp_bias: bool = True
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.n_heads, int) or self.n_heads <= 0:
+        if not isinstance(self.n_heads, int) or isinstance(self.n_heads, bool) or self.n_heads <= 0:
             raise ValueError(f"n_heads must be a positive integer, got {self.n_heads!r}")
         if self.d_head is None:
             if self.d_model % self.n_heads != 0:
@@ -104,42 +167,72 @@ class TransformerConfig(ModelConfig):
             self.d_head = self.d_model // self.n_heads
         if self.d_mlp is None:
             self.d_mlp = 4 * self.d_model
-        for name in ("d_head", "d_mlp"):
+        if self.n_key_value_heads is None:
+            self.n_key_value_heads = self.n_heads
+        for name in ("d_head", "d_mlp", "n_key_value_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_key_value_heads != 0:
+            raise ValueError(
+                f"n_key_value_heads={self.n_key_value_heads} must divide n_heads={self.n_heads} "
+                "(each key/value head serves the same number of query heads)"
+            )
         if self.act_fn not in ACT_FNS:
             raise ValueError(f"act_fn must be one of {ACT_FNS}, got {self.act_fn!r}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
             )
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"causal must be True or False, got {self.causal!r}")
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        _check_bool(
+            self, "causal", "gated_mlp", "parallel_attn_mlp", "attn_only", "qkv_bias",
+            "attn_out_bias", "mlp_bias", "tie_embeddings",
+        )  # fmt: skip
         if self.layer_norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("layer_norm_eps and init_std must be positive")
+        if self.positional == "rotary":
+            if self.rotary_dim is None:
+                self.rotary_dim = self.d_head
+            dim = self.rotary_dim
+            if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= self.d_head or dim % 2:
+                raise ValueError(
+                    f"rotary_dim must be an even number in 2..d_head={self.d_head}, got {dim!r}"
+                )
+            if not self.rotary_base > 0:
+                raise ValueError(f"rotary_base must be positive, got {self.rotary_base!r}")
+        elif self.rotary_dim is not None:
+            raise ValueError("rotary_dim needs positional='rotary'")
+        if self.attn_only and (self.gated_mlp or self.parallel_attn_mlp):
+            raise ValueError("attn_only blocks have no MLP: gated_mlp and parallel_attn_mlp must be False")
+        if self.tie_embeddings and (self.io != "tokens" or self.d_vocab_out != self.d_vocab):
+            raise ValueError(
+                "tie_embeddings needs io='tokens' and d_vocab_out == d_vocab (the read-out "
+                "reuses the embedding table)"
+            )
 
-    # What TransformerLens' ActivationCache reads from ``model.cfg`` (not config fields).
     @property
-    def attn_only(self) -> bool:
-        """Every block has an MLP."""
-        return False
+    def n_groups(self) -> int:
+        """Query heads per key/value head, ``n_heads // n_key_value_heads``."""
+        return self.n_heads // self.n_key_value_heads
 
+    # What TransformerLens' ActivationCache reads from ``model.cfg`` (``attn_only`` is a field).
     @property
     def normalization_type(self) -> str | None:
-        """``"LN"``: LayerNorms with their weight and bias not folded into the next layer;
+        """``"LN"`` / ``"RMS"``: norms with their weights not folded into the next layer;
         None without normalisation."""
-        return "LN" if self.normalization == "LN" else None
+        return None if self.normalization == "none" else self.normalization
 
     @property
     def final_rms(self) -> bool:
-        """The final norm is a LayerNorm, not an RMSNorm."""
-        return False
+        """Whether the final norm is an RMSNorm."""
+        return self.normalization == "RMS"
 
     @property
     def positional_embedding_type(self) -> str:
-        """``"standard"``: a learned position table added to the embedding."""
-        return "standard"
+        """``"standard"`` (a learned position table added to the embedding) or ``"rotary"``."""
+        return "standard" if self.positional == "learned" else "rotary"
 
 
 class LayerNorm(nn.Module):
@@ -160,6 +253,21 @@ class LayerNorm(nn.Module):
         return x * self.w + self.b
 
 
+class RMSNorm(nn.Module):
+    """RMSNorm ``x / sqrt(mean(x^2) + eps) * w`` with ``hook_scale`` and ``hook_normalized``."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.w = nn.Parameter(torch.ones(d_model))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.w
+
+
 class NoNorm(nn.Module):
     """The identity in place of a LayerNorm (``normalization="none"``), with ``hook_normalized``."""
 
@@ -172,94 +280,193 @@ class NoNorm(nn.Module):
 
 
 def make_norm(cfg: TransformerConfig) -> nn.Module:
-    """The block's normalisation: a :class:`LayerNorm` or, with ``normalization="none"``,
-    a :class:`NoNorm`."""
-    return LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.normalization == "LN" else NoNorm()
+    """The block's normalisation: a :class:`LayerNorm`, an :class:`RMSNorm` or, with
+    ``normalization="none"``, a :class:`NoNorm`."""
+    if cfg.normalization == "LN":
+        return LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+    if cfg.normalization == "RMS":
+        return RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+    return NoNorm()
+
+
+def _bias(enabled: bool, *shape: int) -> nn.Parameter | None:
+    return nn.Parameter(torch.zeros(*shape)) if enabled else None
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings of the first ``dim`` dimensions, "rotate half" layout.
+
+    Position ``t`` rotates the pair ``(x_i, x_{i + dim/2})`` by the angle ``t * base^(-2i /
+    dim)``, ``i < dim / 2``; the dimensions past ``dim`` pass unchanged (partial rotary, as
+    in GPT-NeoX). The same arithmetic as Hugging Face's ``apply_rotary_pos_emb``.
+    """
+
+    def __init__(self, dim: int, base: float):
+        super().__init__()
+        self.dim = dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [dim / 2]
+
+    def cos_sin(self, n_pos: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """``cos, sin`` of every position's angles, ``[pos, dim]`` each, in ``like``'s dtype."""
+        t = torch.arange(n_pos, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = t[:, None] * self.inv_freq.float()  # [pos, dim / 2]
+        angles = torch.cat([freqs, freqs], dim=-1)  # [pos, dim]
+        return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+
+    def forward(self, x: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos head d_head"]:
+        cos, sin = self.cos_sin(x.shape[1], x)
+        cos, sin = cos[:, None], sin[:, None]  # [pos, 1, dim]
+        x_rot, x_pass = x[..., : self.dim], x[..., self.dim :]
+        x1, x2 = x_rot.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)
+        return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+def causal_mask(n_pos: int, device: torch.device) -> Tensor:
+    """``[pos, pos]`` bool, True where a query may *not* attend (a key after it)."""
+    return torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).triu_(1)
 
 
 class Attention(nn.Module):
-    """Multi-head softmax attention (causal unless ``cfg.causal`` is False), per-head
-    outputs summed into ``d_model``."""
+    """Multi-head softmax attention (causal unless ``cfg.causal`` is False; grouped
+    key/value heads with ``n_key_value_heads < n_heads``), per-head outputs summed into
+    ``d_model``."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        h, d, m = cfg.n_heads, cfg.d_head, cfg.d_model
+        h, g, d, m = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
+        self.n_groups = cfg.n_groups
         self.W_Q = nn.Parameter(torch.empty(h, m, d))
-        self.W_K = nn.Parameter(torch.empty(h, m, d))
-        self.W_V = nn.Parameter(torch.empty(h, m, d))
+        self.W_K = nn.Parameter(torch.empty(g, m, d))
+        self.W_V = nn.Parameter(torch.empty(g, m, d))
         self.W_O = nn.Parameter(torch.empty(h, d, m))
-        self.b_Q = nn.Parameter(torch.zeros(h, d))
-        self.b_K = nn.Parameter(torch.zeros(h, d))
-        self.b_V = nn.Parameter(torch.zeros(h, d))
-        self.b_O = nn.Parameter(torch.zeros(m))
-        causal = torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool))
-        self.register_buffer("causal_mask", causal, persistent=False)
+        self.b_Q = _bias(cfg.qkv_bias, h, d)
+        self.b_K = _bias(cfg.qkv_bias, g, d)
+        self.b_V = _bias(cfg.qkv_bias, g, d)
+        self.b_O = _bias(cfg.attn_out_bias, m)
         self.causal = cfg.causal
         self.scale = math.sqrt(d)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" else None
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
-        self.hook_k = HookPoint()  # [batch, pos, head, d_head]
-        self.hook_v = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, kv_head, d_head]
+        self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
+        if self.rotary is not None:
+            self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]
+            self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]
         self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos]
         self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos]
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        n_pos = x.shape[1]
-        q = self.hook_q(torch.einsum("bpm,hmd->bphd", x, self.W_Q) + self.b_Q)
-        k = self.hook_k(torch.einsum("bpm,hmd->bphd", x, self.W_K) + self.b_K)
-        v = self.hook_v(torch.einsum("bpm,hmd->bphd", x, self.W_V) + self.b_V)
+    def biases(self) -> list[Tensor | None]:
+        """``[b_Q, b_K, b_V]`` (None where a bias is off)."""
+        return [self.b_Q, self.b_K, self.b_V]
 
+    def scores(
+        self, q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos kv_head d_head"]
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        """Masked attention scores of (rotated) queries and keys; each key/value head
+        serves ``n_groups`` consecutive query heads."""
+        if self.n_groups > 1:
+            k = k.repeat_interleave(self.n_groups, dim=2)  # [batch, pos, head, d_head]
         # The [batch, head, query_pos, key_pos] tensors dominate the memory traffic, so
         # allocate only two of them: scale q rather than the scores, mask in place.
         scores = torch.einsum("bqhd,bkhd->bhqk", q / self.scale, k)
         if self.causal:
-            scores.masked_fill_(~self.causal_mask[:n_pos, :n_pos], float("-inf"))
-        scores = self.hook_attn_scores(scores)
-        pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+            scores.masked_fill_(causal_mask(q.shape[1], q.device), float("-inf"))
+        return scores
 
-        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
+    def mix_values(
+        self, pattern: Float[Tensor, "batch head query_pos key_pos"], v: Float[Tensor, "batch pos kv_head d_head"]
+    ) -> Float[Tensor, "batch pos head d_head"]:
+        """``z``: each query head's pattern applied to its key/value head's values."""
+        if self.n_groups > 1:
+            v = v.repeat_interleave(self.n_groups, dim=2)
+        return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        q = torch.einsum("bpm,hmd->bphd", x, self.W_Q)
+        k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
+        v = torch.einsum("bpm,hmd->bphd", x, self.W_V)
+        if self.b_Q is not None:
+            q, k, v = q + self.b_Q, k + self.b_K, v + self.b_V
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if self.rotary is not None:
+            q, k = self.hook_rot_q(self.rotary(q)), self.hook_rot_k(self.rotary(k))
+        scores = self.hook_attn_scores(self.scores(q, k))
+        pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+        z = self.hook_z(self.mix_values(pattern, v))
         result = self.hook_result(torch.einsum("bqhd,hdm->bqhm", z, self.W_O))
-        return result.sum(dim=2) + self.b_O
+        out = result.sum(dim=2)
+        return out if self.b_O is None else out + self.b_O
+
+
+def activation(act_fn: str, x: Tensor) -> Tensor:
+    """``act_fn`` (one of :data:`ACT_FNS`) applied to ``x``."""
+    if act_fn == "relu":
+        return F.relu(x)
+    if act_fn == "silu":
+        return F.silu(x)
+    return F.gelu(x, approximate="tanh" if act_fn == "gelu_new" else "none")
 
 
 class MLP(nn.Module):
-    """``W_out act(W_in x + b_in) + b_out`` with ``hook_pre`` / ``hook_post`` ``[batch, pos, d_mlp]``."""
+    """``W_out act(W_in x + b_in) + b_out``, or gated ``W_out (act(W_gate x + b_gate) *
+    (W_in x + b_in)) + b_out``, with ``hook_pre`` (the activation's input), ``hook_pre_linear``
+    (gated: ``W_in x + b_in``) and ``hook_post`` ``[batch, pos, d_mlp]``."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
+        self.gated = cfg.gated_mlp
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.b_in = _bias(cfg.mlp_bias, cfg.d_mlp)
+        if self.gated:
+            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+            self.b_gate = _bias(cfg.mlp_bias, cfg.d_mlp)
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
-        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.b_out = _bias(cfg.mlp_bias, cfg.d_model)
         self.act_fn = cfg.act_fn
         self.hook_pre = HookPoint()
+        if self.gated:
+            self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()
 
+    @staticmethod
+    def _affine(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        return x @ w if b is None else x @ w + b
+
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre = self.hook_pre(x @ self.W_in + self.b_in)
-        if self.act_fn == "relu":
-            post = self.hook_post(F.relu(pre))
+        if self.gated:
+            pre = self.hook_pre(self._affine(x, self.W_gate, self.b_gate))
+            linear = self.hook_pre_linear(self._affine(x, self.W_in, self.b_in))
+            post = self.hook_post(activation(self.act_fn, pre) * linear)
         else:
-            approximate = "tanh" if self.act_fn == "gelu_new" else "none"
-            post = self.hook_post(F.gelu(pre, approximate=approximate))
-        return post @ self.W_out + self.b_out
+            pre = self.hook_pre(self._affine(x, self.W_in, self.b_in))
+            post = self.hook_post(activation(self.act_fn, pre))
+        return self._affine(post, self.W_out, self.b_out)
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LN block: ``resid += attn(ln1(resid)); resid += mlp(ln2(resid))``."""
+    """Pre-norm block: ``resid += attn(ln1(resid)); resid += mlp(ln2(resid))``; with
+    ``parallel_attn_mlp`` ``resid += attn(ln1(resid)) + mlp(ln2(resid))``; with
+    ``attn_only`` the attention alone."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
+        self.parallel = cfg.parallel_attn_mlp
         self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
-        self.ln2 = make_norm(cfg)
-        self.mlp = MLP(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
-        self.hook_resid_mid = HookPoint()
-        self.hook_mlp_out = HookPoint()
+        self.ln2 = self.mlp = None
+        if not cfg.attn_only:
+            self.ln2 = make_norm(cfg)
+            self.mlp = MLP(cfg)
+            if not self.parallel:
+                self.hook_resid_mid = HookPoint()
+            self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(
@@ -267,25 +474,32 @@ class TransformerBlock(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
         attn_out = self.hook_attn_out(self.attn(self.ln1(resid)))
+        if self.mlp is None:
+            return self.hook_resid_post(resid + attn_out)
+        if self.parallel:
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid)))
+            return self.hook_resid_post(resid + attn_out + mlp_out)
         resid = self.hook_resid_mid(resid + attn_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid)))
         return self.hook_resid_post(resid + mlp_out)
 
 
-def _reset_norm(norm: nn.Module) -> None:
-    if isinstance(norm, LayerNorm):
+def _reset_norm(norm: nn.Module | None) -> None:
+    if hasattr(norm, "w"):
         nn.init.ones_(norm.w)
+    if hasattr(norm, "b"):
         nn.init.zeros_(norm.b)
 
 
 _D = ("batch", "pos", "d_model")
 _HEADS = ("batch", "pos", "head", "d_head")
+_KV_HEADS = ("batch", "pos", "kv_head", "d_head")
 _ATTN = ("batch", "head", "query_pos", "key_pos")
 _SCALE = ("batch", "pos", "one")
 
 
 class Transformer(MechModel):
-    """GPT-2 style decoder: read-in + positions, pre-LN blocks, final LN, read-out.
+    """Decoder: read-in (+ positions), pre-norm blocks, final norm, read-out.
 
     Args:
         cfg: The model's :class:`TransformerConfig`.
@@ -296,8 +510,10 @@ class Transformer(MechModel):
         "blocks.*.ln1.hook_scale": _SCALE,
         "blocks.*.ln1.hook_normalized": _D,
         "blocks.*.attn.hook_q": _HEADS,
-        "blocks.*.attn.hook_k": _HEADS,
-        "blocks.*.attn.hook_v": _HEADS,
+        "blocks.*.attn.hook_k": _KV_HEADS,
+        "blocks.*.attn.hook_v": _KV_HEADS,
+        "blocks.*.attn.hook_rot_q": _HEADS,
+        "blocks.*.attn.hook_rot_k": _KV_HEADS,
         "blocks.*.attn.hook_attn_scores": _ATTN,
         "blocks.*.attn.hook_pattern": _ATTN,
         "blocks.*.attn.hook_z": _HEADS,
@@ -307,6 +523,7 @@ class Transformer(MechModel):
         "blocks.*.ln2.hook_scale": _SCALE,
         "blocks.*.ln2.hook_normalized": _D,
         "blocks.*.mlp.hook_pre": ("batch", "pos", "d_mlp"),
+        "blocks.*.mlp.hook_pre_linear": ("batch", "pos", "d_mlp"),
         "blocks.*.mlp.hook_post": ("batch", "pos", "d_mlp"),
         "blocks.*.hook_mlp_out": _D,
         "ln_final.hook_scale": _SCALE,
@@ -317,12 +534,17 @@ class Transformer(MechModel):
         super().__init__()
         self.cfg = cfg
         self.read_in = ReadIn(cfg)
-        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+        if cfg.positional == "learned":
+            self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+            self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        else:
+            self.W_pos = None
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.ln_final = make_norm(cfg)
         self.read_out = ReadOut(cfg)
+        if cfg.tie_embeddings:
+            self.read_out.proj.weight = self.read_in.embed.weight
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_out = HookPoint()  # [batch, pos, d_output]
         self.init_weights()
         self.setup()
@@ -332,21 +554,29 @@ class Transformer(MechModel):
         """(Re)initialise every parameter as described in :class:`TransformerConfig`."""
         std = self.cfg.init_std
         resid_std = std / math.sqrt(2 * self.cfg.n_layers)
-        nn.init.normal_(self.W_pos, std=std)
+        if self.W_pos is not None:
+            nn.init.normal_(self.W_pos, std=std)
         for block in self.blocks:
             for ln in (block.ln1, block.ln2):
                 _reset_norm(ln)
             attn, mlp = block.attn, block.mlp
-            for w in (attn.W_Q, attn.W_K, attn.W_V, mlp.W_in):
+            weights, out_weights, biases = [attn.W_Q, attn.W_K, attn.W_V], [attn.W_O], attn.biases() + [attn.b_O]
+            if mlp is not None:
+                weights += [mlp.W_in] + ([mlp.W_gate] if mlp.gated else [])
+                out_weights.append(mlp.W_out)
+                biases += [mlp.b_in, mlp.b_out] + ([mlp.b_gate] if mlp.gated else [])
+            for w in weights:
                 nn.init.normal_(w, std=std)
-            for w in (attn.W_O, mlp.W_out):
+            for w in out_weights:
                 nn.init.normal_(w, std=resid_std)
-            for b in (attn.b_Q, attn.b_K, attn.b_V, attn.b_O, mlp.b_in, mlp.b_out):
-                nn.init.zeros_(b)
+            for b in biases:
+                if b is not None:
+                    nn.init.zeros_(b)
         _reset_norm(self.ln_final)
         if self.cfg.io == "tokens":
             nn.init.normal_(self.read_in.embed.weight, std=std)
-            nn.init.normal_(self.read_out.proj.weight, std=std)
+            if not self.cfg.tie_embeddings:
+                nn.init.normal_(self.read_out.proj.weight, std=std)
             nn.init.zeros_(self.read_out.proj.bias)
         else:
             self.read_in.proj.reset_parameters()
@@ -378,7 +608,7 @@ class Transformer(MechModel):
                 f"tokens must be an output index or a tensor of them, not {type(tokens).__name__} "
                 "(mechlab models have no tokenizer)"
             )
-        if isinstance(self.ln_final, LayerNorm):
+        if isinstance(self.ln_final, (LayerNorm, RMSNorm)):
             folded = self.W_U * self.ln_final.w[:, None]  # [d_model, d_output]
         else:
             folded = self.W_U
@@ -400,13 +630,15 @@ class Transformer(MechModel):
         """
         total = torch.zeros(self.cfg.d_model, device=self.cfg.device, dtype=self.cfg.dtype)
         for block in self.blocks[:layer]:
-            total = total + block.attn.b_O
-            if include_mlp_biases:
+            if block.attn.b_O is not None:
+                total = total + block.attn.b_O
+            if include_mlp_biases and block.mlp is not None and block.mlp.b_out is not None:
                 total = total + block.mlp.b_out
         if mlp_input:
             if layer >= self.cfg.n_layers:
                 raise ValueError(f"mlp_input needs layer < n_layers={self.cfg.n_layers}, got {layer}")
-            total = total + self.blocks[layer].attn.b_O
+            if self.blocks[layer].attn.b_O is not None:
+                total = total + self.blocks[layer].attn.b_O
         return total
 
     def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
@@ -420,9 +652,9 @@ class Transformer(MechModel):
         """
         batch, n_pos = x.shape[:2]
         self.check_length(n_pos)
-        embed = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
-        pos_embed = self.hook_pos_embed(self.W_pos[:n_pos].expand(batch, n_pos, -1).clone())
-        resid = embed + pos_embed
+        resid = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
+        if self.W_pos is not None:
+            resid = resid + self.hook_pos_embed(self.W_pos[:n_pos].expand(batch, n_pos, -1).clone())
         for block in self.blocks:
             resid = block(resid)
         return self.hook_out(self.read_out(self.ln_final(resid)))

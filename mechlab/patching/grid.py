@@ -54,8 +54,12 @@ class Cell:
         if self.pos != ALL:
             index[_axis(axes, POSITION_AXES)] = self.pos
         if self.head is not None:
-            index[axes.index("head")] = self.head
+            index[_axis(axes, HEAD_AXES)] = self.head
         return tuple(index)
+
+
+# Head axes: query heads, and the key/value heads of grouped-query attention (hook_k, hook_v).
+HEAD_AXES = ("head", "kv_head")
 
 
 def _axis(axes: Sequence[str], names: Sequence[str]) -> int:
@@ -170,10 +174,11 @@ def components(model, names: Sequence[str], heads: bool | Sequence[int]) -> list
         axes = model.hook_axes(name)
         if not any(a in POSITION_AXES for a in axes):
             raise ValueError(f"hook {name!r} has no position axis ({axes}); choose another hook")
-        if "head" not in axes or head_list == []:
+        if not any(a in HEAD_AXES for a in axes) or head_list == []:
             rows.append((name, None))
             continue
-        n_heads = model.cfg.n_heads
+        kv = "kv_head" in axes
+        n_heads = model.cfg.n_key_value_heads if kv else model.cfg.n_heads
         chosen = range(n_heads) if head_list is None else head_list
         for head in chosen:
             if not isinstance(head, int) or not 0 <= head < n_heads:

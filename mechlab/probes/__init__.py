@@ -11,14 +11,15 @@
   control-task baseline, as a :class:`ProbeSweep` (``to_dataframe()``, ``plot()``).
 """
 
+from mechlab._deprecated import moved_names
 from mechlab.probes.activations import collect_activations
 from mechlab.probes.estimators import ClassifierProbe, RegressorProbe
 from mechlab.probes.sweep import ProbeSweep, default_hooks, probe_sweep, random_twin
 from mechlab.probes.targets import (
     TARGETS,
     control_task,
+    probe_positions,
     recall_targets,
-    target_positions,
 )
 
 __all__ = [
@@ -32,5 +33,7 @@ __all__ = [
     "probe_sweep",
     "random_twin",
     "recall_targets",
-    "target_positions",
+    "probe_positions",
 ]
+
+__getattr__ = moved_names(__name__)  # target_positions: probe_positions

@@ -21,8 +21,8 @@ from mechlab.probes.activations import check_hooks, collect_activations, positio
 from mechlab.probes.estimators import ClassifierProbe, RegressorProbe
 from mechlab.probes.targets import (
     control_task,
+    probe_positions,
     recall_targets,
-    target_positions,
     target_spec,
 )
 from mechlab.progress import tqdm
@@ -230,7 +230,7 @@ def probe_sweep(
             raise ValueError(f"cv must be at least 2 folds, got {cv}")
         cv = GroupKFold(n_splits=cv)
     hooks = default_hooks(model) if hooks is None else check_hooks(model, hooks)
-    positions = target_positions(traces, target, positions)
+    positions = probe_positions(traces, target, positions)
     y, groups = recall_targets(traces, target, positions)  # [batch, n_pos(, d_state)]
     y_control = control_task(y.flatten(0, 1), groups.flatten(), seed).view_as(y)
     if classify:

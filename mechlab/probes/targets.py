@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mechlab._deprecated import moved_names
 from mechlab.probes.activations import resolve_positions
 from mechlab.tasks.lds import OBS, OPEN
 from mechlab.tasks.nih import NiH
@@ -80,7 +81,7 @@ def _defined(t: NiH, name: str) -> Tensor:
     return t.observed.bool()
 
 
-def target_positions(
+def probe_positions(
     t: NiH, name: str, positions: int | Sequence[int] | Tensor | None = None
 ) -> list[int]:
     """The input positions to probe ``name`` at, checked against where it is defined.
@@ -120,7 +121,7 @@ def recall_targets(
     Args:
         t: The traces (:func:`mechlab.nih`).
         name: ``"query_system"``, ``"open_label"``, ``"state"`` or ``"next_state"``.
-        positions: Input positions (see :func:`target_positions` for the default).
+        positions: Input positions (see :func:`probe_positions` for the default).
 
     Returns:
         ``(y, groups)``: ``y`` is ``[batch, n_positions]`` long class labels or
@@ -131,7 +132,7 @@ def recall_targets(
         ValueError: Unknown target, positions where it is undefined, or ``query_system``
             on traces that all query the same slot (the study's NiH).
     """
-    index = torch.tensor(target_positions(t, name, positions), dtype=torch.long)
+    index = torch.tensor(probe_positions(t, name, positions), dtype=torch.long)
     if name == "query_system" and t.query.unique().numel() < 2 and len(t) > 1:
         raise ValueError(
             f"every trace queries haystack slot {int(t.query[0])} ({t.protocol!r} NiH), so "
@@ -181,3 +182,5 @@ def control_task(y: Tensor, types: Tensor, seed: int = 0) -> Tensor:
         if not categorical or control.unique().numel() > 1 or y.unique().numel() < 2:
             break
     return control
+
+__getattr__ = moved_names(__name__)  # target_positions: probe_positions

@@ -4,30 +4,46 @@ Modules: :mod:`~mechlab.prune.graph` (writers, readers, edges per architecture),
 :mod:`~mechlab.prune.masks` (hard-concrete masks), :mod:`~mechlab.prune.forward` (writer
 outputs, ablations, the masked forward pass), :mod:`~mechlab.prune.engine` (the
 optimisation and the choice of edges), :mod:`~mechlab.prune.evaluate` (faithfulness and
-errors of a circuit), :mod:`~mechlab.prune.circuit` (circuits, overlap, plots),
-:mod:`~mechlab.prune.data` (traces and targets). The engine knows no checkpoint:
-:func:`mechlab.pipelines.prune_checkpoint` loads one and builds its task's traces; the
+errors of a circuit), :mod:`~mechlab.prune.circuit` (circuits and overlap: plain data;
+their figures are in :mod:`mechlab.viz`). The traces and targets it reads are
+:mod:`mechlab.traces`. The methods the field compares edge pruning with score the same
+graph through the same masked forward: :mod:`~mechlab.prune.attribution` (EAP, EAP-IG over
+the edge masks or the inputs), :mod:`~mechlab.prune.exact` (exact single-edge ablation),
+:mod:`~mechlab.prune.acdc` (greedy ACDC); :mod:`~mechlab.prune.methods` makes one circuit
+per method (:func:`find_circuit`). The engine knows no task and no checkpoint:
+:func:`mechlab.pipelines.prune_checkpoint` loads one and builds its task's traces
+(:mod:`mechlab.tasks.lds_prune`, :mod:`mechlab.tasks.state_tracking_prune`); the
 benchmark is :func:`mechlab.bench.prune.bench_prune`.
 
 Typical use::
 
+    import mechlab.viz
     from mechlab.pipelines import prune_checkpoint
     from mechlab.prune import overlap
     a = prune_checkpoint("last.pt", "1-after", sparsity=0.95)
     b = prune_checkpoint("last.pt", "2-after", sparsity=0.95)
     print(a.metadata["metrics"]["faithfulness"], overlap(a, b).jaccard)
-    a.to_json("circuits/1-after.json"); a.write_html("circuits/1-after.html")
+    a.to_json("circuits/1-after.json")
+    mechlab.viz.write_html(mechlab.viz.circuit_figure(a), "circuits/1-after.html")
 """
 
+from mechlab._deprecated import moved_names
+from mechlab.prune.acdc import ACDC_MAX_EDGES, AcdcResult, acdc_search
+from mechlab.prune.attribution import (
+    ATTRIBUTION_METHODS,
+    METRICS,
+    EdgeScores,
+    attribute,
+)
 from mechlab.prune.circuit import (
     Circuit,
     Overlap,
     Stability,
+    jaccard,
     overlap,
     seed_stability,
 )
 from mechlab.prune.curves import FaithfulnessCurve, faithfulness_curve
-from mechlab.prune.data import CORRUPTIONS, PruneData, Traces, nih_prune_data, target_mask
 from mechlab.prune.engine import prune, prune_seeds
 from mechlab.prune.evaluate import evaluate_circuit, evaluate_masks
 from mechlab.prune.forward import ABLATIONS, make_ablation, masked_forward, writer_outputs
@@ -40,13 +56,20 @@ from mechlab.prune.graph import (
     transformer_edge_count,
 )
 from mechlab.prune.joint import JointResult, ShareSweep, joint_prune, share_sweep
+from mechlab.prune.methods import METHODS, circuit_from_scores, circuit_scores_of, find_circuit
 from mechlab.prune.stats import bootstrap_overlap, cross_evaluate, null_model
+from mechlab.traces import PruneData, Traces, target_mask
 
 __all__ = [
     "ABLATIONS",
-    "CORRUPTIONS",
+    "ACDC_MAX_EDGES",
+    "ATTRIBUTION_METHODS",
+    "METHODS",
+    "METRICS",
+    "AcdcResult",
     "Circuit",
     "EdgeGraph",
+    "EdgeScores",
     "FaithfulnessCurve",
     "JointResult",
     "Overlap",
@@ -54,18 +77,23 @@ __all__ = [
     "ShareSweep",
     "Stability",
     "Traces",
+    "acdc_search",
+    "attribute",
     "bootstrap_overlap",
     "build_graph",
+    "circuit_from_scores",
+    "circuit_scores_of",
     "countable_edges",
     "cross_evaluate",
     "evaluate_circuit",
     "evaluate_masks",
     "faithfulness_curve",
+    "find_circuit",
     "inert_writers",
+    "jaccard",
     "joint_prune",
     "make_ablation",
     "masked_forward",
-    "nih_prune_data",
     "null_model",
     "overlap",
     "prune",
@@ -77,3 +105,5 @@ __all__ = [
     "transformer_edge_count",
     "writer_outputs",
 ]
+
+__getattr__ = moved_names(__name__)  # nih_prune_data, CORRUPTIONS: mechlab.tasks.lds_prune

@@ -1,4 +1,4 @@
-"""Circuits found by edge pruning: the data structure, its plot and overlaps.
+"""Circuits found by edge pruning: the data structure and overlaps (plain data, no figures).
 
 A :class:`Circuit` is a set of kept edges ``(writer, reader)`` of a model's
 :class:`~mechlab.prune.graph.EdgeGraph`, each with its score (the deterministic
@@ -7,7 +7,11 @@ sha256, target, ablation, sparsity asked and reached, seed, steps, metrics).
 
 Its metrics (faithfulness, errors) are computed by :mod:`mechlab.prune.evaluate`.
 
-Overlap (:func:`overlap`): shared edges, Jaccard, overlap coefficient, shared
+Its figure is drawn by :func:`mechlab.viz.circuits.circuit_figure` (``mechlab view``);
+this module imports no plotting library.
+
+Overlap (:func:`overlap`): shared edges, Jaccard (:func:`jaccard`, the one
+implementation every comparison of circuits uses), overlap coefficient, shared
 components. :func:`seed_stability` compares prunings of one target with different
 seeds (how well two prunings of the same target agree) with prunings of different
 targets, so an observed low cross-target overlap can be judged against the
@@ -19,21 +23,21 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
-import plotly.graph_objects as go
 
+from mechlab._deprecated import moved_names, resolve, warn_moved
 from mechlab.io import atomic_write_text
-from mechlab.prune.circuit_file import validate_circuit_dict
+from mechlab.prune.circuit_file import read_circuit_file, validate_circuit_dict
 from mechlab.prune.graph import component_of, parse_component, window_of
 
 FORMAT = "mechlab-circuit"
 VERSION = 1
-_KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "mlp": 3, "mixer": 2, "out": 4}
+_KIND_ORDER = {"embed": 0, "pos": 1, "head": 2, "group": 3, "mlp": 4, "mixer": 2, "out": 5}
 
 
 def _component_key(name: str, windows: Sequence[str] = ()) -> tuple[int, int, int, int]:
@@ -146,7 +150,10 @@ class Circuit:
             ValueError: ``values`` does not follow the circuit schema
                 (:mod:`mechlab.prune.circuit_file`); one line naming the field.
         """
-        validate_circuit_dict(values, source)
+        return cls._from_valid_dict(validate_circuit_dict(values, source))
+
+    @classmethod
+    def _from_valid_dict(cls, values: dict[str, Any]) -> Circuit:
         edges = {(w, r): float(s) for w, r, s in values["edges"]}
         log_alpha = values.get("log_alpha")
         if log_alpha is not None:
@@ -165,27 +172,21 @@ class Circuit:
             ValueError: The file cannot be read, is not JSON, or does not follow the
                 circuit schema; one line naming the file (and the field).
         """
-        path = Path(path)
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{str(path)!r} is not valid JSON: {exc}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{str(path)!r} is not a text (UTF-8 JSON) file; pass a circuit JSON file") from None
-        return cls.from_dict(values, repr(str(path)))
+        values = read_circuit_file(path)  # size, depth and schema checked
+        return cls._from_valid_dict(values)
 
-    # -- figures ------------------------------------------------------------------
-    def plot(self, title: str | None = None) -> go.Figure:
-        """The circuit graph (:func:`mechlab.viz.circuits.circuit_figure`): layers left to
-        right, heads stacked, curved edges whose width and opacity follow their scores,
-        q/k/v ports told apart, hover with names and scores."""
-        return plot_circuit(self, title)
+    # -- deprecated: figures live in mechlab.viz ------------------------------------
+    def plot(self, title: str | None = None) -> Any:
+        """Deprecated: use :func:`mechlab.viz.circuit_figure` (goes in mechlab 0.2.0)."""
+        warn_moved("Circuit.plot()", "mechlab.viz.circuit_figure(circuit)")
+        return resolve("mechlab.viz.circuits:circuit_figure")(self, title)
 
     def write_html(self, path: str | Path) -> Path:
-        """Write :meth:`plot` as a self-contained offline HTML page (plotly.js embedded)."""
-        from mechlab.viz.figures import write_html
-
-        return write_html(self.plot(), path)
+        """Deprecated: use ``mechlab.viz.write_html(mechlab.viz.circuit_figure(circuit), path)``
+        (goes in mechlab 0.2.0)."""
+        warn_moved("Circuit.write_html()", "mechlab.viz.write_html(circuit_figure(circuit), path)")
+        figure = resolve("mechlab.viz.circuits:circuit_figure")(self)
+        return resolve("mechlab.viz.figures:write_html")(figure, path)
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,15 +226,26 @@ class Overlap:
         return out
 
 
-def _jaccard(a: set, b: set) -> float:
-    union = a | b
-    return 1.0 if not union else len(a & b) / len(union)
+def jaccard(a: Iterable[Any], b: Iterable[Any]) -> float:
+    """``|A & B| / |A | B|`` of two sets (of edges, nodes, ...); 1.0 when both are empty.
+
+    The one Jaccard of mechlab: :func:`overlap`, :func:`seed_stability`, joint pruning and
+    the figures use it.
+    """
+    a = a if isinstance(a, (set, frozenset)) else set(a)
+    b = b if isinstance(b, (set, frozenset)) else set(b)
+    shared = len(a & b)
+    union = len(a) + len(b) - shared
+    return 1.0 if union == 0 else shared / union
 
 
 def _check_same_graph(a: Circuit, b: Circuit) -> None:
     ga, gb = a.metadata.get("graph"), b.metadata.get("graph")
     if ga is not None and gb is not None:
-        keys = ("arch", "n_layers", "n_heads")
+        # a transformer's layout keys (n_key_value_heads, ...) are recorded only when they
+        # differ from GPT-2's, so a missing key is the default on both sides
+        keys = ("arch", "n_layers", "n_heads", "n_key_value_heads", "positions", "attn_only",
+                "parallel_attn_mlp")  # fmt: skip
         if any(ga.get(k) != gb.get(k) for k in keys):
             raise ValueError(
                 f"circuits come from different graphs ({[ga.get(k) for k in keys]} vs "
@@ -275,10 +287,10 @@ def overlap(a: Circuit, b: Circuit) -> Overlap:
         n_edges_a=len(ea),
         n_edges_b=len(eb),
         shared_edges=sorted(shared),
-        jaccard=_jaccard(ea, eb),
+        jaccard=jaccard(ea, eb),
         overlap_coefficient=len(shared) / smallest if smallest else 0.0,
         shared_nodes=sorted(na & nb, key=_component_key),
-        node_jaccard=_jaccard(na, nb),
+        node_jaccard=jaccard(na, nb),
     )
 
 
@@ -349,13 +361,4 @@ def seed_stability(circuits: Mapping[str, Sequence[Circuit]]) -> Stability:
     return Stability(within, across, within_mean, across_mean, below)
 
 
-# ---------------------------------------------------------------------------------------
-# Plot
-# ---------------------------------------------------------------------------------------
-
-
-def plot_circuit(circuit: Circuit, title: str | None = None) -> go.Figure:
-    """See :meth:`Circuit.plot` (drawn by :func:`mechlab.viz.circuits.circuit_figure`)."""
-    from mechlab.viz.circuits import circuit_figure
-
-    return circuit_figure(circuit, title)
+__getattr__ = moved_names(__name__)  # plot_circuit: mechlab.viz.circuits.circuit_figure

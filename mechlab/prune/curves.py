@@ -58,7 +58,11 @@ from torch import Tensor, nn
 from mechlab.io import atomic_write_text
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import (
+from mechlab.prune.engine import prune
+from mechlab.prune.evaluate import circuit_edge_mask, evaluate_masks
+from mechlab.prune.forward import ABLATIONS
+from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
+from mechlab.traces import (
     PruneData,
     Target,
     Traces,
@@ -66,10 +70,6 @@ from mechlab.prune.data import (
     target_name,
     target_positions,
 )
-from mechlab.prune.engine import prune
-from mechlab.prune.evaluate import circuit_edge_mask, evaluate_masks
-from mechlab.prune.forward import ABLATIONS
-from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
 
 MIB_BUDGETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 """MIB's edge budgets (fractions of the graph's edges); 1.0 is always added as the anchor."""
@@ -513,23 +513,18 @@ def sweep(
     return curves
 
 
-def write_curves(
+def curves_to_dict(
     curves: Mapping[str, FaithfulnessCurve] | Sequence[FaithfulnessCurve],
-    path: str | Path,
     info: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write curves as one JSON file, atomically.
+) -> dict[str, Any]:
+    """Curves as the JSON-ready dict :func:`write_curves` writes and :func:`read_curves` reads.
 
     Args:
         curves: Curves (a mapping's keys are ignored; each curve knows its ablation).
-        path: Destination.
         info: Plain values recorded beside them (checkpoint, command line, ...).
-
-    Returns:
-        The path written.
     """
     items = list(curves.values()) if isinstance(curves, Mapping) else list(curves)
-    payload = {
+    return {
         "format": FORMAT,
         "version": VERSION,
         "protocol": "MIB circuit track: k = floor(b n) top-scored of the n edges that can "
@@ -538,12 +533,28 @@ def write_curves(
         "info": dict(info or {}),
         "curves": [c.to_dict() for c in items],
     }
-    return atomic_write_text(path, json.dumps(payload, indent=1, allow_nan=True))
+
+
+def write_curves(
+    curves: Mapping[str, FaithfulnessCurve] | Sequence[FaithfulnessCurve],
+    path: str | Path,
+    info: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write curves as one JSON file, atomically (:func:`curves_to_dict`); returns the path."""
+    return atomic_write_text(path, json.dumps(curves_to_dict(curves, info), indent=1, allow_nan=True))
 
 
 def read_curves(path: str | Path) -> list[FaithfulnessCurve]:
     """Read curves written by :func:`write_curves`."""
-    values = json.loads(Path(path).read_text())
-    if values.get("format") != FORMAT:
+    from mechlab.schema import load_json
+
+    values = load_json(path, "curves file", 256 << 20, 32)  # size and depth before parsing
+    if not isinstance(values, dict) or values.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} is not a mechlab faithfulness-curves file")
-    return [FaithfulnessCurve.from_dict(c) for c in values["curves"]]
+    try:
+        return [FaithfulnessCurve.from_dict(c) for c in values["curves"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(
+            f"{str(path)!r} is not a valid faithfulness-curves file ({type(err).__name__}: {err}); "
+            "re-create it with mechlab curve"
+        ) from None

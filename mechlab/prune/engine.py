@@ -35,15 +35,6 @@ from mechlab.models.base import predict_in_chunks
 from mechlab.progress import tqdm
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import (
-    PruneData,
-    Target,
-    Traces,
-    check_target,
-    target_mask,
-    target_name,
-    target_positions,
-)
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import (
     ABLATIONS,
@@ -63,6 +54,15 @@ from mechlab.prune.graph import (
     unreachable_edges,
 )
 from mechlab.prune.paths import live_edges, select_on_paths
+from mechlab.traces import (
+    PruneData,
+    Target,
+    Traces,
+    check_target,
+    target_mask,
+    target_name,
+    target_positions,
+)
 
 LOSSES = ("model", "truth")
 LR = 0.1  # learning rate of the masks (constant)
@@ -535,8 +535,8 @@ def prune(
 
     Args:
         model: A mechlab model (transformer, LSTM, dense SSM, Mamba).
-        data: Training and held-out traces (:func:`mechlab.prune.data.nih_prune_data`).
-        target: ``"k-after"``, ``"all"`` or a callable (:func:`mechlab.prune.data.target_mask`).
+        data: Training and held-out traces (:func:`mechlab.tasks.lds_prune.nih_prune_data`).
+        target: ``"k-after"``, ``"all"`` or a callable (:func:`mechlab.traces.target_mask`).
         sparsity: Fraction of the countable edges to remove, in (0, 1); it must keep
             at least one edge.
         ablation: ``"interchange"`` (corrupted traces), ``"mean"`` or ``"zero"``.

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from mechlab.models.base import predict_in_chunks
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData, Target, Traces, target_mask, target_name
 from mechlab.prune.forward import (
     divergence,
     frozen_eval,
@@ -30,6 +29,7 @@ from mechlab.prune.forward import (
     truth_error,
 )
 from mechlab.prune.graph import EdgeGraph, pruning_graph
+from mechlab.traces import PruneData, Target, Traces, target_mask, target_name
 
 
 def circuit_edge_mask(circuit: Circuit, graph: EdgeGraph) -> Tensor:

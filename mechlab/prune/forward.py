@@ -14,7 +14,11 @@ the second is computed from the writers' differences ``D_w = n_w (X_w - X~_w)``
 that precedes its component (``ln1`` for q/k/v, ``ln2`` for an MLP, the block norm of a
 recurrent layer, ``ln_final`` for the read-out) to its own mixed input; a transformer
 with ``normalization="none"`` has none, and one with ``causal=False`` attends over the
-whole sequence, as its own forward does.
+whole sequence, as its own forward does. The transformer's options follow its forward
+too: RMSNorms, rotary embeddings of each head's queries and keys, grouped key/value
+heads (one k and one v reader per group, whose keys and values serve the group's query
+heads), gated MLPs, a parallel residual (an MLP reads its input before its layer's heads
+are added), attention-only blocks, biases that are off.
 
 Windowed recurrent graphs (:func:`~mechlab.prune.graph.windowed_recurrent_graph`).
 The sequence is run window by window; in window ``w`` each reader mixes, as above, the
@@ -58,9 +62,9 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from mechlab.prune.data import Traces
 from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, Windows, build_graph, check_windows
 from mechlab.prune.mixing import FastStream, usable
+from mechlab.traces import Traces
 
 ABLATIONS = ("interchange", "mean", "zero")
 _MIXER_ATTR = {"lstm": "lstm", "dense_ssm": "ssm", "mamba": "mixer"}
@@ -74,9 +78,11 @@ _MIXER_ATTR = {"lstm": "lstm", "dense_ssm": "ssm", "mamba": "mixer"}
 def _writer_hooks(model: nn.Module) -> list[str]:
     cfg = model.cfg
     if cfg.arch == "transformer":
-        names = ["hook_embed", "hook_pos_embed"]
+        names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "learned" else [])
         for layer in range(cfg.n_layers):
-            names += [f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_mlp_out"]
+            names.append(f"blocks.{layer}.attn.hook_result")
+            if not cfg.attn_only:
+                names.append(f"blocks.{layer}.hook_mlp_out")
         return names
     return ["hook_embed"] + [f"blocks.{layer}.hook_mixer_out" for layer in range(cfg.n_layers)]
 
@@ -94,7 +100,8 @@ def writer_outputs(
 
     Returns:
         ``[n_writers, batch, pos, d_model]`` in the graph's writer order (for a
-        transformer: embed, pos, then per layer its heads' ``hook_result`` and its MLP).
+        transformer: embed, pos (with a learned position table), then per layer its
+        heads' ``hook_result`` and its MLP (unless attention-only)).
     """
     names = _writer_hooks(model)
     chunks = []
@@ -327,78 +334,100 @@ def _edge_block(z: Tensor, graph: EdgeGraph, first_reader: str, n_readers: int) 
 
 
 def _attention(
-    attn: nn.Module, x_qkv: Float[Tensor, "3 head batch pos d_model"]
+    attn: nn.Module,
+    x_q: Float[Tensor, "head batch pos d_model"],
+    x_k: Float[Tensor, "kv_head batch pos d_model"],
+    x_v: Float[Tensor, "kv_head batch pos d_model"],
 ) -> Float[Tensor, "head batch pos d_model"]:
-    """Each head's output ``z_h W_O[h]`` from its own normalised q, k and v inputs.
+    """Each head's output ``z_h W_O[h]`` from its own normalised q input and its key/value
+    group's normalised k and v inputs (one per head without grouping).
 
     Args:
-        attn: The block's attention module (its weights are used).
-        x_qkv: The q, k and v inputs of every head (already normalised).
+        attn: The block's :class:`~mechlab.models.transformer.Attention` (its weights,
+            rotary embedding, grouping and causal mask are used).
+        x_q: The q input of every query head (already normalised).
+        x_k: The k input of every key/value head.
+        x_v: The v input of every key/value head.
     """
-    n_pos = x_qkv.shape[3]
-    W = torch.stack([attn.W_Q, attn.W_K, attn.W_V])  # [3, head, d_model, d_head]
-    b = torch.stack([attn.b_Q, attn.b_K, attn.b_V])  # [3, head, d_head]
-    qkv = (
-        torch.einsum("khbpm,khmd->kbphd", x_qkv, W) + b[:, None, None]
-    )  # [3, batch, pos, head, d_head]
-    q, k, v = qkv.unbind(0)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q / attn.scale, k)  # [batch, head, q, k]
-    if attn.causal:
-        scores = scores.masked_fill(~attn.causal_mask[:n_pos, :n_pos], float("-inf"))
-    pattern = F.softmax(scores, dim=-1)
-    z = torch.einsum("bhqk,bkhd->bqhd", pattern, v)  # [batch, pos, head, d_head]
+    q = torch.einsum("hbpm,hmd->bphd", x_q, attn.W_Q)  # [batch, pos, head, d_head]
+    k = torch.einsum("gbpm,gmd->bpgd", x_k, attn.W_K)  # [batch, pos, kv_head, d_head]
+    v = torch.einsum("gbpm,gmd->bpgd", x_v, attn.W_V)
+    if attn.b_Q is not None:
+        q, k, v = q + attn.b_Q, k + attn.b_K, v + attn.b_V
+    if attn.rotary is not None:
+        q, k = attn.rotary(q), attn.rotary(k)
+    pattern = F.softmax(attn.scores(q, k), dim=-1)  # [batch, head, q, k]
+    z = attn.mix_values(pattern, v)  # [batch, pos, head, d_head]
     return torch.einsum("bqhd,hdm->hbqm", z, attn.W_O)  # [head, batch, pos, d_model]
 
 
 def _layer_norm(ln: nn.Module, x: Tensor) -> Tensor:
-    """The transformer's LayerNorm ``ln`` (same function: biased variance, eps inside the
-    root, affine ``w, b``) as PyTorch's fused kernel, on any number of leading axes; ``x``
-    itself when the model has no normalisation (``normalization="none"``: ``ln`` is a
-    ``NoNorm``, which has no weights)."""
+    """The transformer's norm ``ln`` on any number of leading axes, as PyTorch's fused
+    kernel: a LayerNorm (biased variance, eps inside the root, affine ``w, b``), an
+    RMSNorm (``x / sqrt(mean(x^2) + eps) * w``), or ``x`` itself for a ``NoNorm``
+    (``normalization="none"``, no weights)."""
     if not hasattr(ln, "w"):
         return x
+    if not hasattr(ln, "b"):
+        return F.rms_norm(x, (x.shape[-1],), ln.w, ln.eps)
     return F.layer_norm(x, (x.shape[-1],), ln.w, ln.b, ln.eps)
+
+
+def _embeddings(model: nn.Module, x: Tensor) -> Float[Tensor, "embed batch pos d"]:
+    """The embedding writers' outputs: the read-in and, with a learned table, the positions."""
+    embed = model.read_in(x)  # [batch, pos, d]
+    if model.W_pos is None:
+        return embed.unsqueeze(0)
+    batch, n_pos = x.shape[:2]
+    return torch.stack([embed, model.W_pos[:n_pos].expand(batch, n_pos, -1)])
+
+
+def _qkv_readers(cfg) -> tuple[int, int, int]:
+    """Sizes of a layer's q, k and v reader blocks (query heads, key/value heads twice)."""
+    return cfg.n_heads, cfg.n_key_value_heads, cfg.n_key_value_heads
 
 
 def _transformer_forward_fast(model, graph, x, ablated, z, node_mask, recompute) -> Tensor:
     """:func:`_transformer_forward`'s arithmetic through :mod:`mechlab.prune.mixing`: one
-    contraction per reader group, each reader's LayerNorm inside the same autograd node."""
-    H = model.cfg.n_heads
+    contraction per reader group, each reader's norm inside the same autograd node."""
+    sizes = _qkv_readers(model.cfg)
     batch, n_pos = x.shape[:2]
     stream = FastStream(ablated, node_mask, batch, recompute)
-    embed = model.read_in(x)  # [batch, pos, d]
-    pos = model.W_pos[:n_pos].expand(batch, n_pos, -1)
-    stream.add(torch.stack([embed, pos]))  # the two embedding writers
+    stream.add(_embeddings(model, x))
     for layer, block in enumerate(model.blocks):
-        z_heads = _edge_block(z, graph, f"a{layer}.h0.q", 3 * H)  # [3H, n_up] (q, k, v)
-        x_in = stream.read_norm(z_heads, block.ln1).view(3, H, batch, n_pos, -1)
-        stream.add(_attention(block.attn, x_in))  # [H, batch, pos, d]
-        stream.add_constant(block.attn.b_O)
-        mlp_in = stream.read_norm(_edge_block(z, graph, f"m{layer}.in", 1), block.ln2)
-        stream.add(block.mlp(mlp_in.squeeze(0)).unsqueeze(0))  # [1, batch, pos, d]
+        z_heads = _edge_block(z, graph, f"a{layer}.h0.q", sum(sizes))  # [H + 2G, n_up]
+        x_in = stream.read_norm(z_heads, block.ln1)  # [H + 2G, batch, pos, d]
+        mlp_block = None if block.mlp is None else _edge_block(z, graph, f"m{layer}.in", 1)
+        if mlp_block is not None and block.parallel:  # reads what the heads read
+            mlp_in = stream.read_norm(mlp_block, block.ln2)
+        stream.add(_attention(block.attn, *x_in.split(sizes)))  # [H, batch, pos, d]
+        if block.attn.b_O is not None:
+            stream.add_constant(block.attn.b_O)
+        if mlp_block is not None:
+            if not block.parallel:
+                mlp_in = stream.read_norm(mlp_block, block.ln2)
+            stream.add(block.mlp(mlp_in.squeeze(0)).unsqueeze(0))  # [1, batch, pos, d]
     resid = stream.read_norm(_edge_block(z, graph, "out", 1), model.ln_final).squeeze(0)
     return model.read_out(resid)
 
 
 def _transformer_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
-    cfg = model.cfg
-    H = cfg.n_heads
-    batch, n_pos = x.shape[:2]
+    sizes = _qkv_readers(model.cfg)
     stream = _Stream(ablated, node_mask)
-    embed = model.read_in(x)  # [batch, pos, d]
-    pos = model.W_pos[:n_pos].expand(batch, n_pos, -1)
-    stream.add(torch.stack([embed, pos]))  # the two embedding writers
+    stream.add(_embeddings(model, x))
     for layer, block in enumerate(model.blocks):
-        z_heads = _edge_block(z, graph, f"a{layer}.h0.q", 3 * H)  # [3H, n_up] (q, k, v)
-        x_in = _layer_norm(block.ln1, stream.read(z_heads)).view(3, H, batch, n_pos, -1)
-        result = _attention(block.attn, x_in)  # [H, batch, pos, d]
-        stream.add(result)
-        stream.add_constant(block.attn.b_O)
-        z_mlp = _edge_block(z, graph, f"m{layer}.in", 1)  # [1, n_up]
-        mlp_out = block.mlp(
-            _layer_norm(block.ln2, stream.read(z_mlp).squeeze(0))
-        )  # [batch, pos, d]
-        stream.add(mlp_out.unsqueeze(0))
+        z_heads = _edge_block(z, graph, f"a{layer}.h0.q", sum(sizes))  # [H + 2G, n_up]
+        x_in = _layer_norm(block.ln1, stream.read(z_heads))  # [H + 2G, batch, pos, d]
+        z_mlp = None if block.mlp is None else _edge_block(z, graph, f"m{layer}.in", 1)  # [1, n_up]
+        if z_mlp is not None and block.parallel:  # reads what the heads read
+            mlp_in = _layer_norm(block.ln2, stream.read(z_mlp).squeeze(0))
+        stream.add(_attention(block.attn, *x_in.split(sizes)))  # [H, batch, pos, d]
+        if block.attn.b_O is not None:
+            stream.add_constant(block.attn.b_O)
+        if z_mlp is not None:
+            if not block.parallel:
+                mlp_in = _layer_norm(block.ln2, stream.read(z_mlp).squeeze(0))
+            stream.add(block.mlp(mlp_in).unsqueeze(0))  # [1, batch, pos, d]
     resid = stream.read(_edge_block(z, graph, "out", 1)).squeeze(0)
     return model.read_out(_layer_norm(model.ln_final, resid))
 

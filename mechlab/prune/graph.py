@@ -20,6 +20,25 @@ Transformer (``E`` embedding writers, ``L`` layers, ``H`` heads)::
 ``E = 2`` here: the read-in (``embed``) and the position table (``pos``) are separate
 writers.
 
+The transformer's options (:class:`~mechlab.models.transformer.TransformerConfig`) change
+the graph so: with rotary positions there is no ``pos`` writer (``E = 1``: positions enter
+inside attention, no component writes them into the stream); an attention-only model has
+no ``m{l}`` writers and no ``m{l}.in`` readers (``M = 0`` MLP writers per layer instead of
+1); with a parallel residual ``m{l}.in`` reads what the heads of layer ``l`` read (not
+those heads); and with ``G = n_key_value_heads < H`` grouped key/value heads the K and V
+inputs of a group are *one* reader each, ``a{l}.g{g}.k`` / ``a{l}.g{g}.v``, shared by the
+group's query heads ``a{l}.h{gH/G} .. a{l}.h{(g+1)H/G - 1}`` (masking the edge ``w ->
+a{l}.g{g}.k`` changes the keys of every head of the group, as the model computes one key
+per group), while every query head keeps its own ``a{l}.h{h}.q``. With ``S = L E + (H + M)
+L (L - 1) / 2`` (the head readers' upstream writers, summed over layers)::
+
+    n_edges = (H + 2G) S                                    (q of every head, k and v of every group)
+            + M [S + L H]        (sequential)  or  M S      (parallel: the MLP reads no head of its layer)
+            + [E + L (H + M)]                               (read-out)
+
+which is the formula above for ``G = H``, ``M = 1``, sequential
+(:func:`transformer_edge_count`).
+
 LSTM, dense SSM, Mamba (residual stacks ``resid += mixer(norm(resid))``)::
 
     writers  embed, l{l}          (l{l} = layer l's mixer output)    L + 1
@@ -59,15 +78,11 @@ import networkx as nx
 import torch
 
 from mechlab.models.base import ModelConfig
+from mechlab.traces import Windows, check_windows
 
 RECURRENT_ARCHS = ("lstm", "dense_ssm", "mamba")
 ARCHS = ("transformer", *RECURRENT_ARCHS)
 QKV = ("q", "k", "v")
-NIH_WINDOWS = ("haystack", "label", "continuation")
-"""The windows of a needle-in-a-haystack trace (:func:`mechlab.prune.data.nih_prune_data`)."""
-
-Windows = tuple[tuple[str, int, int], ...]
-"""Position windows: ``(name, start, end)`` ranges in order, covering ``0 .. n_pos``."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,9 @@ class Reader:
         head: Head index (q/k/v readers), else ``-1``.
         first_upstream: Index of the first writer it reads (0 but in windowed graphs).
         window: Its window's name in a windowed graph, else ``None``.
+        shared_by: The writers a shared reader feeds (the query heads of a key/value
+            group, for ``a{l}.g{g}.k`` / ``.v``); empty for a reader that feeds
+            ``component`` alone (or nothing, the read-out).
     """
 
     name: str
@@ -115,6 +133,7 @@ class Reader:
     head: int = -1
     first_upstream: int = 0
     window: str | None = None
+    shared_by: tuple[str, ...] = ()
 
 
 @dataclass
@@ -128,6 +147,9 @@ class EdgeGraph:
         writers: In forward order.
         readers: In forward order.
         windows: The position windows of a windowed recurrent graph, else ``()``.
+        layout: A transformer's options that shape the graph, where they differ from
+            GPT-2's (``n_key_value_heads``, ``positions``, ``attn_only``,
+            ``parallel_attn_mlp``); recorded in :meth:`summary`.
         edges: ``(writer name, reader name)``, reader by reader, each reader's
             writers in forward order.
         edge_offset: Index of each reader's first edge, by reader name.
@@ -139,6 +161,7 @@ class EdgeGraph:
     writers: list[Writer]
     readers: list[Reader]
     windows: Windows = ()
+    layout: dict[str, Any] = field(default_factory=dict)
     edges: list[tuple[str, str]] = field(init=False)
     edge_offset: dict[str, int] = field(init=False)
 
@@ -151,6 +174,14 @@ class EdgeGraph:
         self.edge_index = {edge: i for i, edge in enumerate(self.edges)}
         self.writer_index = {w.name: i for i, w in enumerate(self.writers)}
         self.reader_by_name = {r.name: r for r in self.readers}
+
+    def feeds(self, reader: Reader | str) -> tuple[str, ...]:
+        """The writers a reader feeds: its component, every head of a shared key/value
+        reader's group, nothing for a read-out."""
+        r = self.reader_by_name[reader] if isinstance(reader, str) else reader
+        if r.shared_by:
+            return r.shared_by
+        return (r.component,) if r.component in self.writer_index else ()
 
     @property
     def n_edges(self) -> int:
@@ -175,6 +206,7 @@ class EdgeGraph:
             "n_readers": self.n_readers,
             "n_edges": self.n_edges,
         }
+        out.update(self.layout)
         if self.windows:
             out["windows"] = [list(w) for w in self.windows]
         return out
@@ -186,7 +218,8 @@ class EdgeGraph:
         with ``layer``, ``kind`` and, for readers, ``component``. Edges: every
         maskable writer -> reader edge (``internal=False``) plus, for each reader that
         feeds a writer, the internal edge reader -> that writer (``a1.h0.q -> a1.h0``,
-        ``m1.in -> m1``, ``l0.state@label -> l0@label``; ``internal=True``) so paths
+        ``m1.in -> m1``, ``l0.state@label -> l0@label``, a shared key/value reader to every
+        head of its group; ``internal=True``) so paths
         through components can be followed. Nodes carry their ``window`` (None outside
         windowed graphs). Count maskable edges with :attr:`n_edges`.
         """
@@ -201,12 +234,12 @@ class EdgeGraph:
         for writer, reader in self.edges:
             g.add_edge(writer, reader, internal=False)
         for r in self.readers:
-            if r.component in self.writer_index:
-                g.add_edge(r.name, r.component, internal=True)
+            for writer in self.feeds(r):
+                g.add_edge(r.name, writer, internal=True)
         return g
 
 
-def _arch_sizes(model_or_cfg: Any) -> tuple[str, int, int]:
+def _config(model_or_cfg: Any) -> ModelConfig:
     cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
     if not isinstance(cfg, ModelConfig):
         raise TypeError(
@@ -214,7 +247,22 @@ def _arch_sizes(model_or_cfg: Any) -> tuple[str, int, int]:
         )
     if cfg.arch not in ARCHS:
         raise ValueError(f"edge pruning supports {ARCHS}, not {cfg.arch!r}")
+    return cfg
+
+
+def _arch_sizes(model_or_cfg: Any) -> tuple[str, int, int]:
+    cfg = _config(model_or_cfg)
     return cfg.arch, cfg.n_layers, getattr(cfg, "n_heads", 0) if cfg.arch == "transformer" else 0
+
+
+def transformer_layout(cfg: ModelConfig) -> dict[str, Any]:
+    """The graph options of a transformer config (:func:`transformer_graph`'s keywords)."""
+    return {
+        "n_key_value_heads": getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
+        "positions": getattr(cfg, "positional", "learned") == "learned",
+        "attn_only": bool(getattr(cfg, "attn_only", False)),
+        "parallel_attn_mlp": bool(getattr(cfg, "parallel_attn_mlp", False)),
+    }
 
 
 def build_graph(model_or_cfg: Any, windows: Windows | None = None) -> EdgeGraph:
@@ -231,14 +279,38 @@ def build_graph(model_or_cfg: Any, windows: Windows | None = None) -> EdgeGraph:
     Raises:
         ValueError: Windows for a transformer, or malformed windows.
     """
-    arch, n_layers, n_heads = _arch_sizes(model_or_cfg)
-    if arch == "transformer":
+    cfg = _config(model_or_cfg)
+    if cfg.arch == "transformer":
         if windows is not None:
             raise ValueError("position windows apply to recurrent models (lstm, dense_ssm, mamba), not transformers")
-        return transformer_graph(n_layers, n_heads)
+        return transformer_graph(cfg.n_layers, cfg.n_heads, **transformer_layout(cfg))
     if windows is not None:
-        return windowed_recurrent_graph(arch, n_layers, windows)
-    return recurrent_graph(arch, n_layers)
+        return windowed_recurrent_graph(cfg.arch, cfg.n_layers, windows)
+    return recurrent_graph(cfg.arch, cfg.n_layers)
+
+
+def graph_from_summary(info: dict[str, Any]) -> EdgeGraph:
+    """Rebuild a graph from its :meth:`EdgeGraph.summary` (a circuit's ``metadata["graph"]``).
+
+    Raises:
+        ValueError: No or an unknown architecture, or a recorded edge count the rebuilt
+            graph does not have.
+    """
+    arch = info.get("arch")
+    if arch == "transformer":
+        options = {k: info[k] for k in ("n_key_value_heads", "positions", "attn_only", "parallel_attn_mlp") if k in info}
+        graph = transformer_graph(int(info["n_layers"]), int(info["n_heads"]), **options)
+    elif arch in RECURRENT_ARCHS and info.get("windows"):
+        graph = windowed_recurrent_graph(arch, int(info["n_layers"]), info["windows"])
+    elif arch in RECURRENT_ARCHS:
+        graph = recurrent_graph(arch, int(info["n_layers"]))
+    else:
+        raise ValueError(f"unknown architecture {arch!r} in the graph summary")
+    if "n_edges" in info and graph.n_edges != int(info["n_edges"]):
+        raise ValueError(
+            f"rebuilt graph has {graph.n_edges} edges, the summary records {info['n_edges']}"
+        )
+    return graph
 
 
 def pruning_graph(
@@ -248,7 +320,7 @@ def pruning_graph(
 
     Args:
         model_or_cfg: A mechlab model or its config.
-        windows: The traces' windows (:attr:`mechlab.prune.data.Traces.windows`), or None.
+        windows: The traces' windows (:attr:`mechlab.traces.Traces.windows`), or None.
         position_aware: ``None`` (default): the windowed graph when the model is
             recurrent and ``windows`` are given, else the plain one; ``True``: the
             windowed graph (an error when it cannot be built); ``False``: the plain graph.
@@ -268,22 +340,63 @@ def pruning_graph(
     return build_graph(model_or_cfg, windows)
 
 
-def transformer_graph(n_layers: int, n_heads: int) -> EdgeGraph:
-    """Edge graph of a transformer with separate ``embed`` and ``pos`` writers."""
-    writers = [Writer("embed", -1, "embed"), Writer("pos", -1, "pos")]
+def transformer_graph(
+    n_layers: int,
+    n_heads: int,
+    *,
+    n_key_value_heads: int | None = None,
+    positions: bool = True,
+    attn_only: bool = False,
+    parallel_attn_mlp: bool = False,
+) -> EdgeGraph:
+    """Edge graph of a transformer (see the module docstring).
+
+    Args:
+        n_layers: ``L``.
+        n_heads: ``H`` query heads per layer.
+        n_key_value_heads: ``G`` key/value heads (dividing ``H``); None or ``H``: one
+            K and one V reader per head, else one per group (``a{l}.g{g}.k``).
+        positions: A ``pos`` writer (a learned position table) beside ``embed``.
+        attn_only: No MLPs.
+        parallel_attn_mlp: ``m{l}.in`` reads what layer ``l``'s heads read.
+    """
+    G = n_heads if n_key_value_heads is None else int(n_key_value_heads)
+    if G <= 0 or n_heads % G:
+        raise ValueError(f"n_key_value_heads={G} must divide n_heads={n_heads}")
+    if attn_only and parallel_attn_mlp:
+        raise ValueError("an attn_only graph has no MLP to run in parallel")
+    per_group = n_heads // G
+    writers = [Writer("embed", -1, "embed")] + ([Writer("pos", -1, "pos")] if positions else [])
     readers = []
     for layer in range(n_layers):
         n_up = len(writers)  # heads read the embeddings and all earlier layers
-        for kind in QKV:
-            for h in range(n_heads):
-                readers.append(
-                    Reader(f"a{layer}.h{h}.{kind}", layer, kind, f"a{layer}.h{h}", n_up, h)
-                )
+        for h in range(n_heads):
+            readers.append(Reader(f"a{layer}.h{h}.q", layer, "q", f"a{layer}.h{h}", n_up, h))
+        for kind in ("k", "v"):
+            for g in range(G):
+                if G == n_heads:
+                    readers.append(Reader(f"a{layer}.h{g}.{kind}", layer, kind, f"a{layer}.h{g}", n_up, g))
+                    continue
+                heads = tuple(f"a{layer}.h{h}" for h in range(g * per_group, (g + 1) * per_group))
+                readers.append(Reader(
+                    f"a{layer}.g{g}.{kind}", layer, kind, f"a{layer}.g{g}", n_up, g, shared_by=heads,
+                ))  # fmt: skip
         writers.extend(Writer(f"a{layer}.h{h}", layer, "head", h) for h in range(n_heads))
-        readers.append(Reader(f"m{layer}.in", layer, "mlp", f"m{layer}", len(writers)))
-        writers.append(Writer(f"m{layer}", layer, "mlp"))
+        if not attn_only:
+            n_mlp = n_up if parallel_attn_mlp else len(writers)
+            readers.append(Reader(f"m{layer}.in", layer, "mlp", f"m{layer}", n_mlp))
+            writers.append(Writer(f"m{layer}", layer, "mlp"))
     readers.append(Reader("out", n_layers, "out", "out", len(writers)))
-    return EdgeGraph("transformer", n_layers, n_heads, writers, readers)
+    layout: dict[str, Any] = {}
+    if G != n_heads:
+        layout["n_key_value_heads"] = G
+    if not positions:
+        layout["positions"] = False
+    if attn_only:
+        layout["attn_only"] = True
+    if parallel_attn_mlp:
+        layout["parallel_attn_mlp"] = True
+    return EdgeGraph("transformer", n_layers, n_heads, writers, readers, layout=layout)
 
 
 def recurrent_graph(arch: str, n_layers: int) -> EdgeGraph:
@@ -297,39 +410,6 @@ def recurrent_graph(arch: str, n_layers: int) -> EdgeGraph:
         writers.append(Writer(f"l{layer}", layer, "mixer"))
     readers.append(Reader("out", n_layers, "out", "out", len(writers)))
     return EdgeGraph(arch, n_layers, 0, writers, readers)
-
-
-def check_windows(windows: Any, n_pos: int | None = None) -> Windows:
-    """Validate position windows; returns them as a tuple of ``(name, start, end)``.
-
-    Args:
-        windows: ``(name, start, end)`` ranges, in order, each non-empty, each starting
-            where the previous ended, the first at 0, names distinct and free of ``@``
-            and ``.``.
-        n_pos: When given, the last window must end there.
-
-    Raises:
-        ValueError: On any violation (one line).
-    """
-    try:
-        out = tuple((str(n), int(a), int(b)) for n, a, b in windows)
-    except (TypeError, ValueError):
-        raise ValueError(f"windows must be (name, start, end) triples, got {windows!r}") from None
-    if not out:
-        raise ValueError("windows must not be empty")
-    names = [n for n, _, _ in out]
-    if len(set(names)) != len(names) or any(not n or "@" in n or "." in n for n in names):
-        raise ValueError(f"window names must be distinct, non-empty and without '@' or '.': {names}")
-    end = 0
-    for name, start, stop in out:
-        if start != end or stop <= start:
-            raise ValueError(
-                f"windows must be non-empty consecutive ranges from 0; {name!r} is [{start}, {stop}) after {end}"
-            )
-        end = stop
-    if n_pos is not None and end != n_pos:
-        raise ValueError(f"windows cover positions 0..{end}, the traces have {n_pos}")
-    return out
 
 
 def windowed_recurrent_graph(arch: str, n_layers: int, windows: Windows) -> EdgeGraph:
@@ -372,20 +452,35 @@ def windowed_recurrent_graph(arch: str, n_layers: int, windows: Windows) -> Edge
     return EdgeGraph(arch, n_layers, 0, writers, readers, windows)
 
 
-def transformer_edge_count(n_layers: int, n_heads: int, n_embed: int = 2) -> int:
+def transformer_edge_count(
+    n_layers: int,
+    n_heads: int,
+    n_embed: int = 2,
+    *,
+    n_key_value_heads: int | None = None,
+    attn_only: bool = False,
+    parallel_attn_mlp: bool = False,
+) -> int:
     """Closed formula for the number of edges of a transformer (see the module docstring).
 
     Args:
         n_layers: ``L``.
         n_heads: ``H``.
-        n_embed: ``E``, embedding writers (2: read-in and positions).
+        n_embed: ``E``, embedding writers (2: read-in and positions; 1 with rotary positions).
+        n_key_value_heads: ``G`` (default ``H``).
+        attn_only: No MLPs (``M = 0``).
+        parallel_attn_mlp: Each MLP reads what its layer's heads read.
 
     Returns:
-        ``3H [L E + (H+1) L (L-1)/2] + [L E + (H+1) L (L-1)/2 + L H] + [E + L (H+1)]``.
+        ``(H + 2G) S + M [S + L H] + [E + L (H + M)]`` with ``S = L E + (H + M) L (L - 1) / 2``
+        (``M S`` for the MLP inputs with a parallel residual).
     """
     L, H, E = n_layers, n_heads, n_embed
-    head_upstream = L * E + (H + 1) * L * (L - 1) // 2  # summed over layers
-    return 3 * H * head_upstream + (head_upstream + L * H) + (E + L * (H + 1))
+    G = H if n_key_value_heads is None else n_key_value_heads
+    M = 0 if attn_only else 1
+    head_upstream = L * E + (H + M) * L * (L - 1) // 2  # S, summed over layers
+    mlp = M * (head_upstream + (0 if parallel_attn_mlp else L * H))
+    return (H + 2 * G) * head_upstream + mlp + (E + L * (H + M))
 
 
 def recurrent_edge_count(n_layers: int, n_windows: int = 0) -> int:
@@ -402,6 +497,7 @@ def recurrent_edge_count(n_layers: int, n_windows: int = 0) -> int:
 # ---------------------------------------------------------------------------------------
 
 _HEAD = re.compile(r"a(\d+)\.h(\d+)")
+_GROUP = re.compile(r"a(\d+)\.g(\d+)")
 _MLP = re.compile(r"m(\d+)")
 _LAYER = re.compile(r"l(\d+)")
 
@@ -423,7 +519,8 @@ def component_of(node: str) -> str:
 def parse_component(name: str) -> tuple[str, int, int]:
     """``(kind, layer, head)`` of a component name (``head`` is -1 when not a head).
 
-    Kinds: ``embed``, ``pos``, ``head``, ``mlp``, ``mixer``, ``out``. A window suffix
+    Kinds: ``embed``, ``pos``, ``head``, ``group`` (``a{l}.g{g}``, the shared key/value
+    input of group ``g``; its "head" is the group index), ``mlp``, ``mixer``, ``out``. A window suffix
     (``l0@label``) is ignored; :func:`window_of` reads it.
     """
     name = name.split("@", 1)[0]
@@ -431,6 +528,8 @@ def parse_component(name: str) -> tuple[str, int, int]:
         return name, -1, -1
     if m := _HEAD.fullmatch(name):
         return "head", int(m.group(1)), int(m.group(2))
+    if m := _GROUP.fullmatch(name):  # the shared K/V input of a key/value group
+        return "group", int(m.group(1)), int(m.group(2))
     if m := _MLP.fullmatch(name):
         return "mlp", int(m.group(1)), -1
     if m := _LAYER.fullmatch(name):

@@ -49,14 +49,7 @@ from mechlab.models.base import predict_in_chunks
 from mechlab.progress import tqdm
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import (
-    PruneData,
-    Target,
-    check_target,
-    target_mask,
-    target_name,
-    target_positions,
-)
+from mechlab.prune.circuit import jaccard as jaccard_of
 from mechlab.prune.engine import (
     LAMBDA_LR,
     LR,
@@ -83,6 +76,14 @@ from mechlab.prune.refine import (
     greedy_eliminate_joint,
     open_countable,
     refined_log_alpha,
+)
+from mechlab.traces import (
+    PruneData,
+    Target,
+    check_target,
+    target_mask,
+    target_name,
+    target_positions,
 )
 
 SHARES = (0.0, 0.3, 1.0, math.inf)  # the default sweep (inf: tied)
@@ -162,14 +163,9 @@ class JointResult:
     jaccard: dict[str, float] = field(default_factory=dict)
 
 
-def _jaccard(a: Circuit, b: Circuit) -> float:
-    ea, eb = set(a.edges), set(b.edges)
-    return len(ea & eb) / len(ea | eb) if ea | eb else 1.0
-
-
 def pairwise_jaccard(circuits: dict[str, Circuit]) -> dict[str, float]:
     """``"a|b"`` -> the Jaccard of circuits ``a`` and ``b``'s edge sets, for every pair in order."""
-    return {f"{a}|{b}": _jaccard(circuits[a], circuits[b]) for a, b in combinations(circuits, 2)}
+    return {f"{a}|{b}": jaccard_of(circuits[a].edges, circuits[b].edges) for a, b in combinations(circuits, 2)}
 
 
 def joint_prune(
@@ -298,7 +294,7 @@ def joint_prune(
     jaccard = pairwise_jaccard(circuits)
     for name, circuit in circuits.items():
         circuit.metadata["jaccard_with"] = {
-            other: _jaccard(circuit, circuits[other]) for other in names if other != name
+            other: jaccard_of(circuit.edges, circuits[other].edges) for other in names if other != name
         }
         for warning in circuit.metadata["warnings"]:
             warnings.warn(warning, UserWarning, stacklevel=2)

@@ -12,7 +12,7 @@ changed afterwards), so a reader group's inputs are a single product
 
     x = base + z[R, n_up] @ D[:n_up]                         (:func:`mix_norm`)
 
-followed, inside the same autograd node, by each reader's own LayerNorm. The backward
+followed, inside the same autograd node, by each reader's own LayerNorm (or RMSNorm). The backward
 pass of that node computes, from the gradient ``G`` of the mixed inputs,
 ``dz = G @ D[:n_up]^T`` (one product) and adds ``z^T @ G`` to the gradients of the
 upstream writers' differences, kept per writer group (:meth:`WriterStore.grad`). Each
@@ -135,8 +135,22 @@ class _Store(torch.autograd.Function):
         return grad.view(ctx.shape), None
 
 
+def _rms_norm(mixed: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``x / sqrt(mean(x^2) + eps) * w`` and the inverse root ``[..., 1]``."""
+    rstd = torch.rsqrt(mixed.pow(2).mean(-1, keepdim=True) + eps)
+    return mixed * rstd * weight, rstd
+
+
+def _rms_norm_backward(grad_out: Tensor, mixed: Tensor, rstd: Tensor, weight: Tensor) -> Tensor:
+    """The input gradient of :func:`_rms_norm`: with ``y = w x r`` and ``r = (mean(x^2) +
+    eps)^(-1/2)``, ``dx = r (g w - x r^2 mean(g w x))``."""
+    gw = grad_out * weight
+    return rstd * (gw - mixed * rstd.pow(2) * (gw * mixed).mean(-1, keepdim=True))
+
+
 class _MixNorm(torch.autograd.Function):
-    """``LN(base + z @ D[:n_up])`` for ``R`` readers, with its own backward (see the module)."""
+    """``norm(base + z @ D[:n_up])`` for ``R`` readers (a LayerNorm, an RMSNorm or none),
+    with its own backward (see the module)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -146,6 +160,7 @@ class _MixNorm(torch.autograd.Function):
         weight: Tensor | None,
         bias: Tensor | None,
         eps: float,
+        rms: bool,
         writers: WriterStore,
         recompute: bool,
         *tokens: Tensor,
@@ -155,9 +170,11 @@ class _MixNorm(torch.autograd.Function):
         mixed = _mix(z, base, writers)  # [R, batch * pos, d]
         if weight is None:
             out, mean, rstd = mixed, None, None
+        elif rms:
+            (out, rstd), mean = _rms_norm(mixed, weight, eps), None
         else:
             out, mean, rstd = torch.native_layer_norm(mixed, (d,), weight, bias, eps)
-        ctx.writers, ctx.n_up, ctx.recompute, ctx.eps = writers, n_up, recompute, eps
+        ctx.writers, ctx.n_up, ctx.recompute, ctx.eps, ctx.rms = writers, n_up, recompute, eps, rms
         ctx.base_shape = base.shape
         ctx.has_norm = weight is not None
         saved_mixed = None if recompute or weight is None else mixed
@@ -177,9 +194,12 @@ class _MixNorm(torch.autograd.Function):
         if ctx.has_norm:
             if mixed is None:  # recompute the mixed inputs
                 mixed = _mix(z, base, writers)
-            grad_mixed = torch.ops.aten.native_layer_norm_backward(
-                grad_out, mixed, [d], mean, rstd, weight, bias, [True, False, False]
-            )[0]
+            if ctx.rms:
+                grad_mixed = _rms_norm_backward(grad_out, mixed, rstd, weight)
+            else:
+                grad_mixed = torch.ops.aten.native_layer_norm_backward(
+                    grad_out, mixed, [d], mean, rstd, weight, bias, [True, False, False]
+                )[0]
         else:
             grad_mixed = grad_out
         grad_flat = grad_mixed.reshape(n_readers, -1)  # [R, N]
@@ -190,8 +210,8 @@ class _MixNorm(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_base = grad_flat.sum(0).view(batch, n_pos, d)
             grad_base = _sum_to(grad_base, ctx.base_shape)
-        return (grad_z, grad_base, None, None, None, None, None) + (None,) * (
-            len(ctx.needs_input_grad) - 7
+        return (grad_z, grad_base, None, None, None, None, None, None) + (None,) * (
+            len(ctx.needs_input_grad) - 8
         )
 
 
@@ -251,10 +271,14 @@ class FastStream:
         self, z: Float[Tensor, "reader upstream"], norm: nn.Module
     ) -> Float[Tensor, "reader batch pos d"]:
         """Mixed inputs of ``R`` readers that read the first ``z.shape[1]`` writers, each
-        through its own copy of the LayerNorm ``norm`` (none for a ``NoNorm``)."""
+        through its own copy of the norm ``norm``: a LayerNorm (weights ``w``, ``b``), an
+        RMSNorm (``w`` only) or none (a ``NoNorm``)."""
         n_up = z.shape[1]
         tokens = [t for t, start in zip(self.tokens, self.writers.group_starts, strict=True)
                   if start < n_up]  # fmt: skip
-        weight, bias = (norm.w, norm.b) if hasattr(norm, "w") else (None, None)
+        weight, bias = getattr(norm, "w", None), getattr(norm, "b", None)
+        rms = weight is not None and bias is None
         eps = float(getattr(norm, "eps", 0.0))
-        return _MixNorm.apply(z, self.base, weight, bias, eps, self.writers, self.recompute, *tokens)
+        return _MixNorm.apply(
+            z, self.base, weight, bias, eps, rms, self.writers, self.recompute, *tokens
+        )

@@ -10,6 +10,7 @@ and every scoring method, so all of them build their circuits the same way.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -17,44 +18,67 @@ from torch import Tensor
 from mechlab.prune.graph import EdgeGraph
 
 
-def _graph_arrays(graph: EdgeGraph, ablation: str) -> tuple[Tensor, Tensor, Tensor]:
-    """Edge endpoints as writer indices, and which writers can start a path.
+@dataclass(frozen=True)
+class _Arrays:
+    """A graph's edges as index arrays.
 
-    Returns:
-        ``edge_writer`` ``[n_edges]`` (the writer's index), ``edge_feeds`` ``[n_edges]``
-        (the index of the writer the edge's reader feeds, -1 for a read-out) and
-        ``source`` ``[n_writers]`` bool: under interchange ablation the writers no reader
-        feeds (the embeddings), under mean and zero ablation every writer (a component
-        whose inputs are all ablated still differs from its own ablated output there).
+    Attributes:
+        edge_writer: ``[n_edges]`` the index of each edge's writer.
+        pair_edge: ``[n_pairs]`` an edge, once per writer its reader feeds (a shared
+            key/value reader feeds every head of its group; a read-out feeds none).
+        pair_feed: ``[n_pairs]`` that fed writer's index.
+        to_out: ``[n_edges]`` bool, the edge's reader is a read-out.
+        source: ``[n_writers]`` bool: under interchange ablation the writers no reader
+            feeds (the embeddings), under mean and zero ablation every writer (a
+            component whose inputs are all ablated still differs from its own ablated
+            output there).
     """
+
+    edge_writer: Tensor
+    pair_edge: Tensor
+    pair_feed: Tensor
+    to_out: Tensor
+    source: Tensor
+
+    def onward(self, useful: Tensor) -> Tensor:
+        """``[n_edges]`` bool: the edge's reader is a read-out or feeds a ``useful`` writer."""
+        hits = torch.zeros(self.edge_writer.shape[0], dtype=torch.long)
+        hits.index_add_(0, self.pair_edge, useful[self.pair_feed].long())
+        return self.to_out | (hits > 0)
+
+
+def _graph_arrays(graph: EdgeGraph, ablation: str) -> _Arrays:
     edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges], dtype=torch.long)
-    feeds = [graph.writer_index.get(graph.reader_by_name[r].component, -1) for _, r in graph.edges]
-    edge_feeds = torch.tensor(feeds, dtype=torch.long)
+    pairs = [
+        (i, graph.writer_index[fed])
+        for i, (_, r) in enumerate(graph.edges)
+        for fed in graph.feeds(r)
+    ]
+    pair_edge = torch.tensor([i for i, _ in pairs], dtype=torch.long)
+    pair_feed = torch.tensor([f for _, f in pairs], dtype=torch.long)
+    to_out = torch.tensor([not graph.feeds(r) for _, r in graph.edges], dtype=torch.bool)
+    source = torch.ones(graph.n_writers, dtype=torch.bool)
     if ablation == "interchange":
-        source = torch.ones(graph.n_writers, dtype=torch.bool)
-        source[edge_feeds[edge_feeds >= 0]] = False
-    else:
-        source = torch.ones(graph.n_writers, dtype=torch.bool)
-    return edge_writer, edge_feeds, source
+        source[pair_feed] = False
+    return _Arrays(edge_writer, pair_edge, pair_feed, to_out, source)
 
 
-def _reach(
-    edges: Tensor, edge_writer: Tensor, edge_feeds: Tensor, source: Tensor
-) -> tuple[Tensor, Tensor]:
+def _reach(edges: Tensor, arrays: _Arrays) -> tuple[Tensor, Tensor]:
     """Writers reached from a source through ``edges`` (``fed``) and writers with a path
     through ``edges`` to a read-out (``useful``), both ``[n_writers]`` bool."""
-    feeds_writer = edge_feeds >= 0
-    fed = source.clone()
+    a = arrays
+    fed = a.source.clone()
     while True:
-        new = source.clone()
-        new[edge_feeds[edges & fed[edge_writer] & feeds_writer]] = True
+        new = a.source.clone()
+        carried = edges[a.pair_edge] & fed[a.edge_writer[a.pair_edge]]
+        new[a.pair_feed[carried]] = True
         if torch.equal(new, fed):
             break
         fed = new
-    useful = torch.zeros_like(source)
+    useful = torch.zeros_like(a.source)
     while True:
         new = torch.zeros_like(useful)
-        new[edge_writer[edges & (~feeds_writer | useful[edge_feeds.clamp(min=0)])]] = True
+        new[a.edge_writer[edges & a.onward(useful)]] = True
         if torch.equal(new, useful):
             break
         useful = new
@@ -80,11 +104,10 @@ def live_edges(graph: EdgeGraph, edges: Tensor, ablation: str = "interchange") -
     Returns:
         ``[n_edges]`` bool, a subset of ``edges``.
     """
-    edge_writer, edge_feeds, source = _graph_arrays(graph, ablation)
+    arrays = _graph_arrays(graph, ablation)
     edges = edges.cpu().bool()
-    fed, useful = _reach(edges, edge_writer, edge_feeds, source)
-    onward = (edge_feeds < 0) | useful[edge_feeds.clamp(min=0)]
-    return edges & fed[edge_writer] & onward
+    fed, useful = _reach(edges, arrays)
+    return edges & fed[arrays.edge_writer] & arrays.onward(useful)
 
 
 def select_on_paths(
@@ -130,15 +153,16 @@ def select_on_paths(
             best, lo = live, mid + 1
         else:
             hi = mid - 1
-    edge_writer, edge_feeds, source = _graph_arrays(graph, ablation)
+    arrays = _graph_arrays(graph, ablation)
     candidates = (eligible & ~best).nonzero().flatten()
     candidates = candidates[torch.argsort(s[candidates], descending=True, stable=True)]
-    fed, useful = _reach(best, edge_writer, edge_feeds, source)
+    fed, useful = _reach(best, arrays)
+    onward = arrays.onward(useful)
     for i in candidates.tolist():
         if int(best.sum()) >= n_keep:
             break
-        feeds = int(edge_feeds[i])
-        if fed[edge_writer[i]] and (feeds < 0 or useful[feeds]):
+        if fed[arrays.edge_writer[i]] and onward[i]:
             best[i] = True
-            fed, useful = _reach(best, edge_writer, edge_feeds, source)
+            fed, useful = _reach(best, arrays)
+            onward = arrays.onward(useful)
     return best, float(s[best].min()) if best.any() else math.inf

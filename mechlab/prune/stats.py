@@ -39,15 +39,10 @@ from scipy.stats import hypergeom
 from torch import nn
 
 from mechlab.progress import tqdm
-from mechlab.prune.circuit import Circuit, overlap
-from mechlab.prune.data import PruneData
+from mechlab.prune.circuit import Circuit, jaccard, overlap
 from mechlab.prune.evaluate import evaluate_circuit
-from mechlab.prune.graph import (
-    RECURRENT_ARCHS,
-    recurrent_graph,
-    transformer_graph,
-    windowed_recurrent_graph,
-)
+from mechlab.prune.graph import graph_from_summary
+from mechlab.traces import PruneData
 
 Edge = tuple[str, str]
 NULLS = ("uniform", "degree")
@@ -60,12 +55,10 @@ STATISTICS = ("jaccard", "overlap_coefficient")
 
 
 def _statistic(a: set, b: set, statistic: str) -> float:
-    shared = len(a & b)
     if statistic == "jaccard":
-        union = len(a) + len(b) - shared
-        return 1.0 if union == 0 else shared / union
+        return jaccard(a, b)
     smallest = min(len(a), len(b))
-    return shared / smallest if smallest else 0.0
+    return len(a & b) / smallest if smallest else 0.0
 
 
 def _check_statistic(statistic: str) -> None:
@@ -86,19 +79,10 @@ def graph_edges(circuit: Circuit) -> list[Edge]:
     info = circuit.metadata.get("graph")
     if not info or "arch" not in info:
         raise ValueError("the circuit records no graph (metadata['graph']); pass the edges")
-    if info["arch"] == "transformer":
-        graph = transformer_graph(int(info["n_layers"]), int(info["n_heads"]))
-    elif info["arch"] in RECURRENT_ARCHS and info.get("windows"):
-        graph = windowed_recurrent_graph(info["arch"], int(info["n_layers"]), info["windows"])
-    elif info["arch"] in RECURRENT_ARCHS:
-        graph = recurrent_graph(info["arch"], int(info["n_layers"]))
-    else:
-        raise ValueError(f"unknown architecture {info['arch']!r} in the circuit's metadata")
-    if "n_edges" in info and graph.n_edges != int(info["n_edges"]):
-        raise ValueError(
-            f"rebuilt graph has {graph.n_edges} edges, the circuit records {info['n_edges']}; "
-            "pass the edges explicitly"
-        )
+    try:
+        graph = graph_from_summary(info)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the circuit's metadata); pass the edges explicitly") from None
     return list(graph.edges)
 
 

@@ -34,9 +34,9 @@ from torch import Tensor
 
 from mechlab.models.tracr import TracrInfo, sample_sequences
 from mechlab.models.transformer import Transformer
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.forward import make_ablation, masked_forward
 from mechlab.prune.graph import EdgeGraph, build_graph
+from mechlab.traces import PruneData, Traces
 
 Edge = tuple[str, str]
 
@@ -156,7 +156,7 @@ def tracr_prune_data(
         seed: Seed of the draws (held-out traces from ``seed + 7919``).
 
     Returns:
-        The :class:`~mechlab.prune.data.PruneData`.
+        The :class:`~mechlab.traces.PruneData`.
     """
     for label, value in (("n_train", n_train), ("n_test", n_test)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

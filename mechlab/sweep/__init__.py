@@ -4,9 +4,10 @@ See docs/sweeps.md. Ray is needed only to run trials as Ray tasks (``pip install
 mechlab[sweep]``); the search, kappa, the store and a local run work without it.
 """
 
+from mechlab._deprecated import moved_names
 from mechlab.sweep.kappa import Kappa, OodSummary, kappa, ood_summary
 from mechlab.sweep.oracle import OracleTrial, oracle_trial
-from mechlab.sweep.outputs import search_rows, trial_rows, write_outputs
+from mechlab.sweep.outputs import search_rows, trial_rows
 from mechlab.sweep.runner import SweepResult, resolve_function, run_sweep, succeeded
 from mechlab.sweep.search import NStarSearch, SearchConfig, SearchResult, search_n_star
 from mechlab.sweep.spec import SearchKey, SweepSpec, available_train, unique_sequences
@@ -35,5 +36,6 @@ __all__ = [
     "trial_key",
     "trial_rows",
     "unique_sequences",
-    "write_outputs",
 ]
+
+__getattr__ = moved_names(__name__)  # write_outputs: mechlab.pipelines.sweep

@@ -1,7 +1,6 @@
-"""A sweep's outputs: the trial table, the search table (N*, bracket, kappa, OOD), as JSON
-and CSV, and the figures as offline HTML.
-
-Files written under the sweep's folder:
+"""A sweep's tables: the trial table and the search table (N*, bracket, kappa, OOD), as
+rows and CSV text. :func:`mechlab.pipelines.write_outputs` writes them, with the figures,
+under the sweep's folder:
 
 - ``sweep.json``: the sweep's settings;
 - ``trials.json``, ``trials.csv``: one row per trial;
@@ -14,12 +13,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
-from pathlib import Path
 from typing import Any
 
-from mechlab.io import atomic_write_text
+from mechlab._deprecated import moved_names
 from mechlab.sweep.runner import SweepResult
 from mechlab.sweep.spec import SearchKey
 
@@ -83,7 +80,7 @@ def search_rows(result: SweepResult) -> list[dict[str, Any]]:
     return rows
 
 
-def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+def csv_text(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -92,31 +89,4 @@ def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     return buffer.getvalue()
 
 
-def write_outputs(result: SweepResult, out: str | Path, figures: bool = True) -> dict[str, Path]:
-    """Write the tables (JSON and CSV) and, with ``figures``, the HTML figures.
-
-    Args:
-        result: What :func:`mechlab.sweep.run_sweep` returned.
-        out: The sweep's folder.
-        figures: Also write the plotly figures.
-
-    Returns:
-        Name -> path of every file written.
-    """
-    out = Path(out)
-    trials, searches = trial_rows(result), search_rows(result)
-    paths = {
-        "sweep": atomic_write_text(out / "sweep.json", json.dumps(result.spec.to_dict(), indent=1, default=str) + "\n"),
-        "trials_json": atomic_write_text(out / "trials.json", json.dumps(trials, indent=1) + "\n"),
-        "trials_csv": atomic_write_text(out / "trials.csv", _csv(trials, TRIAL_COLUMNS)),
-        "searches_json": atomic_write_text(out / "searches.json", json.dumps(searches, indent=1) + "\n"),
-        "searches_csv": atomic_write_text(out / "searches.csv", _csv(searches, SEARCH_COLUMNS)),
-    }
-    if figures:
-        from mechlab.viz.figures import write_html
-        from mechlab.viz.sweep import kappa_figure, n_star_figure, ood_kappa_figure
-
-        paths["nstar"] = write_html(n_star_figure(searches), out / "nstar.html")
-        paths["kappa"] = write_html(kappa_figure(searches), out / "kappa.html")
-        paths["ood_kappa"] = write_html(ood_kappa_figure(searches), out / "ood_kappa.html")
-    return paths
+__getattr__ = moved_names(__name__)  # write_outputs: mechlab.pipelines.sweep

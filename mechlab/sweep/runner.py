@@ -28,7 +28,7 @@ from mechlab.sweep.spec import JOINT, SearchKey, SweepSpec
 from mechlab.sweep.store import TrialStore, trial_key
 
 DEFAULT_TRIAL = "mechlab.train.trials:run_trial"
-DEFAULT_TRIALS = "mechlab.train.trials:run_trials"
+DEFAULT_TRIALS = "mechlab.train.dispatch:run_trials"
 UNITS = ("trial", "point")
 
 
@@ -259,7 +259,7 @@ def run_sweep(
         trial: The trial function (``spec dict -> result dict``, as
             :func:`mechlab.train.trials.run_trial`) or its ``module:function`` name.
         trials: With ``units="point"``: the function that trains a grid point's specs
-            together (as :func:`mechlab.train.trials.run_trials`); default ``run_trials``
+            together (as :func:`mechlab.train.dispatch.run_trials`); default ``run_trials``
             when ``trial`` is the default, else ``trial`` on each spec in turn.
         units: ``trial`` (one task per trial; a point stops early once one succeeds)
             or ``point`` (one task per grid point, e.g. a batched ensemble).
@@ -272,7 +272,7 @@ def run_sweep(
         progress: Show a progress bar.
 
     Returns:
-        The :class:`SweepResult` (write it with :func:`mechlab.sweep.write_outputs`).
+        The :class:`SweepResult` (write it with :func:`mechlab.pipelines.write_outputs`).
     """
     if units not in UNITS:
         raise ValueError(f"unknown units {units!r}; choose from {', '.join(UNITS)}")

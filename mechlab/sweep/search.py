@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("found", "bracketed", "at_min", "not_reached", "exhausted")
+from pydantic import StrictFloat, StrictInt
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,13 @@ class SearchConfig:
         start: First N tried (default ``n_min``).
     """
 
-    epsilon: float = 1e-4
-    multiplier: float = 1000.0
-    n_min: int = 1
-    n_max: int = 16_000_000
-    max_steps: int = 20
-    resolution: float = 1.0
-    start: int | None = None
+    epsilon: StrictFloat = 1e-4
+    multiplier: StrictFloat = 1000.0
+    n_min: StrictInt = 1
+    n_max: StrictInt = 16_000_000
+    max_steps: StrictInt = 20
+    resolution: StrictFloat = 1.0
+    start: StrictInt | None = None
 
     def __post_init__(self) -> None:
         if not (self.epsilon > 0 and math.isfinite(self.epsilon)):

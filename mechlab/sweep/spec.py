@@ -15,6 +15,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
+
+from mechlab.limits import check_elements
+from mechlab.schema import json_type, load_yaml, validate
 from mechlab.sweep.search import SearchConfig
 
 GROUPS = ("zm", "s5")
@@ -150,24 +154,26 @@ class SweepSpec:
         device: Device of each trial.
     """
 
-    models: tuple = ("lstm_256",)
-    formats: tuple = ("acot",)
-    lengths: tuple = ("uniform",)
-    group: str = "zm"
-    ms: tuple = (2,)
-    Ls: tuple = (5,)
-    kappa: bool = True
-    lrs: tuple = (1e-3, 1e-4, 1e-5)
-    seeds: tuple = (10, 20, 30, 40, 50)
-    steps: int = 250_000
-    batch_size: int = 64
-    eval_every: int = 500
-    n_val: int = 2000
-    data_seed: int = 0
+    # The annotations are the schema a YAML file is checked against (see from_dict); one
+    # value stands for a list of one.
+    models: tuple[StrictStr | dict[str, Any], ...] | StrictStr | dict[str, Any] = ("lstm_256",)
+    formats: tuple[StrictStr, ...] | StrictStr = ("acot",)
+    lengths: tuple[StrictStr, ...] | StrictStr = ("uniform",)
+    group: StrictStr = "zm"
+    ms: tuple[StrictInt, ...] | StrictInt = (2,)
+    Ls: tuple[StrictInt, ...] | StrictInt = (5,)
+    kappa: StrictBool = True
+    lrs: tuple[StrictFloat, ...] | StrictFloat = (1e-3, 1e-4, 1e-5)
+    seeds: tuple[StrictInt, ...] | StrictInt = (10, 20, 30, 40, 50)
+    steps: StrictInt = 250_000
+    batch_size: StrictInt = 64
+    eval_every: StrictInt = 500
+    n_val: StrictInt = 2000
+    data_seed: StrictInt = 0
     search: SearchConfig = field(default_factory=SearchConfig)
-    ood: bool = True
-    ood_n: int | None = None
-    device: str = "cpu"
+    ood: StrictBool = True
+    ood_n: StrictInt | None = None
+    device: StrictStr = "cpu"
 
     def __post_init__(self) -> None:
         for name in ("models", "formats", "lengths", "ms", "Ls", "lrs", "seeds"):
@@ -217,6 +223,13 @@ class SweepSpec:
                     f"N_min {self.search.n_min} is larger than the {cap} unique training samples "
                     f"that exist for {key.label}"
                 )
+        from mechlab.tasks.state_tracking import StateTrackingConfig
+
+        for key in self.main_keys():  # a trial's batch, as the model's logits, must fit
+            task = StateTrackingConfig(**{k: v for k, v in self.task(key).items() if k != "seed"})
+            check_elements(f"a batch of {key.label} (its logits)",
+                           {"batch_size": self.batch_size, "positions": task.n_ctx, "vocabulary": task.n_states},
+                           lower="batch_size")  # fmt: skip
         if self.ood_n is not None:
             if self.ood_n < 1:
                 raise ValueError(f"ood_n must be >= 1, got {self.ood_n}")
@@ -283,37 +296,50 @@ class SweepSpec:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SweepSpec:
+    def from_dict(cls, data: dict[str, Any], source: str = "sweep settings") -> SweepSpec:
         """Build from a dict (a YAML file's content); unknown keys are refused.
 
         Search knobs may sit under ``search:`` or at the top level (``epsilon``,
         ``multiplier``, ``n_min``, ``n_max``, ``max_steps``, ``resolution``, ``start``).
         """
+        if not isinstance(data, dict):
+            raise ValueError(f"{source} must be a mapping of settings, got {json_type(data)}")
         data = dict(data)
         search_names = {f.name for f in fields(SearchConfig)}
-        search = dict(data.pop("search", None) or {})
+        search = data.pop("search", None) or {}
+        if not isinstance(search, dict):
+            raise ValueError(f"{source}: search must be a mapping of search settings, got {json_type(search)}")
+        search = dict(search)
         for name in list(data):
             if name in search_names:
                 search[name] = data.pop(name)
         known = {f.name for f in fields(cls)} - {"search"}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
-            raise ValueError(f"unknown sweep setting(s) {', '.join(unknown)}; known: "
+            raise ValueError(f"{source}: unknown sweep setting(s) {', '.join(unknown)}; known: "
                              f"{', '.join(sorted(known | search_names))}")  # fmt: skip
-        unknown = sorted(set(search) - search_names)
+        unknown = sorted(map(str, set(search) - search_names))
         if unknown:
-            raise ValueError(f"unknown search setting(s) {', '.join(unknown)}")
-        return cls(**data, search=SearchConfig(**search))
+            raise ValueError(f"{source}: unknown search setting(s) {', '.join(unknown)}")
+        return validate(cls, {**data, "search": search}, source, "fix the setting")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SweepSpec:
         """Read a sweep config (YAML) from ``path``; see :meth:`from_dict`."""
-        import yaml
+        data = read_settings(path)
+        return cls.from_dict(data, f"sweep config {str(path)!r}")
 
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"sweep config {str(path)!r} not found")
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a sweep config is a mapping of settings")
-        return cls.from_dict(data)
+
+def read_settings(path: str | Path) -> dict[str, Any]:
+    """The settings of a sweep config file, read safely (:func:`mechlab.schema.load_yaml`:
+    size, depth, tags and aliases checked) but not yet validated (:meth:`SweepSpec.from_dict`
+    does that once command-line values are added).
+
+    Raises:
+        ValueError: One line, for a missing or oversized file, invalid or hostile YAML, or a
+            document that is not a mapping.
+    """
+    data = load_yaml(path, "sweep config") or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"sweep config {str(path)!r} must hold a mapping of settings, got {json_type(data)}")
+    return data

@@ -73,7 +73,10 @@ def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> An
     values = metadata["task_cfg"]
     if not isinstance(values, dict):
         raise ValueError(f"checkpoint {str(path)!r} has a task_cfg that is not a mapping")
-    return TASK_CONFIGS[task].from_dict(values)
+    try:  # a file may ask for anything: every field and size is checked here, before any use
+        return TASK_CONFIGS[task].from_dict(values)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"checkpoint {str(path)!r} records an unusable {task} task_cfg: {err}") from None
 
 __all__ = [
     "CLOSE",

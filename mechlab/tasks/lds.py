@@ -65,11 +65,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechlab.limits import check_elements
+
 SQRT2 = math.sqrt(2.0)
 
 # token kinds, as stored in LDSBatch.kind
 START, OPEN, OBS, CLOSE = 0, 1, 2, 3
-KIND_NAMES = ("start", "open", "obs", "close")
 
 
 @dataclass
@@ -149,6 +150,16 @@ class LDSConfig:
             raise ValueError(f"cut_rate must be finite and >= 0, got {self.cut_rate!r}")
         if not isinstance(self.resample_x0, bool):
             raise ValueError(f"resample_x0 must be a bool, got {self.resample_x0!r}")
+        # Sizes before work: a config read from a file (a checkpoint's task_cfg) may ask
+        # for anything; the system library and one trace must fit the size limit.
+        check_elements(
+            "the LDS task's system library",
+            {"systems": self.n_train_systems + self.n_test_systems, "d_state^2": self.d_state**2},
+            lower="n_train_systems or n_test_systems",
+        )
+        check_elements(
+            "one LDS trace", {"positions": self.n_ctx, "width": self.d_in}, lower="n_ctx or n_pairs"
+        )
 
     # ---- derived sizes and the token layout -------------------------------------------
     @property
@@ -467,6 +478,29 @@ def _make_tokens(
     return tokens
 
 
+def check_batch(cfg: LDSConfig, n_traces: int, name: str = "n_traces", positions: int | None = None) -> int:
+    """Refuse ``n_traces`` traces of ``positions`` tokens (default ``n_ctx``) that would not
+    fit the size limit (:func:`mechlab.limits.check_elements`), before anything is drawn.
+
+    Args:
+        cfg: Task config (the token width ``d_in``).
+        n_traces: Traces in the batch.
+        name: The count's name, for the message (what to lower).
+        positions: Tokens per trace.
+
+    Returns:
+        The elements of the token tensor.
+
+    Raises:
+        ValueError: One line naming the sizes and what to lower.
+    """
+    T = cfg.n_ctx if positions is None else positions
+    # The largest tensors a batch builds: its tokens, and its systems' trajectories.
+    n = check_elements("the traces' tokens", {name: n_traces, "positions": T, "width": cfg.d_in}, lower=name)
+    check_elements("the traces' states", {name: n_traces, "positions": T, "d_state": cfg.d_state}, lower=name)
+    return n
+
+
 def sample_batch(
     cfg: LDSConfig, library: SystemLibrary, batch: int, generator: torch.Generator | None = None
 ) -> LDSBatch:
@@ -484,6 +518,8 @@ def sample_batch(
     """
     if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    check_batch(cfg, batch, "batch")
+    check_elements("the batch's cut positions", {"batch": batch, "cuts": cfg.max_cuts + 1}, lower="batch")
     _check_library(cfg, library, cfg.max_systems)
     g, dev = generator, library.U.device
     B, K, P, d = batch, cfg.max_systems, cfg.n_pairs, cfg.d_state

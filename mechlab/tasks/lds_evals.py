@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mechlab.limits import check_elements
 from mechlab.tasks.lds import (
     CLOSE,
     OBS,
@@ -37,6 +38,7 @@ from mechlab.tasks.lds import (
     SystemLibrary,
     _check_library,
     batch_from_layout,
+    check_batch,
     distinct_ids,
     rollout,
 )
@@ -151,6 +153,8 @@ def uninterleaved(
     n_obs = cfg.n_ctx - 3 if n_obs is None else n_obs
     if not isinstance(n_obs, int) or n_obs < 1 or n_obs + 3 > cfg.n_ctx:
         raise ValueError(f"n_obs must be an integer in 1..n_ctx-3 = {cfg.n_ctx - 3}, got {n_obs!r}")
+    check_batch(cfg, n_traces, "n_traces", positions=n_obs + 3)
+    check_elements("the systems' matrices", {"n_traces": n_traces, "d_state^2": cfg.d_state**2})
     B, dev, g = n_traces, library.U.device, generator
     systems = torch.randint(0, library.n_systems, (B, 1), generator=g, device=dev)
     labels = torch.randint(0, cfg.n_pairs, (B, 1), generator=g, device=dev)
@@ -226,7 +230,7 @@ def needle_in_haystack(
     consecutive traces: the systems, labels, query and misdirection are drawn once per
     example, the initial states (and ``z``) once per trace, as in the study's evaluation
     (50 examples x 1000 initial-state trials; see
-    :func:`mechlab.evals.recall.summarize_per_example`). ``trials=1`` is the plain draw.
+    :func:`mechlab.evals.suites.summarize_per_example`). ``trials=1`` is the plain draw.
 
     Probes (``probe=``):
 
@@ -293,6 +297,13 @@ def needle_in_haystack(
     if not offsets or any(not isinstance(j, int) or j < 1 or j > S for j in offsets):
         raise ValueError(f"offsets must be integers in 1..seg_len={S}, got {offsets!r}")
     _check_library(cfg, library, N + 1)
+    what = "n_traces" if trials == 1 else f"n_traces ({n_traces // trials} examples x {trials} trials)"
+    check_batch(cfg, n_traces, what, positions=T)
+    for label, sizes in (
+        ("the haystack systems' matrices", {"d_state^2": cfg.d_state**2}),
+        ("the haystack systems' trajectories", {"steps": 2 * S, "d_state": cfg.d_state}),
+    ):
+        check_elements(label, {"n_traces": n_traces, "systems": N + 1, **sizes}, lower=what)
 
     B, d, dev, g = n_traces, cfg.d_state, library.U.device, generator
     E = B // trials  # examples

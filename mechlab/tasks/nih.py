@@ -30,6 +30,7 @@ from torch import Tensor
 
 from mechlab.tasks.lds import LDSBatch, LDSConfig, SystemLibrary, make_libraries
 from mechlab.tasks.lds_evals import NIH_OFFSETS, PROBES, needle_in_haystack, nih_protocol
+from mechlab.traces import Traces, Windows
 
 
 def default_haystack(cfg: LDSConfig, train_cfg: dict[str, Any] | None = None) -> tuple[int, int]:
@@ -52,6 +53,14 @@ def default_haystack(cfg: LDSConfig, train_cfg: dict[str, Any] | None = None) ->
     while n_haystack > 1 and (seg_len + 2) * (n_haystack + 1) + 1 > cfg.n_ctx:
         n_haystack -= 1
     return n_haystack, seg_len
+
+
+def nih_windows(query_position: int, n_pos: int) -> Windows:
+    """The windows of a NiH trace: ``haystack`` ``[0, p)``, ``label`` ``[p, p + 1)`` (the
+    query's open label, where ``1-after`` is predicted), ``continuation`` ``[p + 1, n_pos)``
+    (``2-after`` is predicted at ``p + 1``)."""
+    p = query_position
+    return (("haystack", 0, p), ("label", p, p + 1), ("continuation", p + 1, n_pos))
 
 
 @dataclass
@@ -146,6 +155,27 @@ class NiH:
         diff = predictions[:, index].to(truth.dtype) - truth[:, index.to(truth.device)]
         return diff.pow(2).sum(-1)
 
+    def traces(self, corrupted: Tensor | None = None) -> Traces:
+        """What an engine reads: the clean inputs, the corrupted ones, the truth, the
+        observation mask, the query position and the NiH windows (:func:`nih_windows`).
+
+        Args:
+            corrupted: ``[batch, pos, d_in]`` corrupted inputs to use instead of the probe
+                twin's (e.g. another trace of the batch); default :attr:`corrupted`.
+
+        Returns:
+            The :class:`~mechlab.traces.Traces`.
+        """
+        return Traces(
+            inputs=self.clean,
+            corrupted=self.corrupted if corrupted is None else corrupted,
+            truth=self.truth,
+            observed=self.observed.clone(),
+            query_position=self.query_position,
+            seg_len=self.seg_len,
+            windows=nih_windows(self.query_position, self.n_pos),
+        )
+
     def to(self, device: torch.device | str) -> NiH:
         """The same traces with every tensor on ``device``."""
 
@@ -170,6 +200,7 @@ def nih(
     seed: int = 0,
     fresh_x0: bool = True,
     protocol: str = "study",
+    library: SystemLibrary | None = None,
 ) -> NiH:
     """Needle-in-a-haystack traces and their probe twins, on a checkpoint's own task.
 
@@ -190,6 +221,8 @@ def nih(
         protocol: ``"study"`` (the default, the study's code: the oldest haystack system
             is queried and ``misdirect_incorrect`` shows the next one's label) or
             ``"uniform"`` (query and misdirection drawn uniformly).
+        library: The systems to draw from (default: the task's test library, built from
+            its config; pass it to draw several batches without rebuilding it).
 
     Returns:
         The :class:`NiH` traces, on the CPU.
@@ -215,7 +248,7 @@ def nih(
     seg_len = default_s if seg_len is None else seg_len
     if offsets is None:
         offsets = tuple(j for j in NIH_OFFSETS if isinstance(seg_len, int) and j <= seg_len) or (1,)
-    library = make_libraries(cfg)[1]
+    library = make_libraries(cfg)[1] if library is None else library
 
     def build(which: str | None):
         return needle_in_haystack(

@@ -48,6 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mechlab.limits import check_elements
+
 GROUPS = ("zm", "s5")
 FORMATS = ("outcome", "acot", "cot")
 LENGTH_DISTRIBUTIONS = ("fixed", "uniform", "short_to_long")
@@ -218,9 +220,14 @@ def compose(group: str, a: int, b: int, m: int | None = None) -> int:
 
 
 def composition_table(cfg: StateTrackingConfig) -> np.ndarray:
-    """``table[a, b] = a o b`` for every pair of elements, ``[V, V]`` int64."""
+    """``table[a, b] = a o b`` for every pair of elements, ``[V, V]`` int64.
+
+    Raises:
+        ValueError: ``V * V`` is above the size limit (:func:`mechlab.limits.check_elements`).
+    """
     if cfg.group == "s5":
         return _S5_TABLE.copy()
+    check_elements("the composition table of Z_m", {"rows (m)": cfg.m, "columns (m)": cfg.m}, lower="m")
     r = np.arange(cfg.m)
     return (r[:, None] + r[None, :]) % cfg.m
 
@@ -235,12 +242,13 @@ def states_of(cfg: StateTrackingConfig, inputs: np.ndarray) -> np.ndarray:
     Returns:
         ``[k, n]`` int64, ``s_t = x_t o s_{t-1}`` with ``s_0`` the identity.
     """
-    table = composition_table(cfg)
     inputs = np.asarray(inputs, dtype=np.int64)
+    # Z_m composes by addition: no [m, m] table (7 TiB at m = 10**6), whatever m.
+    table = None if cfg.group == "zm" else composition_table(cfg)
     out = np.empty_like(inputs)
     s = np.zeros(inputs.shape[0], dtype=np.int64)  # [k]
     for t in range(inputs.shape[1]):
-        s = table[inputs[:, t], s]
+        s = (inputs[:, t] + s) % cfg.m if table is None else table[inputs[:, t], s]
         out[:, t] = s
     return out
 
@@ -451,6 +459,13 @@ def make_data(cfg: StateTrackingConfig, n_train: int | None = None) -> StateTrac
             f"each length {cfg.train_lengths} is less than one; use a longer L or a larger group"
         )
     train_sizes = training_sizes(cfg, n_train)
+    n_ood_seqs = min(cfg.n_ood, cfg.n_states**cfg.ood_length)
+    check_elements(
+        "the task's sequences",
+        {"sequences (train + validation + OOD)": sum(train_sizes.values()) + sum(val_sizes.values()) + n_ood_seqs,
+         "elements": max(cfg.ood_length, cfg.L)},
+        lower="n_train, n_val or n_ood",
+    )  # fmt: skip
     val_parts, train_parts = [], []
     for n in cfg.train_lengths:
         total = cfg.n_states**n

@@ -2,7 +2,7 @@
 copies that change one input element, targets and position windows.
 
 The pruning engine (:mod:`mechlab.prune`) knows no task: this module builds its
-:class:`~mechlab.prune.data.PruneData` from a :class:`StateTrackingConfig`.
+:class:`~mechlab.traces.PruneData` from a :class:`StateTrackingConfig`.
 
 Traces (formats ``outcome`` and ``acot``, the task's token layout): ``n`` elements drawn
 uniformly, encoded as ``[BOS, x_1..x_n]`` (:func:`~mechlab.tasks.state_tracking.encode`),
@@ -45,9 +45,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from mechlab.prune.data import PruneData, Traces
-from mechlab.prune.graph import Windows
+from mechlab.limits import check_elements
 from mechlab.tasks.state_tracking import SequenceSet, StateTrackingConfig, encode, states_of
+from mechlab.traces import PruneData, Traces, Windows
 
 FORMATS = ("outcome", "acot")
 TARGETS = ("final", "changed", "all")
@@ -167,7 +167,7 @@ def state_tracking_prune_data(
         n_ctx: The model's context in tokens (a length that does not fit is refused).
 
     Returns:
-        The :class:`~mechlab.prune.data.PruneData`; ``info`` records the task, length,
+        The :class:`~mechlab.traces.PruneData`; ``info`` records the task, length,
         corruption, changed positions, windows and sizes.
     """
     length = cfg.L if length is None else length
@@ -176,6 +176,7 @@ def state_tracking_prune_data(
     for name, value in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_elements("the pruning traces", {name: value, "positions": cfg.n_tokens(length)}, lower=name)
     train = _traces(cfg, length, n_train, corruption, seed)
     test = _traces(cfg, length, n_test, corruption, seed + TEST_SEED_OFFSET)
     info = {

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import StrictFloat, StrictInt, StrictStr
+
+from mechlab.limits import check_elements
+from mechlab.schema import load_yaml, parse_yaml, validate
 
 TASKS = ("lds", "state_tracking")
 LR_SCHEDULES = ("constant", "cosine")
@@ -75,33 +78,33 @@ class TrainConfig:
             positions lose what the weighted ones gain).
     """
 
-    task: str = "lds"
+    task: StrictStr = "lds"
     task_cfg: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
-    steps: int = 1000
-    batch_size: int = 64
-    grad_accum: int = 1
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    loss_reduction: str = "sum"
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"
-    min_lr_ratio: float = 0.1
-    seed: int = 0
-    device: str = "cpu"
-    log_every: int = 10
-    eval_every: int = 500
-    eval_traces: int = 256
-    eval_haystack: int = 7
-    eval_seg_len: int = 10
-    n_checkpoints: int = 12
-    save_every: int = 200
-    early_stop_loss: float = 0.0
-    prefetch: int = -1
-    checkpoint_every: int = 0
+    steps: StrictInt = 1000
+    batch_size: StrictInt = 64
+    grad_accum: StrictInt = 1
+    lr: StrictFloat = 1e-3
+    weight_decay: StrictFloat = 0.01
+    grad_clip: StrictFloat = 1.0
+    loss_reduction: StrictStr = "sum"
+    warmup_steps: StrictInt = 0
+    lr_schedule: StrictStr = "constant"
+    min_lr_ratio: StrictFloat = 0.1
+    seed: StrictInt = 0
+    device: StrictStr = "cpu"
+    log_every: StrictInt = 10
+    eval_every: StrictInt = 500
+    eval_traces: StrictInt = 256
+    eval_haystack: StrictInt = 7
+    eval_seg_len: StrictInt = 10
+    n_checkpoints: StrictInt = 12
+    save_every: StrictInt = 200
+    early_stop_loss: StrictFloat = 0.0
+    prefetch: StrictInt = -1
+    checkpoint_every: StrictInt = 0
     target_weights: dict[str, float] = field(default_factory=dict)
-    target_weight_norm: str = "none"
+    target_weight_norm: StrictStr = "none"
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -145,6 +148,7 @@ class TrainConfig:
             raise ValueError(f"device must be a name such as 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.model, dict) or not isinstance(self.task_cfg, dict):
             raise ValueError("model and task_cfg must be mappings of config fields")
+        self._check_counts()
         self.target_weights = {f"{k}-after": w for k, w in target_offsets(self.target_weights).items()}
         if self.target_weight_norm not in TARGET_WEIGHT_NORMS:
             raise ValueError(f"unknown target_weight_norm {self.target_weight_norm!r}; choose one of "
@@ -153,18 +157,42 @@ class TrainConfig:
             raise ValueError(f"target_weights weigh the lds task's observation targets; the {self.task} "
                              "task has none (remove target_weights)")  # fmt: skip
 
+    def _check_counts(self) -> None:
+        """Counts before work: what a run draws and keeps must be representable and fit."""
+        # Every batch is drawn from a generator seeded by seed * 1_000_003 + step (a 64-bit
+        # seed), and the examples seen (steps x batch_size) are recorded as 64-bit integers.
+        if abs(self.seed) * 1_000_003 + self.steps >= 2**63:
+            raise ValueError(
+                f"steps={self.steps} with seed={self.seed} overflows the 64-bit seed of the batches; "
+                "lower steps or seed"
+            )
+        if self.steps * self.batch_size >= 2**63:
+            raise ValueError(
+                f"steps x batch_size = {self.steps * self.batch_size:.3g} training examples is more than "
+                "a 64-bit count holds; lower steps or batch_size"
+            )
+        # The log-spaced checkpoint steps are computed as an array of n_checkpoints values.
+        check_elements("the log-spaced checkpoint steps", {"n_checkpoints": self.n_checkpoints})
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (what checkpoints and ``config.yaml`` hold)."""
         return copy.deepcopy(dataclasses.asdict(self))
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        """Build from a dict, refusing unknown keys with the list of known ones."""
+    def from_dict(cls, values: dict[str, Any], source: str = "training settings") -> TrainConfig:
+        """Build from a dict (a YAML file's, a checkpoint's), checking every field's type
+        against the annotations above and refusing unknown keys with the list of known ones.
+
+        Raises:
+            ValueError: One line naming ``source`` and the field.
+        """
+        if not isinstance(values, dict):
+            raise ValueError(f"{source} must be a mapping of settings, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(values) - known, key=str)
         if unknown:
-            raise ValueError(f"unknown training setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**copy.deepcopy(values))
+            raise ValueError(f"{source}: unknown training setting(s) {unknown}; known: {sorted(known)}")
+        return validate(cls, copy.deepcopy(values), source, "fix the setting")
 
 
 def target_offsets(weights: Any) -> dict[int, float]:
@@ -240,10 +268,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"bad override {text!r}: expected key=value, e.g. lr=3e-4 or model.d_model=64")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ValueError(f"bad override {text!r}: value is not valid YAML ({exc.__class__.__name__})") from None
+    value = parse_yaml(raw, f"the value of override {text!r}", "quote it or fix it") if raw.strip() else ""
     if isinstance(value, str):
         # YAML 1.1 reads "2e-3" (no dot) as a string; users mean a number.
         try:
@@ -279,12 +304,7 @@ def resolve_config(
         values = _merge(values, all_presets[preset])
     if config_file is not None:
         path = Path(config_file)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} not found")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ValueError(f"config file {str(path)!r} is not valid YAML: {exc.__class__.__name__}") from None
+        loaded = load_yaml(path, "config file")
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"config file {str(path)!r} must hold a mapping of settings")
         values = _merge(values, loaded or {})

@@ -168,7 +168,7 @@ class LDSTask:
         return masked_mse(pred, targets, mask, reduction, n_scored)
 
     def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
-        from mechlab.evals.recall import nih_errors
+        from mechlab.evals.suites import nih_errors
 
         errs = nih_errors(
             model, self.cfg, self.test_lib, n_traces=cfg.eval_traces, n_haystack=cfg.eval_haystack,

@@ -47,8 +47,10 @@ from mechlab.models import build_model
 from mechlab.models.base import MechModel
 from mechlab.models.registry import MAX_ELEMENTS_ENV, max_elements
 from mechlab.progress import tqdm
+from mechlab.schema import MAX_DEPTH, json_depth
 from mechlab.train.config import TrainConfig
 from mechlab.train.prefetch import Prefetcher
+from mechlab.train.seeding import batch_generator
 from mechlab.train.task import Task, make_task
 
 
@@ -73,11 +75,6 @@ def log_spaced_steps(total: int, count: int) -> list[int]:
         return []
     raw = np.unique(np.round(np.geomspace(1, total, num=count)).astype(int))
     return sorted(set(int(s) for s in raw) | {total})
-
-
-def batch_generator(seed: int, step: int) -> torch.Generator:
-    """The generator that draws the batch of ``step`` (independent of the run's history)."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -137,6 +134,8 @@ def read_metrics_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for index, (number, line) in enumerate(numbered):
         try:
+            if json_depth(line) > MAX_DEPTH:  # json.loads would recurse past the interpreter's limit
+                raise ValueError(f"nests more than {MAX_DEPTH} levels deep")
             record = json.loads(line)
             step = record.get("step", 0) if isinstance(record, dict) else None
             if not isinstance(step, int | float) or isinstance(step, bool):

@@ -9,9 +9,10 @@ last. It is deterministic given its spec: the model is initialised from ``seed``
 batch of step ``k`` is drawn from a generator seeded by ``(seed, k)``; the data come from
 the task's own ``seed`` (:mod:`mechlab.tasks.state_tracking`).
 
-:func:`run_trials` trains trials that share the model, the task (up to ``n_train``), the
-steps, the batch size, ``epsilon``, ``eval_every`` and the device as one batched ensemble
-(:mod:`mechlab.train.ensemble`): the same steps, with the members' weights stacked.
+Trials that share the model, the task (up to ``n_train``), the steps, the batch size,
+``epsilon``, ``eval_every`` and the device (one :func:`group_key`) can train as one
+batched ensemble (:mod:`mechlab.train.ensemble`); :func:`mechlab.train.dispatch.run_trials`,
+above both, decides which.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from mechlab._deprecated import moved_names
 from mechlab.devices import check_device
 from mechlab.models import build_model
 from mechlab.models.base import MechModel
@@ -37,11 +39,7 @@ from mechlab.tasks.state_tracking import (
     set_loss,
     training_sizes,
 )
-
-# Families whose batched ensemble beats training their members one after another
-# (measured by `mechlab bench ensemble`, see docs/benchmarks.md). Mamba's chunked scan
-# writes into preallocated buffers (out=), which vmap cannot batch.
-ENSEMBLE_FAMILIES = ("transformer", "lstm", "dense_ssm")
+from mechlab.train.seeding import batch_generator
 
 
 @dataclass
@@ -139,11 +137,6 @@ def init_model(spec: TrialSpec) -> MechModel:
     return model.to(check_device(spec.device))
 
 
-def batch_generator(seed: int, step: int) -> torch.Generator:
-    """The generator that draws the batch of ``step`` of a trial seeded ``seed``."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
-
-
 def trial_result(
     spec: TrialSpec, best: float, converged: bool, steps_run: int, ood: dict[str, float], seconds: float
 ) -> dict[str, Any]:
@@ -198,41 +191,4 @@ def group_key(spec: TrialSpec) -> str:
                        spec.eval_every, spec.device], sort_keys=True, default=str)  # fmt: skip
 
 
-def run_trials(
-    specs: list[TrialSpec | dict[str, Any]], ensemble: bool | None = None, max_members: int = 64
-) -> list[dict[str, Any]]:
-    """Train many trials; those that share a group (see :func:`group_key`) as ensembles.
-
-    Args:
-        specs: The trials.
-        ensemble: True: every group of two or more trials as one ensemble; False: one
-            trial after another; None (default): ensembles for the families in
-            :data:`ENSEMBLE_FAMILIES`.
-        max_members: Most trials in one ensemble (larger groups are split).
-
-    Returns:
-        One result per spec, in order (see :func:`run_trial`); an ensemble's members also
-        have ``ensemble`` (its size) and ``seconds`` (its wall time shared equally).
-    """
-    from mechlab.models.registry import make_config
-    from mechlab.train.ensemble import train_ensemble
-
-    specs = [as_spec(s) for s in specs]
-    if max_members < 1:
-        raise ValueError(f"max_members must be positive, got {max_members}")
-    groups: dict[str, list[int]] = {}
-    for i, spec in enumerate(specs):
-        groups.setdefault(group_key(spec), []).append(i)
-    results: list[dict[str, Any] | None] = [None] * len(specs)
-    for members in groups.values():
-        arch = make_config(specs[members[0]].model_config()).arch
-        batched = ensemble if ensemble is not None else arch in ENSEMBLE_FAMILIES
-        if not batched or len(members) == 1:
-            for i in members:
-                results[i] = run_trial(specs[i])
-            continue
-        for start in range(0, len(members), max_members):
-            part = members[start : start + max_members]
-            for i, result in zip(part, train_ensemble([specs[i] for i in part]), strict=True):
-                results[i] = result
-    return results  # type: ignore[return-value]
+__getattr__ = moved_names(__name__)  # run_trials, ENSEMBLE_FAMILIES: mechlab.train.dispatch

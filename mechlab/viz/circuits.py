@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from mechlab.prune.circuit import Circuit
+from mechlab.prune.circuit import Circuit, jaccard
 from mechlab.prune.graph import component_of, parse_component, window_of
 
 _KIND_COLOUR = {
@@ -71,14 +71,20 @@ def node_positions(graph: Mapping[str, Any], names: set[str]) -> dict[str, tuple
                 pos[f"l{layer}@{w}"] = (1.0 + layer, y)
             pos[f"out@{w}"] = (1.0 + n_layers, y)
         return pos
-    heads = 1 + max((p[2] for p in parsed), default=-1)
+    heads = 1 + max((p[2] for p in parsed if p[0] == "head"), default=-1)
     n_heads = max(int(graph.get("n_heads", 0) or 0), heads)
+    groups = 1 + max((p[2] for p in parsed if p[0] == "group"), default=-1)
+    n_groups = max(int(graph.get("n_key_value_heads", 0) or 0), groups)
     if graph.get("arch", "transformer") == "transformer" and (n_heads or any(p[0] == "mlp" for p in parsed)):
         half = (max(n_heads, 1) - 1) / 2
         pos["embed"], pos["pos"] = (0.0, min(0.5, half)), (0.0, -min(0.5, half))
         for layer in range(n_layers):
             for h in range(n_heads):
                 pos[f"a{layer}.h{h}"] = (1.0 + 2 * layer, half - h)
+            if n_groups and n_groups < n_heads:  # shared K/V inputs, beside their heads
+                size = n_heads // n_groups
+                for g in range(n_groups):
+                    pos[f"a{layer}.g{g}"] = (0.55 + 2 * layer, half - g * size - (size - 1) / 2)
             pos[f"m{layer}"] = (2.0 + 2 * layer, 0.0)
         pos["out"] = (1.0 + 2 * n_layers, 0.0)
         return pos
@@ -140,7 +146,8 @@ def _axis_labels(pos: Mapping[str, tuple[float, float]]) -> tuple[list[float], l
         elif kinds <= {"embed", "pos"}:
             labels.append("embeddings")
         else:
-            labels.append(f"L{layer} " + ("heads" if "head" in kinds else "MLP" if "mlp" in kinds else "layer"))
+            labels.append(f"L{layer} " + ("heads" if "head" in kinds else "K/V groups" if "group" in kinds
+                                          else "MLP" if "mlp" in kinds else "layer"))
     return ticks, labels
 
 
@@ -389,8 +396,7 @@ def circuits_across_checkpoints_figure(
         rows += [e for e in c.edges if e not in rows]
     z = [[c.edges.get(e) for c in circuits] for e in rows]  # None: not kept
     last = set(circuits[-1].edges)
-    jaccard = [len(set(c.edges) & last) / len(set(c.edges) | last) if set(c.edges) | last else 1.0
-               for c in circuits]  # fmt: skip
+    similarity = [jaccard(c.edges, last) for c in circuits]
     labels = [str(s) for s in steps]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04)
     fig.add_trace(go.Heatmap(
@@ -400,7 +406,7 @@ def circuits_across_checkpoints_figure(
     ), row=1, col=1)  # fmt: skip
     fig.add_trace(go.Scatter(x=labels, y=[len(c.edges) for c in circuits], name="edges kept",
                              mode="lines+markers"), row=2, col=1)  # fmt: skip
-    fig.add_trace(go.Scatter(x=labels, y=jaccard, name="Jaccard with the last", mode="lines+markers",
+    fig.add_trace(go.Scatter(x=labels, y=similarity, name="Jaccard with the last", mode="lines+markers",
                              yaxis="y3"), row=2, col=1)  # fmt: skip
     target = circuits[-1].metadata.get("target", "?")
     fig.update_layout(

@@ -96,7 +96,7 @@ def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:
 
 
 def figure_for_suite(report: dict[str, Any]) -> go.Figure:
-    """The figure of one ``mechlab eval`` report (the dict :func:`mechlab.evals.run_suite` returns)."""
+    """The figure of one ``mechlab eval`` report (the dict :func:`mechlab.pipelines.run_suite` returns)."""
     suite, r = report["suite"], report["result"]
     step = report.get("step")
     if suite == "nih":

@@ -368,3 +368,55 @@ def test_init_scales():
     assert abs(model.blocks[0].attn.W_Q.std().item() - std) < 0.1 * std
     assert abs(model.blocks[0].mlp.W_out.std().item() - std / 4) < 0.1 * std / 4
     assert model.blocks[0].attn.b_O.abs().max() == 0 and (model.ln_final.w == 1).all()
+
+
+def test_options_are_validated_and_round_trip():
+    cfg = TransformerConfig(d_model=32, n_heads=4, positional="rotary", n_key_value_heads=2,
+                            normalization="RMS", gated_mlp=True, act_fn="silu")  # fmt: skip
+    assert (cfg.rotary_dim, cfg.n_groups, cfg.final_rms, cfg.positional_embedding_type) == (8, 2, True, "rotary")
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+    assert TransformerConfig(d_model=32, n_heads=4).n_key_value_heads == 4
+    bad = [
+        ({"n_key_value_heads": 3}, "must divide n_heads"),
+        ({"positional": "alibi"}, "positional must be one of"),
+        ({"positional": "rotary", "rotary_dim": 3}, "even number"),
+        ({"positional": "rotary", "rotary_dim": 10}, "even number"),
+        ({"rotary_dim": 4}, "needs positional='rotary'"),
+        ({"normalization": "batch"}, "normalization must be one of"),
+        ({"attn_only": True, "gated_mlp": True}, "attn_only blocks have no MLP"),
+        ({"tie_embeddings": True}, "tie_embeddings needs io='tokens'"),
+        ({"qkv_bias": 1}, "qkv_bias must be True or False"),
+        ({"positional": "rotary", "rotary_base": 0.0}, "rotary_base must be positive"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(ValueError, match=message):
+            TransformerConfig(d_model=32, n_heads=4, **fields)
+
+
+def test_biases_that_are_off_are_no_parameters_and_tied_embeddings_are_one():
+    model = build_model("transformer", d_model=16, n_heads=2, qkv_bias=False, attn_out_bias=False,
+                        mlp_bias=False, io="tokens", d_vocab=9, tie_embeddings=True)  # fmt: skip
+    names = {n for n, _ in model.named_parameters()}
+    assert not any(n.rsplit(".", 1)[-1].startswith("b_") for n in names)
+    assert model.read_out.proj.weight is model.read_in.embed.weight
+    assert "read_out.proj.weight" not in names  # counted once
+    x = torch.randint(0, 9, (2, 5))
+    assert model(x).shape == (2, 5, 9)
+    assert model.accumulated_bias(2, mlp_input=False).abs().max() == 0
+
+
+def test_rotary_attention_scores_depend_on_relative_positions_only():
+    """Rotating q and k by their positions: a score depends on q_pos - k_pos, not on both."""
+    from mechlab.models.transformer import Rotary
+
+    rot = Rotary(8, 10000.0)
+    q = torch.randn(1, 1, 1, 8).expand(1, 6, 1, 8)
+    k = torch.randn(1, 1, 1, 8).expand(1, 6, 1, 8)
+    scores = torch.einsum("bqhd,bkhd->qk", rot(q), rot(k))
+    torch.testing.assert_close(scores[3, 1], scores[5, 3])
+    torch.testing.assert_close(scores.diagonal(), torch.full((6,), float((q[0, 0] * k[0, 0]).sum())))
+    assert not torch.allclose(scores[3, 1], scores[3, 2])
+    x = torch.randn(1, 5, 2, 8)
+    partial = Rotary(4, 10000.0)(x)  # dimensions 4.. pass unchanged, position 0 is not rotated
+    assert torch.equal(partial[..., 4:], x[..., 4:]) and torch.equal(partial[:, 0], x[:, 0])
+    assert not torch.allclose(partial[:, 1:, :, :4], x[:, 1:, :, :4])

@@ -11,9 +11,10 @@ import torch
 
 from mechlab.models import build_model
 from mechlab.prune.circuit import Circuit, overlap, seed_stability
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.evaluate import circuit_edge_mask, evaluate_circuit
 from mechlab.prune.graph import build_graph
+from mechlab.traces import PruneData, Traces
+from mechlab.viz import circuit_figure, write_html
 
 GRAPH = {"arch": "transformer", "n_layers": 2, "n_heads": 2}
 
@@ -54,6 +55,12 @@ def test_overlap_refuses_different_graphs():
     )
     with pytest.raises(ValueError, match="different graphs"):
         overlap(A, other)
+    grouped = {"arch": "transformer", "n_layers": 2, "n_heads": 4}
+    llama = Circuit.from_edges({("embed", "out"): 1.0}, metadata={"graph": {**grouped, "n_key_value_heads": 2}})
+    gpt2 = Circuit.from_edges({("embed", "out"): 1.0}, metadata={"graph": grouped})
+    with pytest.raises(ValueError, match="different graphs"):
+        overlap(llama, gpt2)
+    assert overlap(llama, llama).jaccard == 1.0
 
 
 def test_seed_stability_means():
@@ -107,14 +114,14 @@ def test_to_networkx_follows_paths():
 
 
 def test_plot_and_html(tmp_path):
-    fig = A.plot()
+    fig = circuit_figure(A)
     names = [t.name for t in fig.data]
     assert {"→ v", "→ q", "→ k", "→ out", "edge (hover)", "in circuit", "pruned"} <= set(names)
     hover = next(t for t in fig.data if t.name == "edge (hover)")
     assert len(hover.x) == A.n_edges and "score 1.000" in hover.hovertext[0]
     pruned = next(t for t in fig.data if t.name == "pruned")
     assert "m1" in pruned.hovertext[-1] or any("m1" in h for h in pruned.hovertext)
-    path = A.write_html(tmp_path / "a.html")
+    path = write_html(circuit_figure(A), tmp_path / "a.html")
     text = path.read_text()
     assert "plotly" in text and len(text) > 1_000_000  # plotly.js embedded: works offline
 
@@ -122,7 +129,7 @@ def test_plot_and_html(tmp_path):
 def test_recurrent_plot():
     c = Circuit.from_edges({("embed", "l0.in"): 1.0, ("l0", "out"): 0.5},
                            metadata={"graph": {"arch": "lstm", "n_layers": 2, "n_heads": 0}})  # fmt: skip
-    fig = c.plot()
+    fig = circuit_figure(c)
     inside = next(t for t in fig.data if t.name == "in circuit")
     assert list(inside.text) == ["embed", "l0", "out"]
 

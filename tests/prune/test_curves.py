@@ -28,8 +28,8 @@ from mechlab.prune.curves import (
     top_k_mask,
     write_curves,
 )
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.graph import build_graph
+from mechlab.traces import PruneData, Traces
 from mechlab.viz import faithfulness_curves_figure
 
 torch.set_num_threads(1)
@@ -347,7 +347,7 @@ def test_json_round_trip_and_figure(swept, tmp_path):
         (["--ablation", "resample"], "ablation"),
         (["--target", "0-after"], "target"),
         (["--rank", "greedy"], "rank"),
-        (["--protocol", "paper"], "protocol"),
+        (["--nih", "paper"], "protocol"),
     ],
 )
 def test_cli_bad_input_exit_2(capsys, args, message):

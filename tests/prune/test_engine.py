@@ -12,7 +12,6 @@ import torch
 from mechlab.models import build_model
 from mechlab.models.transformer import Transformer, TransformerConfig
 from mechlab.prune import engine
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.engine import (
     MaskResult,
     binarize,
@@ -23,6 +22,7 @@ from mechlab.prune.engine import (
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import make_ablation, masked_forward, writer_outputs
 from mechlab.prune.graph import build_graph, countable_edges
+from mechlab.traces import PruneData, Traces
 
 FAMILIES = {
     "transformer": {"n_heads": 2},

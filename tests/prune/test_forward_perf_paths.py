@@ -14,7 +14,17 @@ from mechlab.prune.graph import build_graph
 VARIANTS = {
     "layernorm": {},
     "no_norm_relu_bidirectional": {"normalization": "none", "act_fn": "relu", "causal": False},
+    # the options of imported models (Llama: RMSNorm, rotary, SwiGLU, grouped key/value
+    # heads, no biases; Pythia: partial rotary, parallel residual) and attention-only
+    "llama": {"normalization": "RMS", "positional": "rotary", "gated_mlp": True, "act_fn": "silu",
+              "n_heads": 4, "d_head": 4, "n_key_value_heads": 2, "qkv_bias": False, "attn_out_bias": False,
+              "mlp_bias": False},
+    "neox": {"positional": "rotary", "rotary_dim": 2, "parallel_attn_mlp": True, "act_fn": "gelu"},
+    "attn_only": {"attn_only": True},
 }
+# every ablation and node-mask setting on the first two, one setting each on the options
+CASES = [(v, a, n) for v in list(VARIANTS)[:2] for a in ("interchange", "mean") for n in (False, True)]
+CASES += [("llama", "interchange", True), ("neox", "mean", True), ("attn_only", "interchange", False)]
 
 
 def transformer(seed: int = 0, **fields):
@@ -38,9 +48,7 @@ def run(model, graph, x, ablated, z, node, **options):
     return out.detach(), z.grad, None if node is None else node.grad
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("ablation", ["interchange", "mean"])
-@pytest.mark.parametrize("nodes", [False, True])
+@pytest.mark.parametrize("variant,ablation,nodes", CASES)
 def test_fast_path_equals_the_straightforward_one(variant, ablation, nodes):
     model = transformer(**VARIANTS[variant])
     graph = build_graph(model)

@@ -16,6 +16,7 @@ from mechlab.prune.graph import (
     build_graph,
     component_of,
     countable_edges,
+    graph_from_summary,
     parse_component,
     recurrent_edge_count,
     recurrent_graph,
@@ -231,3 +232,76 @@ def test_edges_that_reach_no_target_read_out_do_not_count(positions, windows, n_
     # a graph without windows never excludes an edge for its targets
     plain = recurrent_graph("lstm", 1)
     assert not unreachable_edges(plain, positions).any()
+
+
+# --- the transformer options of imported models ------------------------------------------
+
+OPTION_GRID = [
+    dict(n_layers=L, n_heads=H, n_key_value_heads=G, positions=pos, attn_only=ao, parallel_attn_mlp=par)
+    for L, H in [(1, 2), (2, 4), (3, 6)]
+    for G in sorted({H, H // 2, 1})
+    for pos in (True, False)
+    for ao, par in [(False, False), (False, True), (True, False)]
+]
+
+
+def option_reads(writer: str, reader, g) -> bool:
+    """The edge rule with the options, written out independently of the builder."""
+    wkind, wlayer, _ = parse_component(writer)
+    if reader.kind == "out" or wkind in ("embed", "pos"):
+        return True
+    if reader.kind in "qkv":
+        return wlayer < reader.layer
+    if g.layout.get("parallel_attn_mlp"):
+        return wlayer < reader.layer
+    return wlayer < reader.layer or (wlayer == reader.layer and wkind == "head")
+
+
+@pytest.mark.parametrize("options", OPTION_GRID, ids=lambda o: "-".join(f"{v}" for v in o.values()))
+def test_option_graphs_follow_the_closed_form_and_the_rule(options):
+    g = transformer_graph(**options)
+    L, H, G = options["n_layers"], options["n_heads"], options["n_key_value_heads"]
+    E, M = 1 + options["positions"], 0 if options["attn_only"] else 1
+    assert g.n_edges == transformer_edge_count(
+        L, H, E, n_key_value_heads=G, attn_only=options["attn_only"],
+        parallel_attn_mlp=options["parallel_attn_mlp"],
+    )  # fmt: skip
+    # the closed form written out once more, from the module docstring
+    S = L * E + (H + M) * L * (L - 1) // 2
+    mlp = M * (S + (0 if options["parallel_attn_mlp"] else L * H))
+    assert g.n_edges == (H + 2 * G) * S + mlp + E + L * (H + M)
+    assert g.n_writers == E + L * (H + M) and g.n_readers == L * (H + 2 * G + M) + 1
+    expected = {(w.name, r.name) for w in g.writers for r in g.readers if option_reads(w.name, r, g)}
+    assert set(g.edges) == expected and len(g.edges) == len(expected)
+    assert graph_from_summary(g.summary()).edges == g.edges
+
+
+def test_grouped_key_value_readers_are_shared_by_their_query_heads():
+    g = transformer_graph(2, 4, n_key_value_heads=2)
+    layer1 = [r.name for r in g.readers if r.layer == 1]
+    assert layer1 == [f"a1.h{h}.q" for h in range(4)] + ["a1.g0.k", "a1.g1.k", "a1.g0.v", "a1.g1.v", "m1.in"]
+    assert g.feeds("a1.g1.v") == ("a1.h2", "a1.h3") and g.feeds("a1.h3.q") == ("a1.h3",)
+    assert g.feeds("out") == () and parse_component("a1.g1") == ("group", 1, 1)
+    nxg = g.to_networkx()
+    internal = {(u, v) for u, v, d in nxg.edges(data=True) if d["internal"]}
+    assert {("a1.g0.k", "a1.h0"), ("a1.g0.k", "a1.h1"), ("a1.g1.k", "a1.h3")} <= internal
+    assert ("a1.g0.k", "a1.h2") not in internal
+    assert nx.has_path(nxg, "a0.h0", "a1.h1") and nx.is_directed_acyclic_graph(nxg)
+    assert g.summary()["n_key_value_heads"] == 2
+
+
+def test_graphs_built_from_imported_style_configs():
+    llama = TransformerConfig(d_model=16, n_layers=2, n_heads=4, n_key_value_heads=1, positional="rotary",
+                              normalization="RMS", gated_mlp=True)  # fmt: skip
+    g = build_graph(llama)
+    assert [w.name for w in g.writers[:2]] == ["embed", "a0.h0"]  # no position writer
+    assert g.n_edges == transformer_edge_count(2, 4, 1, n_key_value_heads=1)
+    neox = build_graph(TransformerConfig(d_model=16, n_layers=2, n_heads=2, positional="rotary",
+                                         rotary_dim=2, parallel_attn_mlp=True))  # fmt: skip
+    assert neox.reader_by_name["m1.in"].n_upstream == neox.reader_by_name["a1.h0.q"].n_upstream == 4
+    attn_only = build_graph(TransformerConfig(d_model=16, n_layers=2, n_heads=2, attn_only=True))
+    assert not any(w.kind == "mlp" for w in attn_only.writers)
+    assert attn_only.n_edges == transformer_edge_count(2, 2, attn_only=True) == 3 * 2 * (4 + 2) + 6
+    # the default graph is GPT-2's, and its summary has no layout keys (old circuits match)
+    assert set(build_graph(TransformerConfig(d_model=16, n_heads=2)).summary()) == {
+        "arch", "n_layers", "n_heads", "n_writers", "n_readers", "n_edges"}

@@ -26,10 +26,10 @@ import pytest
 import torch
 
 from mechlab.models.ground_truth import dense_ssm_group_model, lstm_group_model
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.engine import prune
 from mechlab.prune.forward import make_ablation, masked_forward
 from mechlab.prune.graph import countable_edges, pruning_graph
+from mechlab.traces import PruneData, Traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from mechlab.models.transformer import Transformer, TransformerConfig
-from mechlab.prune.data import Traces
 from mechlab.prune.engine import prune
 from mechlab.prune.graph import build_graph, countable_edges
 from mechlab.prune.joint import consensus_penalty, joint_prune, share_sweep
 from mechlab.prune.refine import pair_disagreement
+from mechlab.traces import Traces
 from tests.prune.test_planted import LN_EPS, blank_transformer, planted_data
 
 SHARED = {("embed", "m0.in"), ("m0", "out")}

@@ -35,3 +35,15 @@ def test_select_on_paths_takes_a_whole_path_of_two_tied_ones():
     assert kept.nonzero().flatten().tolist() == [0, 1, 4, 5]
     kept, _ = select_on_paths(graph, scores, eligible, 3)  # the second path does not fit
     assert kept.nonzero().flatten().tolist() == [1, 5]
+
+
+def test_a_shared_key_reader_carries_to_every_head_of_its_group():
+    from mechlab.prune.graph import transformer_graph
+
+    g = transformer_graph(1, 4, n_key_value_heads=2, positions=False)
+    edges = torch.zeros(g.n_edges, dtype=torch.bool)
+    edges[[g.edge_index[("embed", "a0.g0.k")], g.edge_index[("a0.h1", "out")]]] = True
+    assert live_edges(g, edges).sum() == 2  # the k input of group 0 feeds h1, which reaches the out
+    edges[g.edge_index[("embed", "a0.g1.v")]] = True  # group 1 feeds h2, h3: no way to the out
+    live = live_edges(g, edges)
+    assert live.sum() == 2 and not live[g.edge_index[("embed", "a0.g1.v")]]

@@ -34,10 +34,10 @@ import torch
 
 from mechlab.models.dense_ssm import DenseSSM, DenseSSMConfig
 from mechlab.models.transformer import Transformer, TransformerConfig
-from mechlab.prune.data import PruneData, Traces
 from mechlab.prune.engine import prune
 from mechlab.prune.forward import make_ablation, masked_forward
 from mechlab.prune.graph import build_graph, countable_edges
+from mechlab.traces import PruneData, Traces
 
 LN_EPS, LN_WEIGHT = 1e8, 1e4  # float32: var + 1e8 == 1e8, so every norm is the identity
 

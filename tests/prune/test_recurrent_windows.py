@@ -27,7 +27,6 @@ import torch
 from mechlab.models.dense_ssm import DenseSSM, DenseSSMConfig
 from mechlab.models.registry import build_model
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.data import PruneData, Traces, nih_prune_data, target_positions
 from mechlab.prune.engine import prune
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.forward import (
@@ -40,6 +39,9 @@ from mechlab.prune.forward import (
 from mechlab.prune.graph import build_graph, countable_edges, pruning_graph
 from mechlab.prune.stats import graph_edges
 from mechlab.tasks.lds import LDSConfig
+from mechlab.tasks.lds_prune import nih_prune_data
+from mechlab.traces import PruneData, Traces, target_positions
+from mechlab.viz import circuit_figure
 from tests.prune.test_planted import LN_EPS, LN_WEIGHT, unit_vectors, write
 
 ARCHS = ("lstm", "dense_ssm", "mamba")
@@ -418,7 +420,7 @@ def test_windowed_circuit_nodes_in_forward_order_and_its_plot():
     edges = dict.fromkeys(PLANTED_CASES["label-carried"][2], 1.0)
     circuit = Circuit.from_edges(edges, metadata={"graph": graph.summary()})
     assert circuit.nodes == ["embed@label", "l0@label", "l0@continuation", "out@continuation"]
-    fig = circuit.plot()
+    fig = circuit_figure(circuit)
     assert list(fig.layout.yaxis.ticktext) == ["haystack", "label", "continuation"]
     state_lines = [t for t in fig.data if t.name == "→ state"]
     assert len(state_lines) == 1

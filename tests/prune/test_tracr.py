@@ -8,7 +8,6 @@ pytest.importorskip("haiku")
 
 from mechlab.models.tracr import compile_program, load_tracr  # noqa: E402
 from mechlab.models.transformer import Transformer, TransformerConfig  # noqa: E402
-from mechlab.prune.data import Traces  # noqa: E402
 from mechlab.prune.forward import make_ablation, masked_forward  # noqa: E402
 from mechlab.prune.graph import build_graph  # noqa: E402
 from mechlab.prune.tracr import (  # noqa: E402
@@ -17,6 +16,7 @@ from mechlab.prune.tracr import (  # noqa: E402
     tracr_prune_data,
     weight_edges,
 )
+from mechlab.traces import Traces  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from mechlab.pipelines import write_outputs
 from mechlab.sweep import (
     OracleTrial,
     SearchConfig,
@@ -15,7 +16,6 @@ from mechlab.sweep import (
     TrialStore,
     run_sweep,
     trial_key,
-    write_outputs,
 )
 from mechlab.sweep.executors import check_address
 

@@ -4,6 +4,7 @@ and of the least-squares predictor (mechlab.tasks.lds_evals)."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -295,3 +296,24 @@ def test_eval_errors(cfg, test_lib):
     with pytest.raises(ValueError, match="n_traces"):
         uninterleaved(cfg, test_lib, 0)
     assert math.isfinite(float(uninterleaved(cfg, test_lib, 1, n_obs=248).targets.sum()))
+
+
+# --------------------------------------------------------------- sizes before work (issue 19)
+
+
+@pytest.mark.parametrize(
+    "build, phrase",
+    [(lambda c, lib: needle_in_haystack(c, lib, 10**12), r"n_traces 1e\+12 x positions"),
+     (lambda c, lib: needle_in_haystack(c, lib, 10**12, trials=10**12),
+      r"n_traces \(1 examples x 1000000000000 trials\) 1e\+12"),
+     (lambda c, lib: needle_in_haystack(c, lib, 50 * 10**12, trials=10**12), r"\(50 examples x"),
+     (lambda c, lib: uninterleaved(c, lib, 10**12), r"n_traces 1e\+12 x positions 251")],
+    ids=["traces", "trials", "examples-x-trials", "uninterleaved"],
+)  # fmt: skip
+def test_trillions_of_traces_or_trials_are_refused_in_milliseconds(cfg, test_lib, build, phrase):
+    # Issue 19: --traces, --trials and --eval-traces of 10^12 ended in a 32 TB allocation.
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=phrase) as err:
+        build(cfg, test_lib)
+    assert time.perf_counter() - start < 0.05
+    assert "\n" not in str(err.value) and "MECHLAB_MAX_ELEMENTS" in str(err.value)

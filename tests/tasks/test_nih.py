@@ -97,3 +97,27 @@ def test_bad_input_is_one_line_valueerror(bundled, tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="does not know"):
         task_config({"task": "parity", "task_cfg": {}})
+
+
+# --------------------------------------------------------------- sizes before work (issue 19)
+
+
+def test_a_trillion_nih_traces_are_refused_before_anything_is_drawn(bundled):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"n_traces 1e\+12 x positions") as err:
+        mechlab.nih(bundled, n_traces=10**12)
+    assert time.perf_counter() - start < 1.0  # the test library is built first (tens of ms)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("fields", [{"n_pairs": 10**12}, {"n_pairs": 10**12, "max_systems": 3}, {"n_ctx": 10**9}])
+def test_a_checkpoints_task_config_too_big_to_allocate_is_refused_naming_the_file(fields):
+    # Issue 19: an old-format checkpoint (no checksum, so its metadata can be edited) whose
+    # task config asks n_pairs = 1e12 ended in a traceback.
+    metadata = {"task": "lds", "task_cfg": {**CFG.to_dict(), **fields}}
+    with pytest.raises(ValueError) as err:
+        task_config(metadata, "old.pt")
+    message = str(err.value)
+    assert message.startswith("checkpoint 'old.pt' records an unusable lds task_cfg: ") and "\n" not in message

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechlab.prune.data import nih_prune_data
 from mechlab.tasks.lds import LDSConfig, make_libraries
 from mechlab.tasks.lds_evals import NIH_PROTOCOLS, needle_in_haystack, nih_protocol
+from mechlab.tasks.lds_prune import nih_prune_data
 from mechlab.tasks.nih import nih
 
 torch.set_num_threads(1)

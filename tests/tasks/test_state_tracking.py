@@ -243,3 +243,33 @@ def test_masked_cross_entropy_ignores_unscored_positions():
     mask = targets != IGNORE
     want = torch.nn.functional.cross_entropy(logits.reshape(-1, 3), targets.reshape(-1), ignore_index=IGNORE)
     assert masked_cross_entropy(logits, targets, mask) == pytest.approx(float(want), rel=1e-6)
+
+
+# --------------------------------------------------------------- sizes before work (issue 19)
+
+
+def test_a_modulus_of_a_million_needs_no_composition_table():
+    # Issue 19: Z_m with m = 10^6 built a [m, m] table (7 TiB) before anything else.
+    import time
+
+    from mechlab.tasks.state_tracking import composition_table, make_data, states_of
+
+    cfg = StateTrackingConfig(m=10**6, L=3, n_train=50, n_val=10, n_ood=10)
+    start = time.perf_counter()
+    data = make_data(cfg)
+    assert time.perf_counter() - start < 1.0
+    x, states = data.train.inputs.numpy(), data.train.states.numpy()
+    real = np.arange(x.shape[1])[None] < data.train.lengths.numpy()[:, None]  # not padding
+    assert (states == np.cumsum(x, axis=1) % 10**6)[real].all()
+    assert (states_of(cfg, x) == np.cumsum(x, axis=1) % 10**6).all()
+    with pytest.raises(ValueError, match=r"the composition table of Z_m would hold rows \(m\) 1e\+06"):
+        composition_table(cfg)  # asked for explicitly: refused by its size, not allocated
+
+
+def test_data_sets_too_big_to_allocate_are_refused_before_sampling():
+    from mechlab.tasks.state_tracking import make_data
+
+    cfg = StateTrackingConfig(m=10**6, L=3, n_train=10**12, n_val=10, n_ood=10)
+    with pytest.raises(ValueError, match=r"the task's sequences would hold .* 1e\+12 x elements 6") as err:
+        make_data(cfg)
+    assert "lower n_train, n_val or n_ood" in str(err.value)

@@ -22,13 +22,13 @@ from mechlab.cli import main
 from mechlab.models.ground_truth import dense_ssm_group_model
 from mechlab.pipelines import check_prune_targets, prune_checkpoint
 from mechlab.prune import Circuit
-from mechlab.prune.data import target_mask
 from mechlab.tasks.state_tracking import StateTrackingConfig
 from mechlab.tasks.state_tracking_prune import (
     resolve_target,
     state_tracking_prune_data,
     windows_for,
 )
+from mechlab.traces import target_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -302,3 +302,15 @@ def test_prune_regenerates_a_committed_dense_ssm_circuit():
 def test_prune_regenerates_a_committed_transformer_circuit():
     again, committed = regenerated_edges("transformer", "final_n4_seed0")
     assert again == committed
+
+
+# --------------------------------------------------------------- sizes before work (issue 19)
+
+
+@pytest.mark.parametrize("counts", [{"n_train": 10**12}, {"n_test": 10**12}])
+def test_a_trillion_pruning_traces_are_refused_before_anything_is_drawn(counts):
+    from mechlab.tasks.state_tracking_prune import state_tracking_prune_data
+
+    name = next(iter(counts))
+    with pytest.raises(ValueError, match=rf"the pruning traces would hold {name} 1e\+12 x positions 6.*lower {name}"):
+        state_tracking_prune_data(StateTrackingConfig(m=3, L=5), **counts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -121,7 +122,7 @@ def test_number_overrides_become_numbers_in_the_config():
         ({"overrides": ["eval_every=-1"]}, r"eval_every must be >= 0"),
         ({"overrides": ["lr_schedule=linear"]}, r"unknown lr_schedule 'linear'.*cosine"),
         ({"overrides": ["task=copy"]}, r"unknown task 'copy'"),
-        ({"overrides": ["model=3"]}, r"must be mappings"),
+        ({"overrides": ["model=3"]}, r"model must be a mapping, got 3"),
         ({"steps": 0}, r"steps must be positive"),
     ],
 )
@@ -224,3 +225,49 @@ def test_log_spaced_steps_edge_cases():
     assert log_spaced_steps(100, 0) == []
     assert log_spaced_steps(0, 5) == []
     assert log_spaced_steps(100, 1) == [1, 100]  # the last step is always kept
+
+
+# --------------------------------------------------------------- hostile config files (issue 19)
+
+
+@pytest.mark.parametrize(
+    "text, phrase",
+    [("a: " + "[" * 3000 + "]" * 3000 + "\n", "nests more than 64 levels deep"),
+     ("steps: !!python/object/apply:os.system ['echo pwned']\n", "holds the tag '!!python/object/apply:os.system'"),
+     ("steps: abc\n", "steps must be an integer, got 'abc'"),
+     ("lr: fast\n", "lr must be a number, got 'fast'"),
+     ("model: [1, 2]\n", "model must be a mapping, got [1, 2]"),
+     ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n"
+      for p, n in zip("abcdef", "bcdefg", strict=True)), "expands to more than 1,000,000 values")],
+    ids=["deep-3000", "python-tag", "steps-abc", "lr-string", "model-list", "laughs"],
+)  # fmt: skip
+def test_a_hostile_config_file_is_one_line(tmp_path, text, phrase):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        resolve_config(config_file=path)
+    assert phrase in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_config_file_reads_yaml_1_2_floats(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 3e-4\nsteps: 20\n")
+    cfg = resolve_config(config_file=path)
+    assert cfg.lr == 3e-4 and cfg.steps == 20
+
+
+@pytest.mark.parametrize(
+    "fields, phrase",
+    [({"steps": 10**19}, "overflows the 64-bit seed of the batches"),
+     ({"seed": 10**16, "steps": 10**10}, "overflows the 64-bit seed"),
+     ({"steps": 10**12, "batch_size": 10**12}, "steps x batch_size = 1e+24 training examples"),
+     ({"n_checkpoints": 10**12}, "the log-spaced checkpoint steps would hold n_checkpoints 1e+12")],
+)  # fmt: skip
+def test_counts_a_run_cannot_represent_or_allocate_are_refused_at_once(fields, phrase):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=re.escape(phrase)):
+        TrainConfig(**fields)
+    assert time.perf_counter() - start < 0.01
+

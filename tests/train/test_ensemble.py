@@ -2,8 +2,9 @@
 
 import pytest
 
+from mechlab.train.dispatch import run_trials
 from mechlab.train.ensemble import train_ensemble
-from mechlab.train.trials import TrialSpec, run_trial, run_trials
+from mechlab.train.trials import TrialSpec, run_trial
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

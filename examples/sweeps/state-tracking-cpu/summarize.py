@@ -2,7 +2,7 @@
 
 ``mechlab sweep`` writes its tables only when every search has finished. This script
 replays every search of ``sweep.yaml`` from ``trials/`` (no training) and writes the same
-tables and figures (``mechlab.sweep.write_outputs``) for whatever has finished. A search
+tables and figures (``mechlab.pipelines.write_outputs``) for whatever has finished. A search
 still open is written with ``status`` ``open``, its bracket so far (``lo``: the largest N
 that failed, ``hi``: the smallest that succeeded, either may be empty) and ``n_star`` = hi;
 kappa over open searches is computed from those brackets (``kappa_low``/``kappa_high``
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from mechlab.sweep import write_outputs
+from mechlab.pipelines import write_outputs
 from mechlab.sweep.kappa import kappa, ood_summary
 from mechlab.sweep.runner import SweepResult, succeeded
 from mechlab.sweep.search import NStarSearch, SearchResult

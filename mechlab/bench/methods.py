@@ -1,0 +1,339 @@
+"""`mechlab bench methods`: circuit-finding methods side by side, the MIB way.
+
+For every method of :data:`mechlab.prune.methods.METHODS` (:func:`bench_methods`):
+
+* on a model and its traces (the bundled checkpoint's NiH traces), per target: the
+  circuit of :func:`~mechlab.prune.methods.find_circuit` at the default budget (sparsity
+  0.95 of the countable edges, whole paths), its held-out faithfulness and complement,
+  the seconds it took and the peak memory above the process's footprint when it started
+  (:func:`peak_rss`; on CUDA the allocator's peak); then MIB's CPR and CMD
+  (:func:`~mechlab.prune.curves.faithfulness_curve`: nested top-k circuits across MIB's
+  budgets) with the method's scores as the ranking (``|score|`` for attribution, the
+  signed removal effect for ACDC, ``log_alpha`` for pruning);
+* exact recovery on *planted* cases and on compiled Tracr programs
+  (:class:`PlantedCase`, each method told the size of the ground truth): how many of the
+  cases each method's circuit equals exactly.
+
+Every figure is one run, on however many threads the caller set; the load average is
+recorded before and after. ``examples/bench_methods.py`` is the command that writes the
+table of ``docs/pruning.md`` ("Methods side by side").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mechlab.progress import tqdm
+from mechlab.prune.circuit import Circuit
+from mechlab.prune.curves import MIB_BUDGETS, circuit_scores, faithfulness_curve
+from mechlab.prune.graph import pruning_graph
+from mechlab.prune.methods import METHODS, circuit_scores_of, find_circuit
+from mechlab.traces import PruneData, Target, target_name
+
+Edge = tuple[str, str]
+
+
+@dataclass
+class PlantedCase:
+    """A model whose circuit is known, with the traces to find it on.
+
+    Attributes:
+        name: What the case is (``value-61 seed 0``).
+        model: The model.
+        truth: The ground-truth edges.
+        data: Training and held-out traces.
+        target: The target (``"all"`` for planted models and Tracr programs).
+        ablation: The ablation the truth holds under.
+        seed: The search seed of a stochastic method (edge pruning).
+    """
+
+    name: str
+    model: nn.Module
+    truth: set[Edge]
+    data: PruneData
+    target: Target = "all"
+    ablation: str = "interchange"
+    seed: int = 0
+
+
+def _page_size() -> int:
+    return os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _page_size()
+
+
+def peak_rss(fn: Callable[[], Any], interval: float = 0.005) -> tuple[Any, int | None]:
+    """``(fn(), peak resident memory above the start while it ran, in bytes)``.
+
+    The resident set is sampled every ``interval`` seconds by a thread (a lower bound of
+    the true peak) after glibc's free pages are returned to the system (``malloc_trim``),
+    so memory freed by earlier work is not counted as the method's. None where
+    ``/proc/self/statm`` cannot be read (not Linux).
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        start = _rss()
+    except (OSError, AttributeError):
+        return fn(), None
+    peak, done = [start], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(interval):
+            peak[0] = max(peak[0], _rss())
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        out = fn()
+    finally:
+        done.set()
+        watcher.join()
+    return out, max(peak[0], _rss()) - start
+
+
+def measure(fn: Callable[[], Any], device: torch.device) -> tuple[Any, int | None]:
+    """``(fn(), peak bytes)``: the CUDA allocator's peak on a GPU, :func:`peak_rss` on the CPU."""
+    if device.type != "cuda":
+        return peak_rss(fn)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return out, torch.cuda.max_memory_allocated(device) - before
+
+
+@dataclass
+class TargetResult:
+    """One method on one target of the model: its circuit and its curve's areas."""
+
+    n_edges_kept: int | None = None
+    n_edges_asked: int | None = None
+    faithfulness: float | None = None
+    complement_faithfulness: float | None = None
+    cpr: float | None = None
+    cmd: float | None = None
+    cpr_complement: float | None = None
+    seconds: float | None = None
+    peak_mb: float | None = None
+    refused: str | None = None
+
+
+@dataclass
+class RecoveryResult:
+    """Exact recoveries of one method over planted (or Tracr) cases."""
+
+    n_exact: int = 0
+    n_cases: int = 0
+    refused: int = 0
+    misses: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class MethodsTable:
+    """Every method's results (:func:`bench_methods`)."""
+
+    methods: list[str]
+    targets: list[str]
+    model: dict[str, dict[str, TargetResult]]  # method -> target -> result
+    planted: dict[str, RecoveryResult]
+    tracr: dict[str, RecoveryResult]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_markdown(self) -> str:
+        """The table: one row per method."""
+
+        def num(v: float | None, digits: int = 3) -> str:
+            return (
+                "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+            )
+
+        head = ["method"]
+        for t in self.targets:
+            head += [f"{t} CPR", f"{t} CMD", f"{t} f (edges)", f"{t} s", f"{t} MB"]
+        head += ["planted exact", "Tracr exact"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for m in self.methods:
+            row = [m]
+            for t in self.targets:
+                r = self.model.get(m, {}).get(t, TargetResult())
+                if r.refused:
+                    row += ["refused", "", "", "", ""]
+                    continue
+                row += [num(r.cpr), num(r.cmd), f"{num(r.faithfulness)} ({r.n_edges_kept})",
+                        num(r.seconds, 1), num(r.peak_mb, 0)]  # fmt: skip
+            for rec in (self.planted.get(m), self.tracr.get(m)):
+                if rec is None or rec.n_cases == 0:
+                    row.append("-")
+                else:
+                    refused = f", {rec.refused} refused" if rec.refused else ""
+                    row.append(f"{rec.n_exact}/{rec.n_cases}{refused}")
+            lines.append("| " + " | ".join(row) + " |")
+        return "\n".join(lines)
+
+
+def _ranking(circuit: Circuit, graph, method: str) -> torch.Tensor:
+    if method == "prune":
+        return circuit_scores(circuit, graph)
+    scores = circuit_scores_of(circuit, graph)
+    return scores if method == "acdc" else scores.abs()
+
+
+def _on_model(
+    model: nn.Module,
+    data: PruneData,
+    target: Target,
+    method: str,
+    sparsity: float,
+    budgets: Sequence[float],
+    kwargs: dict[str, Any],
+) -> TargetResult:
+    device = next(model.parameters()).device
+    try:
+        circuit, peak = measure(
+            lambda: find_circuit(model, data, target, method, sparsity, **kwargs), device
+        )
+    except ValueError as err:  # a method that refuses this graph (ACDC's size limit)
+        return TargetResult(refused=str(err))
+    meta = circuit.metadata
+    graph = pruning_graph(model, data.test.windows)
+    reference = data.train.inputs.to(device) if meta["ablation"] == "mean" else None
+    curve = faithfulness_curve(
+        model, data.test.to(device), target, meta["ablation"], _ranking(circuit, graph, method),
+        budgets, mean_reference=reference, progress=False,
+    )  # fmt: skip
+    return TargetResult(
+        n_edges_kept=meta["n_edges_kept"], n_edges_asked=meta["n_edges_asked"],
+        faithfulness=meta["metrics"]["faithfulness"],
+        complement_faithfulness=meta["metrics"]["complement_faithfulness"], cpr=curve.cpr,
+        cmd=curve.cmd, cpr_complement=curve.cpr_complement, seconds=meta["seconds"],
+        peak_mb=None if peak is None else peak / 2**20,
+    )  # fmt: skip
+
+
+def _recovery(cases: Sequence[PlantedCase], method: str, kwargs: dict[str, Any]) -> RecoveryResult:
+    out = RecoveryResult()
+    for case in cases:
+        out.n_cases += 1
+        started = time.perf_counter()
+        seeded = {"seed": case.seed, **kwargs} if method == "prune" else kwargs
+        try:
+            circuit = find_circuit(case.model, case.data, case.target, method,
+                                   n_edges=len(case.truth), ablation=case.ablation, **seeded)  # fmt: skip
+        except ValueError:
+            out.refused += 1
+            out.misses.append(f"{case.name} (refused)")
+            continue
+        out.seconds += time.perf_counter() - started
+        if set(circuit.edges) == case.truth:
+            out.n_exact += 1
+        else:
+            out.misses.append(case.name)
+    return out
+
+
+def bench_methods(
+    model: nn.Module | None,
+    data: PruneData | None,
+    targets: Sequence[Target] = ("1-after", "2-after"),
+    methods: Sequence[str] = METHODS,
+    *,
+    planted: Iterable[PlantedCase] = (),
+    tracr: Iterable[PlantedCase] = (),
+    sparsity: float = 0.95,
+    budgets: Sequence[float] = MIB_BUDGETS,
+    method_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: bool = True,
+) -> MethodsTable:
+    """Run every method on the model's targets and on the planted and Tracr cases.
+
+    Args:
+        model: The model (None: planted and Tracr cases only).
+        data: Its traces (training: scored or pruned on; held-out: evaluated on).
+        targets: Targets of the model.
+        methods: Methods (default: all of :data:`~mechlab.prune.methods.METHODS`).
+        planted: Planted cases (the generator is the caller's: see
+            ``examples/bench_methods.py --planted``).
+        tracr: Compiled-program cases (:func:`tracr_cases`).
+        sparsity: The budget on the model (0.95: 25 of the bundled checkpoint's 496
+            countable edges).
+        budgets: MIB's edge budgets for the curves.
+        method_kwargs: Extra settings per method (e.g. ``{"prune": {"steps": 500}}``).
+        progress: Show a progress bar.
+
+    Returns:
+        The :class:`MethodsTable`.
+    """
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    planted, tracr = list(planted), list(tracr)
+    kwargs = {m: dict((method_kwargs or {}).get(m, {})) for m in methods}
+    for m in methods:  # the table times the search, not its progress bars
+        kwargs[m].setdefault("progress", False)
+    info = {"loadavg_start": list(os.getloadavg()), "torch_threads": torch.get_num_threads(),
+            "sparsity": sparsity, "budgets": list(budgets), "method_kwargs": kwargs}  # fmt: skip
+    started = time.perf_counter()
+    model_rows: dict[str, dict[str, TargetResult]] = {}
+    planted_rows: dict[str, RecoveryResult] = {}
+    tracr_rows: dict[str, RecoveryResult] = {}
+    jobs = [(m, t) for m in methods for t in (targets if model is not None else ())]
+    bar = tqdm(total=len(jobs) + 2 * len(methods), disable=not progress, desc="methods", unit="job")
+    for m, t in jobs:
+        bar.set_postfix(method=m, target=target_name(t))
+        model_rows.setdefault(m, {})[target_name(t)] = _on_model(
+            model, data, t, m, sparsity, budgets, kwargs[m]
+        )
+        bar.update()
+    for m in methods:
+        bar.set_postfix(method=m, cases="planted")
+        planted_rows[m] = _recovery(planted, m, kwargs[m])
+        bar.update()
+        bar.set_postfix(method=m, cases="tracr")
+        tracr_rows[m] = _recovery(tracr, m, kwargs[m])
+        bar.update()
+    bar.close()
+    info.update(loadavg_end=list(os.getloadavg()), seconds=time.perf_counter() - started,
+                planted_cases=[c.name for c in planted], tracr_cases=[c.name for c in tracr])  # fmt: skip
+    return MethodsTable(list(methods), [target_name(t) for t in targets] if model is not None else [],
+                        model_rows, planted_rows, tracr_rows, info)  # fmt: skip
+
+
+def tracr_cases(
+    programs: Sequence[str] = ("xproportion", "hist", "reverse", "sort_unique"),
+    seeds: Sequence[int] = (0, 1, 2),
+    n_train: int = 64,
+    n_test: int = 128,
+) -> list[PlantedCase]:
+    """Compiled Tracr programs with their ablation ground truth, one case per seed.
+
+    Needs the ``tracr`` extra (``pip install mechlab[tracr]``).
+    """
+    from mechlab.models.tracr import compile_program, load_tracr
+    from mechlab.prune.tracr import ablation_edges, tracr_prune_data
+
+    cases = []
+    for name in programs:
+        model, info = load_tracr(compile_program(name))
+        for seed in seeds:
+            data = tracr_prune_data(name, info, n_train=n_train, n_test=n_test, seed=seed)
+            truth = set(ablation_edges(model, data.train))
+            cases.append(PlantedCase(f"{name} seed {seed}", model, truth, data, seed=seed))
+    return cases

@@ -1,0 +1,38 @@
+"""The `mechlab` command: a thin skin over :mod:`mechlab.pipelines` (parse, call, print).
+
+Every command turns bad input into one line on stderr and exit status 2,
+without a traceback. Set ``MECHLAB_DEBUG=1`` to see the traceback instead.
+Before any command runs, every ``--device`` is checked
+(:func:`mechlab.devices.check_device`) and an empty path option (``--out ""``,
+which would mean the current folder) is refused. Warnings are printed as one
+line each (``mechlab: warning: ...``).
+
+Modules, one per command group: :mod:`~mechlab.cli.train` (``info``, ``train``),
+:mod:`~mechlab.cli.evaluate` (``eval``, ``report``, ``recall``),
+:mod:`~mechlab.cli.circuits` (``prune``, ``view``, ``overlap``, ``curve``),
+:mod:`~mechlab.cli.sweep` (``sweep``), :mod:`~mechlab.cli.bench` (``bench ...``); the
+application and what they share: :mod:`~mechlab.cli.app`, :mod:`~mechlab.cli.main`.
+The commands import the pipelines (and torch) only when they run, so ``--help`` is fast.
+"""
+
+from mechlab.cli import bench as _bench  # noqa: F401  (registers the bench commands)
+from mechlab.cli.app import UsageProblem, app, bench_app
+from mechlab.cli.circuits import curve, overlap_, prune, view
+from mechlab.cli.evaluate import eval_, recall, report
+from mechlab.cli.main import main
+from mechlab.cli.sweep import sweep_
+from mechlab.cli.train import info, train
+
+# The commands, in the order --help lists them.
+app.command()(info)
+app.command()(train)
+app.command("eval")(eval_)
+app.command()(report)
+app.command()(recall)
+app.command()(prune)
+app.command()(view)
+app.command("overlap")(overlap_)
+app.command("curve")(curve)
+app.command("sweep")(sweep_)
+
+__all__ = ["UsageProblem", "app", "bench_app", "main"]

@@ -1,0 +1,61 @@
+"""The typer application and what every command shares: bad-input errors, tables, threads."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: wraps to the terminal's width, readable at 80 columns
+    help="mechlab: train small sequence models, look inside them, find their circuits.",
+)
+bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Speed and memory benchmarks (ratios, medians).")  # fmt: skip
+app.add_typer(bench_app, name="bench")
+
+THREADED = ("eval", "prune", "recall", "curve", "report")  # commands that say their thread count
+
+
+class UsageProblem(ValueError):
+    """Bad input from the command line: reported as one line, exit status 2."""
+
+
+def use_threads(threads: int | None) -> int:
+    """Set torch's CPU threads when given; returns how many run (torch loads here). The
+    count is printed when the command ends (:func:`mechlab.cli.main`)."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def echo_table(rows: list[tuple[str, ...]]) -> None:
+    """Print rows as left-aligned columns, two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def fmt(x: float | None) -> str:
+    """A number with three decimals, ``-`` for None."""
+    return "-" if x is None else f"{x:.3f}"
+
+
+def warn(line: str) -> None:
+    """One warning line on stderr."""
+    typer.echo(f"mechlab: warning: {line}", err=True)
+
+
+def renamed_option(old_value: str | None, new_value: str, old: str, new: str) -> str:
+    """The value of option ``new``, or of its deprecated spelling ``old`` when that was given
+    (with a one-line warning)."""
+    if old_value is None:
+        return new_value
+    warn(f"{old} is deprecated and goes in mechlab 0.2.0; use {new}")
+    return old_value
+
+
+DEPRECATED_PROTOCOL = typer.Option(None, "--protocol", hidden=True, help="Deprecated spelling.")

@@ -1,0 +1,228 @@
+"""``mechlab prune``, ``view``, ``overlap`` and ``curve``: parse, call the pipeline, print."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+
+from mechlab.cli.app import (
+    DEPRECATED_PROTOCOL,
+    UsageProblem,
+    echo_table,
+    renamed_option,
+    use_threads,
+    warn,
+)
+from mechlab.cli.evaluate import NIH_HELP
+
+RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, "
+               "misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's "
+               "settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. "
+               "Options given explicitly override it.")  # fmt: skip
+
+
+def prune(
+    ctx: typer.Context,
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task (or state_tracking: see --length)."),
+    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable (state tracking: final, changed or all)."),
+    sparsity: float = typer.Option(0.95, help="Fraction of edges removed, in (0, 1)."),
+    ablation: str = typer.Option("interchange", help="interchange, mean or zero."),
+    corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation: misdirect_incorrect (query label swapped with another haystack system's), another probe, or shuffle (state tracking: random, the default there, or x<k>)."),
+    loss: str = typer.Option("model", help="model (match the full model) or truth (match the ground truth)."),
+    node_sparsity: float | None = typer.Option(None, help="Also mask writer nodes, at this sparsity."),
+    steps: int = typer.Option(500, min=1, help="Optimiser steps."),
+    lr: float = typer.Option(0.1, help="Adam learning rate of the masks."),
+    lambda_lr: float = typer.Option(1.0, help="Peak Adam learning rate of the Lagrange multipliers (maximised; warm-up, then linear decay)."),
+    seed: list[int] = typer.Option([0], help="Pruning and data seed (seed k draws its own traces); repeat for a seed-stability estimate."),
+    traces: int = typer.Option(256, min=1, help="Training traces."),
+    test_traces: int = typer.Option(512, min=1, help="Held-out traces for the metrics."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    length: int | None = typer.Option(None, help="State-tracking checkpoints: elements per sequence (default the run's L; targets final, changed, all; corruption random or x<k>)."),
+    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: beside the checkpoint, circuits/; state tracking: <target>_n<length>_seed<k>)."),
+    device: str = typer.Option("cpu"),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+    recipe: str = typer.Option("default", help=RECIPE_HELP),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: raw; with --share, normalising weighs targets of different loss scales equally)."),
+    share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
+    protocol: str | None = DEPRECATED_PROTOCOL,
+) -> None:
+    """Find circuits by edge pruning on needle-in-a-haystack traces (state tracking: traces that
+    change one element): JSON + offline HTML per circuit."""
+    from mechlab.pipelines import PRUNE_PROTOCOLS, joint_prune_targets, prune_targets
+
+    recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
+    if recipe not in PRUNE_PROTOCOLS:
+        raise UsageProblem(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+    # A recipe's setting applies unless the option was given on the command line.
+    settings = {"sparsity": sparsity, "loss": loss, "node_sparsity": node_sparsity, "steps": steps,
+                "normalize_loss": normalize_loss}  # fmt: skip
+    for key in PRUNE_PROTOCOLS[recipe]:
+        source = ctx.get_parameter_source(key)  # typer may bundle its own click: compare names
+        if key in settings and getattr(source, "name", None) == "DEFAULT":
+            settings[key] = None
+    common = {"recipe": recipe, "n_train": traces, "n_test": test_traces, "n_haystack": haystack,
+              "seg_len": seg_len, "corruption": corruption, "device": device, "ablation": ablation,
+              "lr": lr, "lambda_lr": lambda_lr, "progress": progress, **settings}  # fmt: skip
+    if share:
+        shares = [_share(v) for v in share]
+        use_threads(threads)
+        run = joint_prune_targets(ckpt, target, shares, seed, out, **common)
+        for stem, circuit in run.circuits.items():
+            for line in circuit.metadata["warnings"]:
+                warn(f"joint {stem}: {line}")
+        typer.echo(run.sweep.table())
+        typer.echo(f"wrote {run.table} and the circuits under {run.out}/share-*/")
+        return
+    use_threads(threads)
+    result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, **common)
+    for a, b, o in result.overlaps:
+        if o.n_edges_a == 0 or o.n_edges_b == 0:
+            typer.echo(f"overlap {a} vs {b}: not defined, a circuit is empty "
+                       f"({o.n_edges_a} and {o.n_edges_b} edges)")  # fmt: skip
+            continue
+        typer.echo(f"overlap {a} vs {b}: {o.n_shared_edges} shared edges, Jaccard {o.jaccard:.3f}, "
+                   f"overlap coefficient {o.overlap_coefficient:.3f}")  # fmt: skip
+    if result.stability is not None:
+        typer.echo(result.stability.summary())
+
+
+def _share(value: str) -> float:
+    """A ``--share`` value as a float (``tied``: inf)."""
+    try:
+        return float(value) if value.strip().lower() not in ("tied", "inf") else math.inf
+    except ValueError:
+        raise UsageProblem(f"--share must be a number >= 0 or tied, got {value!r}") from None
+
+
+def _print_circuit(stem: str, circuit, out: Path) -> None:
+    m, meta = circuit.metadata["metrics"], circuit.metadata
+    typer.echo(f"{stem}: {circuit.n_edges} edges, {circuit.n_nodes} nodes, sparsity asked "
+               f"{meta['sparsity_asked']:.4f} reached {meta['sparsity_reached']:.4f} -> {out / stem}.json/.html")  # fmt: skip
+    typer.echo(f"  faithfulness {m['faithfulness']:.3f} (mse to full {m['circuit_vs_full']:.4f}, all ablated {m['ablated_vs_full']:.4f})")
+    typer.echo(f"  error vs truth: circuit {m['error_circuit']:.4f}  full {m['error_full']:.4f}  "
+               f"all ablated {m['error_ablated']:.4f}  complement {m['error_complement']:.4f}")  # fmt: skip
+    if meta["n_edges_excluded_inert"]:
+        typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_inert']} edges of "
+                   f"{', '.join(meta['inert_writers'])} excluded (they cannot matter under {meta['ablation']} ablation)")  # fmt: skip
+    if meta.get("n_edges_excluded_unreachable"):
+        typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_unreachable']} edges "
+                   f"excluded (they reach no read-out of the target windows: {', '.join(meta['target_windows'])})")  # fmt: skip
+    if meta["sparsity_limited_by_open_edges"]:
+        typer.echo(f"mechlab: {stem}: only {meta['n_open_edges']} edges are open: kept {circuit.n_edges} "
+                   f"of the {meta['n_edges_asked']} the sparsity asks", err=True)  # fmt: skip
+    for line in meta["warnings"]:
+        warn(f"{stem}: {line}")
+
+
+def view(
+    circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
+    out: Path = typer.Option(..., help="HTML file to write (self-contained, works offline)."),
+    label: list[str] = typer.Option([], help="A name per circuit (default: target and seed)."),
+) -> None:
+    """Render circuits: one file draws its graph; two or more add the overlap view on one layout."""
+    from mechlab.pipelines import view_circuits
+
+    typer.echo(f"wrote {view_circuits(circuits, out, label)}")
+
+
+def overlap_(
+    circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
+    ckpt: Path | None = typer.Option(None, help="Checkpoint the circuits come from: adds cross-evaluation (each circuit scored on every target)."),
+    boot: int = typer.Option(2000, min=1, help="Bootstrap resamples (each target's circuits resampled with replacement)."),
+    null_samples: int = typer.Option(1000, "--null", min=1, help="Monte Carlo samples of each null model."),
+    level: float = typer.Option(0.95, help="Coverage of the bootstrap intervals, in (0, 1)."),
+    exclude_writer: list[str] = typer.Option([], help="Leave this writer's edges out of the null models' edge pool (e.g. pos); repeatable."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap and the null models."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write everything as JSON here."),
+    device: str = typer.Option("cpu"),
+    mixed_checkpoints: bool = typer.Option(False, "--mixed-checkpoints", help="Compare circuits found on different checkpoints (refused otherwise; edge names match across checkpoints of one shape, their meaning need not)."),
+) -> None:
+    """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
+    uniform and degree-preserving null models, cross-evaluation with --ckpt."""
+    from mechlab.pipelines import overlap_circuits
+
+    r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level, exclude_writers=exclude_writer,
+                         seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out)  # fmt: skip
+    rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
+    for p in r["pairs"]:
+        rows.append((Path(p["a"]).name, Path(p["b"]).name, str(p["n_edges_a"]), str(p["n_edges_b"]),
+                     str(p["n_shared_edges"]), f"{p['jaccard']:.3f}", f"{p['overlap_coefficient']:.3f}",
+                     str(len(p["shared_nodes"]))))  # fmt: skip
+    echo_table(rows)
+    if r["stability"] is not None:
+        typer.echo(r["stability"].summary())
+    pct = f"{100 * level:g}%"
+    for name, ci in r["within"].items():
+        typer.echo(f"within {name}: Jaccard {ci['value']:.3f} [{pct} CI {ci['low']:.3f}, {ci['high']:.3f}]")
+    for key, entry in r["across"].items():
+        typer.echo(f"{key}:")
+        for stat in ("jaccard", "overlap_coefficient"):
+            ci = entry[stat]
+            if ci is not None:
+                typer.echo(f"  {stat}: {ci['value']:.3f} [{pct} CI {ci['low']:.3f}, {ci['high']:.3f}] "
+                           f"({ci['n_boot']} resamples of each target's circuits)")  # fmt: skip
+        for kind in ("uniform", "degree"):
+            nm = entry[f"null_{kind}"]
+            exact = "" if nm["expected_exact"] is None else f", exact {nm['expected_exact']:.3f}"
+            typer.echo(f"  null ({kind}, {nm['n_universe']} edges): Jaccard {nm['mc_mean']:.3f} +- "
+                       f"{nm['mc_std']:.3f}{exact}; observed at percentile {100 * nm['percentile']:.1f}, "
+                       f"P(null >= obs) {nm['p_greater']:.4f}, P(null <= obs) {nm['p_less']:.4f}")  # fmt: skip
+    if "cross_evaluation" in r:
+        table = [("circuit", "seed", "evaluated on", "faithfulness", "complement faithfulness")]
+        for c in r["cross_evaluation"]:
+            table.append((c["circuit_target"], str(c["seed"]), c["evaluated_on"] + (" (own)" if c["own"] else ""),
+                          f"{c['faithfulness']:.3f}", f"{c['complement_faithfulness']:.3f}"))  # fmt: skip
+        typer.echo("cross-evaluation (held-out traces):")
+        echo_table(table)
+    if json_out is not None:
+        typer.echo(f"wrote {json_out}")
+
+
+def curve(
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
+    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable."),
+    ablation: list[str] = typer.Option(["interchange"], help="interchange, mean, zero (repeatable) or all."),
+    budgets: str = typer.Option(",".join(f"{b:g}" for b in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)),
+                                help="Comma-separated edge budgets in (0, 1] (default MIB's 0.1%..50%; 100% is always added)."),
+    rank: str = typer.Option("log_alpha", help="log_alpha (one pruning run ranks the edges) or reprune (one run per budget, slower)."),
+    sparsity: float = typer.Option(0.95, help="Sparsity of the pruning run whose log_alpha ranks the edges."),
+    steps: int = typer.Option(500, min=1, help="Optimiser steps of each pruning run."),
+    seed: int = typer.Option(0, help="Pruning seed."),
+    corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation."),
+    traces: int = typer.Option(256, min=1, help="Training traces (pruning; the mean ablation's reference)."),
+    test_traces: int = typer.Option(512, min=1, help="Held-out traces the curve is scored on."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    nih: str = typer.Option("study", help=NIH_HELP),
+    out: Path | None = typer.Option(None, help="Directory for curve_<target>.json/.html (default: beside the checkpoint, curves/)."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    device: str = typer.Option("cpu"),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+    protocol: str | None = DEPRECATED_PROTOCOL,
+) -> None:
+    """Faithfulness and complement faithfulness across edge budgets (MIB's CPR, CMD): JSON + HTML per target."""
+    from mechlab.pipelines import curve_checkpoint
+
+    nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    try:
+        grid = [float(b) for b in budgets.split(",") if b.strip()]
+    except ValueError:
+        raise UsageProblem(f"--budgets {budgets!r}: not a comma-separated list of numbers") from None
+
+    def show(files) -> None:
+        typer.echo(f"{files.target}: {files.json}, {files.html} ({files.seconds:.0f} s)")
+        for c in files.curves.values():
+            typer.echo(f"  {c.summary()}")
+            typer.echo("    budget  " + " ".join(f"{100 * b:>6g}%" for b in c.budgets))
+            typer.echo("    edges   " + " ".join(f"{k:>7d}" for k in c.n_kept))
+            typer.echo("    f       " + " ".join(f"{v:>7.3f}" for v in c.faithfulness))
+            typer.echo("    compl.  " + " ".join(f"{v:>7.3f}" for v in c.complement_faithfulness))
+
+    use_threads(threads)
+    curve_checkpoint(ckpt, target, ablation, grid, out, rank=rank, sparsity=sparsity, steps=steps, seed=seed,
+                     corruption=corruption, n_train=traces, n_test=test_traces, n_haystack=haystack,
+                     seg_len=seg_len, protocol=nih, device=device, progress=progress, on_target=show)  # fmt: skip

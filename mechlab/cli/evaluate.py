@@ -1,0 +1,163 @@
+"""``mechlab eval``, ``mechlab report`` and ``mechlab recall``: parse, call the pipeline, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from mechlab.cli.app import (
+    DEPRECATED_PROTOCOL,
+    UsageProblem,
+    echo_table,
+    fmt,
+    renamed_option,
+    use_threads,
+)
+
+NIH_HELP = ("NiH construction: study (the default: oldest system queried, misdirection to the next) "
+            "or uniform (query and misdirection drawn uniformly).")  # fmt: skip
+
+
+def eval_(
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
+    suite: list[str] = typer.Option(["nih"], help="uninterleaved, nih, ood, dynamics (repeatable) or all."),
+    out: Path | None = typer.Option(None, help="Directory for <suite>.json and <suite>.html (default: beside the checkpoint, eval/)."),
+    traces: int = typer.Option(1000, min=1, help="Traces per evaluation."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    seed: int = typer.Option(0),
+    nih: str = typer.Option("study", help=NIH_HELP),
+    trials: int | None = typer.Option(None, min=1, help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    device: str = typer.Option("cpu"),
+    protocol: str | None = DEPRECATED_PROTOCOL,
+) -> None:
+    """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
+    from mechlab.pipelines import evaluate_checkpoint
+
+    nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    use_threads(threads)
+
+    def show(name: str, report: dict, json_path: Path, html_path: Path) -> None:
+        typer.echo(f"{name}: {json_path}, {html_path}")
+        _print_report(report)
+
+    evaluate_checkpoint(ckpt, suite, out, on_suite=show, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
+                        seed=seed, protocol=nih, trials=trials, device=device)  # fmt: skip
+
+
+def _print_report(report: dict) -> None:
+    r = report["result"]
+    if report["suite"] == "nih":
+        for j, s in r["offsets"].items():
+            typer.echo(f"  {j}-after: median {s['median']:.4f} (q1 {s['q1']:.4f}, q3 {s['q3']:.4f})")
+    elif report["suite"] == "ood":
+        for probe, offsets in r["probes"].items():
+            typer.echo(f"  {probe:20s} " + "  ".join(f"{j}-after {s['median']:.3f}" for j, s in offsets.items()))
+    elif report["suite"] == "uninterleaved":
+        m, ls = r["model_median"], r["lstsq_median"]
+        for j in (1, 2, 3, 6, 7, 10, 50, len(m)):
+            if j <= len(m):
+                typer.echo(f"  obs {j:3d}: model {m[j - 1]:.4f}  least-squares {ls[j - 1]:.2e}")
+    elif report["suite"] == "dynamics":
+        for i, ex in enumerate(r["examples"]):
+            typer.echo(f"  {ex:>10,} examples: " + "  ".join(f"{j}-after {v[i]:.3f}" for j, v in r["offsets"].items()))
+
+
+def report(
+    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
+    out: Path = typer.Option(..., help="Directory for index.html and the JSON behind it."),
+    target: list[str] = typer.Option(["1-after", "2-after"], help="Pruning target (repeatable)."),
+    seed: list[int] = typer.Option([0, 1], help="Pruning seeds per target (repeatable; two or more give the seed baseline)."),
+    eval_traces: int = typer.Option(500, min=1, help="NiH traces of the evaluation."),
+    prune_traces: int = typer.Option(256, min=1, help="Training traces of each pruning run (held-out: twice as many)."),
+    recall_traces: int = typer.Option(256, min=1, help="NiH traces of the recall verdicts."),
+    components: bool = typer.Option(True, help="Patch each head / layer in the recall analysis."),
+    recipe: str = typer.Option("default", help="Pruning recipe: default, uniform or study (see mechlab prune --help); its NiH construction is used everywhere."),
+    steps: int = typer.Option(300, min=1, help="Optimiser steps of each pruning run (mechlab prune: 500)."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    device: str = typer.Option("cpu", help="Where every stage runs (cpu, cuda, ...)."),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+    protocol: str | None = DEPRECATED_PROTOCOL,
+) -> None:
+    """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
+    from mechlab.pipelines import ReportConfig, make_report
+
+    recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
+    if str(out) in ("", "."):
+        raise UsageProblem("give --out a folder of its own (the report writes several files)")
+    cfg = ReportConfig(targets=tuple(target), seeds=tuple(seed), eval_traces=eval_traces,
+                       prune_traces=prune_traces, recall_traces=recall_traces,
+                       components=components, recipe=recipe, steps=steps)  # fmt: skip
+    use_threads(threads)
+    result = make_report(ckpt, cfg, device=device, progress=progress,
+                         log=lambda line: typer.echo(line, err=True))  # fmt: skip
+    page = result.write(out)
+    s = result.summary()
+    typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
+    typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
+    for name, c in s["circuits"].items():
+        faith = ", ".join(fmt(f) for f in c["faithfulness"])
+        typer.echo(f"circuit {name}: edges {c['edges']}, faithfulness {faith}")
+    for key, o in s["overlap"].items():
+        typer.echo(f"{key}: Jaccard {o['jaccard']:.3f} (null uniform {o['null_uniform']:.3f}, "
+                   f"degree {o['null_degree']:.3f}); within seeds "
+                   + ", ".join(f"{t} {v:.3f}" for t, v in s["within"].items()))  # fmt: skip
+    typer.echo(f"report: {page}")
+
+
+def recall(
+    ckpt: Path | None = typer.Option(None, help="Checkpoint of a run trained on the lds task."),
+    checkpoints: Path | None = typer.Option(None, help="Run directory: the same scores across its checkpoints/step_*.pt."),
+    out: Path | None = typer.Option(None, help="Directory for recall.json/.html and recall_dynamics.json/.html (default: beside the checkpoint, recall/)."),
+    traces: int = typer.Option(256, min=1, help="NiH traces."),
+    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
+    seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
+    offset: list[int] = typer.Option([], help="Offset j of j-after (repeatable; default every one of 1..seg_len)."),
+    seed: int = typer.Option(0),
+    components: bool = typer.Option(True, help="Also patch each head / layer at the patched position (--ckpt)."),
+    nih: str = typer.Option("study", help=NIH_HELP),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    device: str = typer.Option("cpu"),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+    protocol: str | None = DEPRECATED_PROTOCOL,
+) -> None:
+    """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
+    from mechlab.pipelines import recall_and_write
+
+    nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    use_threads(threads)
+    files = recall_and_write(
+        ckpt, checkpoints, out, components=components, progress=progress,
+        on_file=lambda stem, j, h: typer.echo(f"{stem}: {j}, {h}"), n_traces=traces, n_haystack=haystack,
+        seg_len=seg_len, seed=seed, protocol=nih, offsets=tuple(offset) or None, device=device,
+    )  # fmt: skip
+    if "recall" in files.written:
+        _print_recall(files.written["recall"][0]["result"])
+    if "recall_dynamics" in files.written:
+        _print_recall_dynamics(files.written["recall_dynamics"][0])
+
+
+def _print_recall(r: dict) -> None:
+    rows = [("offset", "E_label", "E_obs", "E_obs_all", "score", "verdict", "score_all", "verdict_all",
+             "follows_label", "clean", "misdirected")]  # fmt: skip
+    for j, v in r["per_offset"].items():
+        rows.append((f"{j}-after", f"{v['e_label']:.4f}", f"{v['e_obs']:.4f}", f"{v['e_obs_all']:.4f}",
+                     fmt(v["score"]), v["verdict"], fmt(v["score_all"]), v["verdict_all"],
+                     f"{v['follows_label']:.3f}", f"{r['errors']['clean'][j]['median']:.4f}",
+                     f"{r['errors']['misdirect_incorrect'][j]['median']:.4f}"))  # fmt: skip
+    echo_table(rows)
+    for direction, heads in r["label_heads"].items():
+        if heads:
+            typer.echo(f"heads carrying the label to 1-after ({direction}): "
+                       + ", ".join(f"{h} {f:.2f}" for h, f in heads))  # fmt: skip
+
+
+def _print_recall_dynamics(d: dict) -> None:
+    typer.echo("per offset: score verdict (follows_label)")
+    rows = [("step", "examples", *(f"{j}-after" for j in d["per_offset"]))]
+    for i, (step, ex) in enumerate(zip(d["steps"], d["examples"], strict=True)):
+        rows.append((str(step), f"{ex:,}", *(f"{fmt(v['score'][i])} {v['verdict'][i]} ({v['follows_label'][i]:.2f})"
+                                             for v in d["per_offset"].values())))  # fmt: skip
+    echo_table(rows)

@@ -1,0 +1,61 @@
+"""``mechlab info`` and ``mechlab train``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from mechlab.cli.app import echo_table
+
+
+def info(
+    ckpt: Path | None = typer.Option(None, help="Checkpoint (.pt or .safetensors) to describe."),
+    model: str | None = typer.Option(
+        None, help="Or: an architecture, model preset or training preset to build fresh (e.g. tiny, lstm, recall-cpu)."
+    ),
+) -> None:
+    """Print architecture, parameter count, training step and every hook with its shape."""
+    from mechlab.pipelines import describe
+
+    d = describe(ckpt, model)
+    cfg = d["cfg"]
+    typer.echo(f"source:       {d['source']}")
+    typer.echo(f"architecture: {cfg.arch} ({cfg.io}, d_model={cfg.d_model}, n_layers={cfg.n_layers})")
+    typer.echo(f"parameters:   {d['n_params']:,}")
+    typer.echo(f"step:         {d['step']}")
+    shapes = d["hooks"]
+    typer.echo(f"hooks ({len(shapes)}), shapes for batch 1 and {min(cfg.n_ctx, 8)} positions:")
+    echo_table([(f"  {name}", str(list(shape))) for name, shape in shapes.items()])
+
+
+def train(
+    task: str | None = typer.Option(None, help="Task: lds (interleaved linear systems; the default) or state_tracking (Z_m / S_5; see docs/state_tracking.md)."),
+    preset: str | None = typer.Option(None, help="Training preset: tiny, small, medium, big, or a bundled one."),
+    out: Path | None = typer.Option(None, help="Run directory (metrics, checkpoints)."),
+    steps: int | None = typer.Option(None, help="Optimiser steps."),
+    device: str | None = typer.Option(None, help="cpu or cuda."),
+    config: Path | None = typer.Option(None, help="YAML file of training settings."),
+    set_: list[str] = typer.Option([], "--set", help="Override a setting: key=value (model.d_model=64, task_cfg.n_pairs=8)."),
+    resume: Path | None = typer.Option(None, help="Continue the run in this directory from its last.pt."),
+    grad_accum: int | None = typer.Option(None, help="Micro-batches per step (gradient accumulation; divides the batch)."),
+    loss_reduction: str | None = typer.Option(None, help="Loss over the state dims: sum (the study's) or mean (recall-cpu's)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Train a model on a task; checkpoints at log-spaced steps plus last.pt."""
+    import yaml
+
+    from mechlab.pipelines.train import TrainingStopped, run_config, train_run
+
+    cfg, out = run_config(out, resume, preset=preset, config_file=config, overrides=set_, task=task,
+                          steps=steps, device=device, grad_accum=grad_accum, loss_reduction=loss_reduction)  # fmt: skip
+    typer.echo(f"training {cfg.model} on {cfg.task} for {cfg.steps} steps -> {out}")
+    typer.echo(yaml.safe_dump({"task_cfg": cfg.task_cfg}, default_flow_style=True).strip())
+    try:
+        result = train_run(cfg, out, resume=resume is not None, progress=progress)
+    except TrainingStopped as exc:
+        typer.echo(f"mechlab: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"done: step {result.step}, loss {result.final_loss:.5f}, checkpoint {result.last_checkpoint}")
+    for key, value in result.final_eval.items():
+        typer.echo(f"  {key}: {value:.4f}")

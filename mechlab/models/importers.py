@@ -1,0 +1,571 @@
+"""Import the models users bring: Hugging Face GPT-2, GPT-NeoX (Pythia), Llama, Qwen2,
+Mistral and Mamba checkpoints, and TransformerLens ``TransformerBridge`` objects.
+
+One entry point, :func:`from_pretrained`, takes a model in memory or a local folder
+written by ``save_pretrained`` (``config.json`` plus ``model.safetensors``, sharded
+safetensors or ``pytorch_model.bin``; nothing is ever downloaded) and returns a mechlab
+model with the same weights, in float32, in eval mode on the CPU, so every mechlab tool
+(hooks, caching, nnsight, patching, probes, edge pruning) works on it::
+
+    model = mechlab.from_pretrained("path/to/pythia-70m")     # a folder
+    model = mechlab.from_pretrained(hf_model)                  # a transformers model
+    logits = model(tokens)                                     # = hf_model(tokens).logits
+
+What each architecture becomes (options of :class:`~mechlab.models.transformer.TransformerConfig`):
+
+* ``GPT2LMHeadModel``: the default transformer (LayerNorm, learned positions, GELU),
+  ``tie_embeddings`` as saved.
+* ``GPTNeoXForCausalLM`` (Pythia): rotary positions on ``rotary_dim = int(d_head *
+  partial_rotary_factor)`` dimensions, ``parallel_attn_mlp`` (``use_parallel_residual``),
+  exact GELU, untied read-out.
+* ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``: ``normalization="RMS"``,
+  rotary positions, ``gated_mlp`` with SiLU (SwiGLU), ``n_key_value_heads`` (grouped-query
+  attention), biases as the architecture has them (Qwen2: on q/k/v only; Llama:
+  ``attention_bias`` / ``mlp_bias``). A sliding attention window (Mistral, Qwen2 with
+  ``use_sliding_window``) caps ``n_ctx`` at the window, so it never bites.
+* ``MambaForCausalLM``: :class:`~mechlab.models.mamba.Mamba` (as
+  :meth:`~mechlab.models.mamba.Mamba.from_hf`).
+* A ``TransformerBridge``: the Hugging Face model it wraps, if its weights are unprocessed
+  (``enable_compatibility_mode()`` folds the norms into the weights and centres the
+  unembedding, which changes what the weights compute).
+
+Only the default rotary embedding (``rope_type="default"``) is supported; a checkpoint
+with scaled rotary frequencies (``llama3``, ``yarn``, ``linear``, ...) is refused, as is
+any other architecture, a folder without weights, and a model above the size limit
+(:func:`mechlab.models.registry.check_size`), which is checked from ``config.json``
+before anything is allocated. Hugging Face's read-out has no bias: mechlab's is zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mechlab.models.base import MechModel
+from mechlab.models.registry import check_size
+
+# Hugging Face class -> (transformers config class, base-model prefix of its weights)
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "GPT2LMHeadModel": ("GPT2Config", "transformer"),
+    "GPTNeoXForCausalLM": ("GPTNeoXConfig", "gpt_neox"),
+    "LlamaForCausalLM": ("LlamaConfig", "model"),
+    "Qwen2ForCausalLM": ("Qwen2Config", "model"),
+    "MistralForCausalLM": ("MistralConfig", "model"),
+    "MambaForCausalLM": ("MambaConfig", "backbone"),
+}
+SUPPORTED = (*ARCHITECTURES, "TransformerBridge")
+"""What :func:`from_pretrained` imports."""
+# config.json without "architectures": its model_type -> the class
+_MODEL_TYPES = {
+    "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM", "mamba": "MambaForCausalLM",
+}  # fmt: skip
+# Hugging Face activation names -> mechlab's act_fn
+_ACTIVATIONS = {
+    "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new",
+    "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu",
+}  # fmt: skip
+MAMBA_N_CTX = 2048  # Mamba has no position limit; mechlab's check_length uses this by default
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")  # fmt: skip
+
+
+class ImportProblem(ValueError):
+    """A model or folder :func:`from_pretrained` cannot import (the message says why)."""
+
+
+def _unsupported(what: str) -> ImportProblem:
+    return ImportProblem(f"cannot import {what}: mechlab imports {', '.join(SUPPORTED)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Weights by name, from a state dict or a folder
+# ---------------------------------------------------------------------------------------
+
+
+class Weights:
+    """Tensors by Hugging Face name, found with or without the base-model prefix.
+
+    Args:
+        get: ``name -> tensor`` for the names in ``names``.
+        names: Every stored name.
+        prefix: The architecture's base-model prefix (``transformer``, ``model``, ...).
+        source: Where the weights come from (for messages).
+    """
+
+    def __init__(self, get: Callable[[str], Tensor], names: set[str], prefix: str, source: str):
+        self._get, self.names, self.prefix, self.source = get, names, prefix, source
+
+    def key(self, name: str) -> str | None:
+        """The stored name of ``name`` (``transformer.h.0...`` or ``h.0...``), or None."""
+        bare = name.removeprefix(self.prefix + ".")
+        for candidate in (name, bare, f"{self.prefix}.{bare}"):
+            if candidate in self.names:
+                return candidate
+        return None
+
+    def __contains__(self, name: str) -> bool:
+        return self.key(name) is not None
+
+    def __call__(self, name: str) -> Tensor:
+        key = self.key(name)
+        if key is None:
+            raise ImportProblem(
+                f"{self.source} has no weight {name!r}; its weights do not match its config"
+            )
+        return self._get(key)
+
+
+def _state_dict_weights(state: dict[str, Tensor], prefix: str, source: str) -> Weights:
+    # a TransformerBridge wraps every module: "transformer.h.0._original_component.attn..."
+    clean = {k.replace("._original_component", "").replace("_original_component.", ""): v
+             for k, v in state.items()}  # fmt: skip
+    return Weights(clean.__getitem__, set(clean), prefix, source)
+
+
+def _folder_weights(folder: Path, prefix: str) -> Weights:
+    """The weights of a ``save_pretrained`` folder, read tensor by tensor when asked."""
+    names = [n for n in _WEIGHT_FILES if (folder / n).is_file()]
+    if not names:
+        raise ImportProblem(
+            f"{str(folder)!r} has a config.json but no weights ({', '.join(_WEIGHT_FILES)}); "
+            "save the model with save_pretrained(folder)"
+        )
+    first = folder / names[0]
+    if first.name.endswith(".index.json"):
+        files = sorted(set(json.loads(first.read_text())["weight_map"].values()))
+        paths = [folder / f for f in files]
+        missing = [p.name for p in paths if not p.is_file()]
+        if missing:
+            raise ImportProblem(f"{str(folder)!r} lacks the weight shard {missing[0]!r} its index names")
+    else:
+        paths = [first]
+    where: dict[str, Path] = {}
+    loaded: dict[Path, dict[str, Tensor]] = {}
+    for path in paths:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                where.update(dict.fromkeys(f.keys(), path))
+        else:
+            loaded[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            where.update(dict.fromkeys(loaded[path], path))
+
+    def get(key: str) -> Tensor:
+        path = where[key]
+        if path in loaded:
+            return loaded[path][key]
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return f.get_tensor(key)
+
+    return Weights(get, set(where), prefix, repr(str(folder)))
+
+
+@torch.no_grad()
+def _put(param: Tensor | None, value: Tensor, what: str) -> None:
+    if param is None:
+        raise ImportProblem(f"{what}: the mechlab model has no such parameter (a bias that is off)")
+    if tuple(param.shape) != tuple(value.shape):
+        raise ImportProblem(
+            f"{what} has shape {list(value.shape)}, the config implies {list(param.shape)}"
+        )
+    param.copy_(value.to(param.dtype))
+
+
+# ---------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------
+
+
+def _rope(hf: Any, arch: str) -> tuple[float, float]:
+    """``(rope_theta, partial_rotary_factor)`` of a config with the default rotary embedding."""
+    params = dict(getattr(hf, "rope_parameters", None) or {})
+    scaling = getattr(hf, "rope_scaling", None)
+    if isinstance(scaling, dict) and not params:
+        params = dict(scaling)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ImportProblem(
+            f"this {arch} uses rope_type={rope_type!r}; mechlab supports the default rotary "
+            "embedding only (no frequency scaling)"
+        )
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    factor = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
+    return float(theta), float(factor)
+
+
+def _act(hf_act: str, arch: str) -> str:
+    if hf_act not in _ACTIVATIONS:
+        raise ImportProblem(
+            f"this {arch} uses activation {hf_act!r}; mechlab supports {sorted(_ACTIVATIONS)}"
+        )
+    return _ACTIVATIONS[hf_act]
+
+
+def _n_ctx(limit: int, n_ctx: int | None, arch: str) -> int:
+    if n_ctx is None:
+        return int(limit)
+    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or not 0 < n_ctx <= limit:
+        raise ImportProblem(f"n_ctx must be an integer in 1..{limit} for this {arch}, got {n_ctx!r}")
+    return n_ctx
+
+
+def _gpt2_config(hf: Any, n_ctx: int | None) -> dict[str, Any]:
+    if not getattr(hf, "scale_attn_weights", True) or getattr(hf, "scale_attn_by_inverse_layer_idx", False):
+        raise ImportProblem(
+            "this GPT-2 scales attention unlike GPT-2 (scale_attn_weights=False or "
+            "scale_attn_by_inverse_layer_idx=True); mechlab divides scores by sqrt(d_head)"
+        )
+    return dict(
+        d_model=hf.n_embd, n_layers=hf.n_layer, n_heads=hf.n_head, d_mlp=hf.n_inner or 4 * hf.n_embd,
+        act_fn=_act(hf.activation_function, "GPT-2"), layer_norm_eps=hf.layer_norm_epsilon,
+        d_vocab=hf.vocab_size, n_ctx=_n_ctx(hf.n_positions, n_ctx, "GPT-2"),
+        tie_embeddings=bool(getattr(hf, "tie_word_embeddings", True)),
+    )  # fmt: skip
+
+
+def _neox_config(hf: Any, n_ctx: int | None) -> dict[str, Any]:
+    theta, factor = _rope(hf, "GPT-NeoX")
+    d_head = hf.hidden_size // hf.num_attention_heads
+    rotary_dim = int(d_head * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ImportProblem(
+            f"this GPT-NeoX rotates {rotary_dim} of {d_head} head dimensions; mechlab needs an "
+            "even number, at least 2"
+        )
+    bias = bool(getattr(hf, "attention_bias", True))
+    return dict(
+        d_model=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads,
+        d_mlp=hf.intermediate_size, act_fn=_act(hf.hidden_act, "GPT-NeoX"),
+        layer_norm_eps=hf.layer_norm_eps, d_vocab=hf.vocab_size,
+        n_ctx=_n_ctx(hf.max_position_embeddings, n_ctx, "GPT-NeoX"), positional="rotary",
+        rotary_dim=rotary_dim, rotary_base=theta, parallel_attn_mlp=bool(hf.use_parallel_residual),
+        qkv_bias=bias, attn_out_bias=bias, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+    )  # fmt: skip
+
+
+def _llama_config(hf: Any, n_ctx: int | None, arch: str) -> dict[str, Any]:
+    theta, factor = _rope(hf, arch)
+    d_head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    limit = hf.max_position_embeddings
+    window = getattr(hf, "sliding_window", None)
+    if arch == "Qwen2ForCausalLM":
+        layer_types = getattr(hf, "layer_types", None) or []
+        sliding = "sliding_attention" in layer_types or (
+            not layer_types and getattr(hf, "use_sliding_window", False)
+        )
+        window = window if sliding else None
+    if window:
+        limit = min(limit, int(window))  # within the window, sliding attention is causal attention
+    if arch == "Qwen2ForCausalLM":
+        qkv_bias, out_bias, mlp_bias = True, False, False
+    else:
+        qkv_bias = out_bias = bool(getattr(hf, "attention_bias", False))
+        mlp_bias = bool(getattr(hf, "mlp_bias", False))
+    return dict(
+        d_model=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads,
+        d_head=d_head, n_key_value_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        d_mlp=hf.intermediate_size, act_fn=_act(hf.hidden_act, arch), normalization="RMS",
+        layer_norm_eps=hf.rms_norm_eps, d_vocab=hf.vocab_size, n_ctx=_n_ctx(limit, n_ctx, arch),
+        positional="rotary", rotary_dim=int(d_head * factor), rotary_base=theta, gated_mlp=True,
+        qkv_bias=qkv_bias, attn_out_bias=out_bias, mlp_bias=mlp_bias,
+        tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+    )  # fmt: skip
+
+
+def mechlab_config(arch: str, hf_config: Any, n_ctx: int | None = None):
+    """The mechlab config equivalent to a Hugging Face config.
+
+    Args:
+        arch: The Hugging Face class name (a key of :data:`ARCHITECTURES`).
+        hf_config: Its ``transformers`` config.
+        n_ctx: Longest sequence the mechlab model accepts (default: the checkpoint's
+            ``max_position_embeddings``, capped by a sliding window; Mamba: 2048).
+
+    Returns:
+        A :class:`~mechlab.models.transformer.TransformerConfig` or
+        :class:`~mechlab.models.mamba.MambaConfig` in tokens mode.
+
+    Raises:
+        ImportProblem: An architecture or setting mechlab cannot reproduce.
+    """
+    if arch == "MambaForCausalLM":
+        from mechlab.models.mamba import mamba_config_from_hf
+
+        limit = _n_ctx(10**9, n_ctx, "Mamba") if n_ctx is not None else MAMBA_N_CTX
+        try:
+            return mamba_config_from_hf(hf_config, n_ctx=limit)
+        except ValueError as exc:
+            raise ImportProblem(f"cannot import this Mamba: {exc}") from None
+    from mechlab.models.transformer import TransformerConfig
+
+    if arch == "GPT2LMHeadModel":
+        fields = _gpt2_config(hf_config, n_ctx)
+    elif arch == "GPTNeoXForCausalLM":
+        fields = _neox_config(hf_config, n_ctx)
+    elif arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
+        fields = _llama_config(hf_config, n_ctx, arch)
+    else:
+        raise _unsupported(repr(arch))
+    try:
+        return TransformerConfig(io="tokens", **fields)
+    except ValueError as exc:
+        raise ImportProblem(f"cannot import this {arch}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Weights into the mechlab model
+# ---------------------------------------------------------------------------------------
+
+
+def _put_norm(norm: nn.Module, weights: Weights, name: str) -> None:
+    """A LayerNorm's ``weight`` and ``bias``, or an RMSNorm's ``weight``, from ``name.*``."""
+    _put(norm.w, weights(name + ".weight"), name)
+    if hasattr(norm, "b"):
+        _put(norm.b, weights(name + ".bias"), name)
+
+
+def _heads(w: Tensor, n: int) -> Tensor:
+    """``nn.Linear`` weight ``[n * d_head, d_model]`` -> ``[n, d_model, d_head]``."""
+    return w.view(n, -1, w.shape[-1]).transpose(1, 2)
+
+
+def _out_heads(w: Tensor, n: int) -> Tensor:
+    """``nn.Linear`` weight ``[d_model, n * d_head]`` -> ``[n, d_head, d_model]``."""
+    return w.view(w.shape[0], n, -1).permute(1, 2, 0)
+
+
+def _read_out(model: MechModel, weights: Weights, *heads: str) -> None:
+    """The read-out from the first of ``heads`` stored (unless tied to the embedding)."""
+    if not model.cfg.tie_embeddings:
+        head = next((h for h in heads if h in weights), heads[0])
+        _put(model.read_out.proj.weight, weights(head), head)
+    model.read_out.proj.bias.data.zero_()
+
+
+def _load_gpt2(model: MechModel, w: Weights) -> None:
+    H = model.cfg.n_heads
+    _put(model.read_in.embed.weight, w("transformer.wte.weight"), "wte")
+    _put(model.W_pos, w("transformer.wpe.weight")[: model.cfg.n_ctx], "wpe")
+    for i, block in enumerate(model.blocks):
+        p = f"transformer.h.{i}."
+        attn, mlp = block.attn, block.mlp
+        _put_norm(block.ln1, w, p + "ln_1")
+        _put_norm(block.ln2, w, p + "ln_2")
+        # Conv1D keeps [in, out]: c_attn is [d_model, 3 * H * d_head] = [W_Q | W_K | W_V]
+        for param, weight in zip((attn.W_Q, attn.W_K, attn.W_V), w(p + "attn.c_attn.weight").chunk(3, dim=1), strict=True):
+            _put(param, weight.reshape(weight.shape[0], H, -1).transpose(0, 1), p + "attn.c_attn.weight")
+        for param, bias in zip(attn.biases(), w(p + "attn.c_attn.bias").chunk(3), strict=True):
+            _put(param, bias.view(H, -1), p + "attn.c_attn.bias")
+        _put(attn.W_O, w(p + "attn.c_proj.weight").view(H, -1, model.cfg.d_model), p + "attn.c_proj.weight")
+        _put(attn.b_O, w(p + "attn.c_proj.bias"), p + "attn.c_proj.bias")
+        _put(mlp.W_in, w(p + "mlp.c_fc.weight"), p + "mlp.c_fc.weight")
+        _put(mlp.b_in, w(p + "mlp.c_fc.bias"), p + "mlp.c_fc.bias")
+        _put(mlp.W_out, w(p + "mlp.c_proj.weight"), p + "mlp.c_proj.weight")
+        _put(mlp.b_out, w(p + "mlp.c_proj.bias"), p + "mlp.c_proj.bias")
+    _put_norm(model.ln_final, w, "transformer.ln_f")
+    _read_out(model, w, "lm_head.weight")
+
+
+def _load_neox(model: MechModel, w: Weights) -> None:
+    H = model.cfg.n_heads
+    _put(model.read_in.embed.weight, w("gpt_neox.embed_in.weight"), "embed_in")
+    for i, block in enumerate(model.blocks):
+        p = f"gpt_neox.layers.{i}."
+        attn, mlp = block.attn, block.mlp
+        _put_norm(block.ln1, w, p + "input_layernorm")
+        _put_norm(block.ln2, w, p + "post_attention_layernorm")
+        # query_key_value's outputs are ordered [head, (q, k, v), d_head]
+        qkv = w(p + "attention.query_key_value.weight")  # [H * 3 * d_head, d_model]
+        qkv = qkv.view(H, 3, -1, qkv.shape[-1])
+        for j, param in enumerate((attn.W_Q, attn.W_K, attn.W_V)):
+            _put(param, qkv[:, j].transpose(1, 2), p + "attention.query_key_value.weight")
+        if attn.b_Q is not None:
+            b = w(p + "attention.query_key_value.bias").view(H, 3, -1)
+            for j, param in enumerate(attn.biases()):
+                _put(param, b[:, j], p + "attention.query_key_value.bias")
+        _put(attn.W_O, _out_heads(w(p + "attention.dense.weight"), H), p + "attention.dense.weight")
+        if attn.b_O is not None:
+            _put(attn.b_O, w(p + "attention.dense.bias"), p + "attention.dense.bias")
+        _put(mlp.W_in, w(p + "mlp.dense_h_to_4h.weight").T, p + "mlp.dense_h_to_4h.weight")
+        _put(mlp.b_in, w(p + "mlp.dense_h_to_4h.bias"), p + "mlp.dense_h_to_4h.bias")
+        _put(mlp.W_out, w(p + "mlp.dense_4h_to_h.weight").T, p + "mlp.dense_4h_to_h.weight")
+        _put(mlp.b_out, w(p + "mlp.dense_4h_to_h.bias"), p + "mlp.dense_4h_to_h.bias")
+    _put_norm(model.ln_final, w, "gpt_neox.final_layer_norm")
+    _read_out(model, w, "embed_out.weight", "lm_head.weight")  # saved / in memory (transformers 5)
+
+
+def _load_llama(model: MechModel, w: Weights) -> None:
+    H, G = model.cfg.n_heads, model.cfg.n_key_value_heads
+    _put(model.read_in.embed.weight, w("model.embed_tokens.weight"), "embed_tokens")
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        attn, mlp = block.attn, block.mlp
+        _put_norm(block.ln1, w, p + "input_layernorm")
+        _put_norm(block.ln2, w, p + "post_attention_layernorm")
+        for param, bias, name, n in (
+            (attn.W_Q, attn.b_Q, "q_proj", H), (attn.W_K, attn.b_K, "k_proj", G), (attn.W_V, attn.b_V, "v_proj", G),
+        ):  # fmt: skip
+            _put(param, _heads(w(f"{p}self_attn.{name}.weight"), n), f"{p}self_attn.{name}.weight")
+            if bias is not None:
+                _put(bias, w(f"{p}self_attn.{name}.bias").view(n, -1), f"{p}self_attn.{name}.bias")
+        _put(attn.W_O, _out_heads(w(p + "self_attn.o_proj.weight"), H), p + "self_attn.o_proj.weight")
+        if attn.b_O is not None:
+            _put(attn.b_O, w(p + "self_attn.o_proj.bias"), p + "self_attn.o_proj.bias")
+        for param, bias, name in ((mlp.W_gate, mlp.b_gate, "gate_proj"), (mlp.W_in, mlp.b_in, "up_proj")):
+            _put(param, w(f"{p}mlp.{name}.weight").T, f"{p}mlp.{name}.weight")
+            if bias is not None:
+                _put(bias, w(f"{p}mlp.{name}.bias"), f"{p}mlp.{name}.bias")
+        _put(mlp.W_out, w(p + "mlp.down_proj.weight").T, p + "mlp.down_proj.weight")
+        if mlp.b_out is not None:
+            _put(mlp.b_out, w(p + "mlp.down_proj.bias"), p + "mlp.down_proj.bias")
+    _put_norm(model.ln_final, w, "model.norm")
+    _read_out(model, w, "lm_head.weight")
+
+
+def _load_mamba(model: MechModel, w: Weights) -> None:
+    from mechlab.models.mamba import hf_name
+
+    for name, param in model.named_parameters():
+        key = hf_name(name)
+        if key is None:  # read_out.proj.bias: HF's lm_head has none
+            continue
+        if key == "lm_head.weight" and key not in w:  # tied: saved once, as the embedding
+            key = "backbone.embeddings.weight"
+        _put(param, w(key), key)
+    model.read_out.proj.bias.data.zero_()
+
+
+_LOADERS: dict[str, Callable[[MechModel, Weights], None]] = {
+    "GPT2LMHeadModel": _load_gpt2,
+    "GPTNeoXForCausalLM": _load_neox,
+    "LlamaForCausalLM": _load_llama,
+    "Qwen2ForCausalLM": _load_llama,
+    "MistralForCausalLM": _load_llama,
+    "MambaForCausalLM": _load_mamba,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# The entry point
+# ---------------------------------------------------------------------------------------
+
+
+def _folder_architecture(folder: Path) -> tuple[str, Any]:
+    """The class name and ``transformers`` config of a ``save_pretrained`` folder."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ImportProblem(
+            f"{str(folder)!r} has no config.json; give a folder written by save_pretrained"
+        )
+    try:
+        raw = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ImportProblem(f"cannot read {str(config_file)!r}: {exc}") from None
+    names = raw.get("architectures") or []
+    arch = names[0] if names else _MODEL_TYPES.get(raw.get("model_type", ""))
+    if arch not in ARCHITECTURES:
+        raise _unsupported(f"{str(folder)!r} ({arch or raw.get('model_type') or 'no architecture named'})")
+    import transformers
+
+    config_class = getattr(transformers, ARCHITECTURES[arch][0])
+    try:
+        return arch, config_class.from_dict(raw)
+    except (TypeError, ValueError) as exc:
+        raise ImportProblem(f"{str(config_file)!r} is not a valid {arch} config: {exc}") from None
+
+
+def _module_architecture(module: nn.Module) -> str:
+    for cls in type(module).__mro__:
+        if cls.__name__ in ARCHITECTURES:
+            return cls.__name__
+    raise _unsupported(f"a {type(module).__name__}")
+
+
+def _bridge_model(bridge: Any) -> nn.Module:
+    if getattr(bridge, "_weights_processed", False):
+        raise ImportProblem(
+            "this TransformerBridge's weights were processed by enable_compatibility_mode() "
+            "(norms folded, unembedding centred); import it before that, or after "
+            "enable_compatibility_mode(no_processing=True)"
+        )
+    return bridge.original_model
+
+
+def from_pretrained(
+    model_or_folder: nn.Module | str | os.PathLike,
+    *,
+    n_ctx: int | None = None,
+    max_elements: int | None = None,
+) -> MechModel:
+    """Import a Hugging Face model, a ``save_pretrained`` folder or a TransformerBridge.
+
+    Args:
+        model_or_folder: A ``GPT2LMHeadModel``, ``GPTNeoXForCausalLM``,
+            ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM`` or
+            ``MambaForCausalLM`` (or a subclass), a TransformerLens ``TransformerBridge``
+            around one, or the path of a local folder one was saved to. Nothing is
+            downloaded.
+        n_ctx: Longest sequence the imported model accepts (default: the checkpoint's
+            ``max_position_embeddings`` / ``n_positions``, capped by a sliding attention
+            window; 2048 for Mamba, which has no limit).
+        max_elements: Size limit for this call (default: ``MECHLAB_MAX_ELEMENTS`` or
+            :data:`mechlab.models.registry.MAX_ELEMENTS`), checked before the mechlab
+            model is allocated (and, for a folder, before any weight is read).
+
+    Returns:
+        A mechlab :class:`~mechlab.models.transformer.Transformer` or
+        :class:`~mechlab.models.mamba.Mamba` in tokens mode, float32, eval mode, on the
+        CPU, whose logits equal the Hugging Face model's.
+
+    Raises:
+        ImportProblem: An unsupported architecture or setting (the message lists what is
+            supported), a folder without config.json or weights, weights that do not
+            fit the config, or a model above the size limit (a ``ValueError``).
+        TypeError: Neither a model nor a path.
+    """
+    if isinstance(model_or_folder, (str, os.PathLike)):
+        folder = Path(model_or_folder)
+        if not folder.is_dir():
+            raise ImportProblem(
+                f"{str(folder)!r} is not a folder; give a folder written by save_pretrained "
+                "(config.json and weights) or a model in memory"
+            )
+        arch, hf_config = _folder_architecture(folder)
+        weights: Callable[[], Weights] = lambda: _folder_weights(folder, ARCHITECTURES[arch][1])  # noqa: E731
+        if not any((folder / n).is_file() for n in _WEIGHT_FILES):
+            weights()  # the no-weights message, before any size check or allocation
+    elif isinstance(model_or_folder, nn.Module):
+        module = model_or_folder
+        if type(module).__name__ == "TransformerBridge" or hasattr(module, "original_model"):
+            module = _bridge_model(module)
+        arch = _module_architecture(module)
+        hf_config = module.config
+        source = f"the {type(module).__name__}"
+        weights = lambda: _state_dict_weights(module.state_dict(), ARCHITECTURES[arch][1], source)  # noqa: E731
+    else:
+        raise TypeError(
+            f"from_pretrained takes a Hugging Face model, a TransformerBridge or a folder path, "
+            f"not {type(model_or_folder).__name__}"
+        )
+    cfg = mechlab_config(arch, hf_config, n_ctx)
+    check_size(cfg, max_elements)
+    if arch == "MambaForCausalLM":
+        from mechlab.models.mamba import Mamba
+
+        model = Mamba(cfg)
+    else:
+        from mechlab.models.transformer import Transformer
+
+        model = Transformer(cfg)
+    _LOADERS[arch](model, weights())
+    return model.eval()

@@ -1,0 +1,118 @@
+"""The joining layer: open a checkpoint once, pick its task and data, run an analysis,
+write the outputs.
+
+Everything below (:mod:`mechlab.prune`, :mod:`mechlab.evals`,
+:mod:`mechlab.label_vs_observation`, the patching and probe utilities) computes on models
+and traces and knows no checkpoint file; everything above (:mod:`mechlab.cli`) only
+parses and prints. Every entry point takes a :class:`~mechlab.checkpoint.Checkpoint` or a
+path (:data:`Source`), and opens it once (:func:`open_checkpoint`); every file a command
+writes goes through :mod:`mechlab.pipelines.outputs`.
+
+Modules: :mod:`~mechlab.pipelines.checkpoints` (opening), :mod:`~mechlab.pipelines.data`
+(a checkpoint's traces), :mod:`~mechlab.pipelines.prune`, :mod:`~mechlab.pipelines.curves`,
+:mod:`~mechlab.pipelines.circuits` (view, overlap), :mod:`~mechlab.pipelines.evaluate`,
+:mod:`~mechlab.pipelines.recall`, :mod:`~mechlab.pipelines.report`,
+:mod:`~mechlab.pipelines.train`, :mod:`~mechlab.pipelines.sweep`,
+:mod:`~mechlab.pipelines.outputs` (writing).
+
+The names load their module on first use (a command imports only the pipeline it runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on first use
+    from mechlab.pipelines.checkpoints import Source, describe, open_checkpoint
+    from mechlab.pipelines.circuits import load_circuits, overlap_circuits, view_circuits
+    from mechlab.pipelines.curves import curve_checkpoint
+    from mechlab.pipelines.data import check_prune_targets, checkpoint_prune_data, circuit_data
+    from mechlab.pipelines.evaluate import eval_dynamics, evaluate_checkpoint, run_suite
+    from mechlab.pipelines.prune import (
+        PRUNE_PROTOCOLS,
+        joint_prune_checkpoint,
+        joint_prune_targets,
+        prune_checkpoint,
+        prune_protocol,
+        prune_targets,
+    )
+    from mechlab.pipelines.recall import recall_and_write, recall_checkpoint, recall_dynamics
+    from mechlab.pipelines.report import Report, ReportConfig, make_report
+    from mechlab.pipelines.sweep import sweep_spec, write_outputs
+    from mechlab.pipelines.train import run_config, train_run
+
+_LAZY = {
+    "check_prune_targets": "mechlab.pipelines.data",
+    "checkpoint_prune_data": "mechlab.pipelines.data",
+    "circuit_data": "mechlab.pipelines.data",
+    "curve_checkpoint": "mechlab.pipelines.curves",
+    "describe": "mechlab.pipelines.checkpoints",
+    "eval_dynamics": "mechlab.pipelines.evaluate",
+    "evaluate_checkpoint": "mechlab.pipelines.evaluate",
+    "joint_prune_checkpoint": "mechlab.pipelines.prune",
+    "joint_prune_targets": "mechlab.pipelines.prune",
+    "load_circuits": "mechlab.pipelines.circuits",
+    "make_report": "mechlab.pipelines.report",
+    "open_checkpoint": "mechlab.pipelines.checkpoints",
+    "overlap_circuits": "mechlab.pipelines.circuits",
+    "prune_checkpoint": "mechlab.pipelines.prune",
+    "prune_protocol": "mechlab.pipelines.prune",
+    "PRUNE_PROTOCOLS": "mechlab.pipelines.prune",
+    "prune_targets": "mechlab.pipelines.prune",
+    "recall_and_write": "mechlab.pipelines.recall",
+    "recall_checkpoint": "mechlab.pipelines.recall",
+    "recall_dynamics": "mechlab.pipelines.recall",
+    "Report": "mechlab.pipelines.report",
+    "ReportConfig": "mechlab.pipelines.report",
+    "run_config": "mechlab.pipelines.train",
+    "run_suite": "mechlab.pipelines.evaluate",
+    "Source": "mechlab.pipelines.checkpoints",
+    "sweep_spec": "mechlab.pipelines.sweep",
+    "train_run": "mechlab.pipelines.train",
+    "view_circuits": "mechlab.pipelines.circuits",
+    "write_outputs": "mechlab.pipelines.sweep",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mechlab.pipelines' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "PRUNE_PROTOCOLS",
+    "Report",
+    "ReportConfig",
+    "Source",
+    "check_prune_targets",
+    "checkpoint_prune_data",
+    "circuit_data",
+    "curve_checkpoint",
+    "describe",
+    "eval_dynamics",
+    "evaluate_checkpoint",
+    "joint_prune_checkpoint",
+    "joint_prune_targets",
+    "load_circuits",
+    "make_report",
+    "open_checkpoint",
+    "overlap_circuits",
+    "prune_checkpoint",
+    "prune_protocol",
+    "prune_targets",
+    "recall_and_write",
+    "recall_checkpoint",
+    "recall_dynamics",
+    "run_config",
+    "run_suite",
+    "sweep_spec",
+    "train_run",
+    "view_circuits",
+    "write_outputs",
+]

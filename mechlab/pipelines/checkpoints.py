@@ -1,0 +1,122 @@
+"""Opening checkpoints: the one place in mechlab's analyses that reads a checkpoint file.
+
+Every pipeline takes a :class:`~mechlab.checkpoint.Checkpoint` or a path
+(:data:`Source`) and opens it here, once: a command that runs several analyses on one
+checkpoint (``mechlab report``, ``mechlab prune`` with several targets and seeds) reads
+the file, verifies it and builds its model one time, then hands the same
+:class:`~mechlab.checkpoint.Checkpoint` to every stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mechlab.checkpoint import Checkpoint, load_checkpoint
+from mechlab.tasks.lds import LDSConfig
+
+Source = Checkpoint | str | Path
+"""A checkpoint already opened, or the path of one."""
+
+
+def open_checkpoint(source: Source, device: str | None = None) -> Checkpoint:
+    """The checkpoint ``source`` names, opened once.
+
+    Args:
+        source: A :class:`~mechlab.checkpoint.Checkpoint` (returned as it is) or a path.
+        device: Where its model goes (default: where it is; a path loads onto the CPU).
+
+    Returns:
+        The :class:`~mechlab.checkpoint.Checkpoint`, its model on ``device``.
+
+    Raises:
+        ValueError: No file at the path (one line).
+        mechlab.checkpoint.CheckpointError: A file that is not an intact checkpoint.
+    """
+    if isinstance(source, Checkpoint):
+        if device is not None:
+            source.model.to(device)
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} not found")
+    return load_checkpoint(path, map_location=device or "cpu")
+
+
+def source_path(source: Source) -> Path:
+    """The file a source names (a checkpoint's own path)."""
+    return source.path if isinstance(source, Checkpoint) else Path(source)
+
+
+def lds_config(ckpt: Checkpoint, length: int | None = None) -> LDSConfig:
+    """The checkpoint's task config; a one-line ValueError unless it is the lds task's
+    (or when a sequence ``length``, which only state tracking takes, is given)."""
+    if length is not None:
+        raise ValueError(
+            f"a length applies to state-tracking checkpoints; {str(ckpt.path)!r} was trained on "
+            f"task {ckpt.task!r}"
+        )
+    cfg = ckpt.task_config
+    if not isinstance(cfg, LDSConfig):
+        raise ValueError(
+            f"checkpoint {str(ckpt.path)!r} was not trained on the lds task; NiH traces need it"
+        )
+    return cfg
+
+
+def run_checkpoints(run_dir: str | Path, device: str | None = None) -> list[Checkpoint]:
+    """Every checkpoint of a training run (``DIR/checkpoints/step_*.pt``), each opened and
+    its task metadata checked before any analysis starts.
+
+    Raises:
+        ValueError: No checkpoints under ``run_dir``, or one without task metadata.
+    """
+    paths = sorted(Path(run_dir).glob("checkpoints/step_*.pt"))
+    if not paths:
+        raise ValueError(
+            f"no checkpoints/step_*.pt under {str(run_dir)!r}; is it a training run directory?"
+        )
+    opened = [open_checkpoint(p, device) for p in paths]
+    for ckpt in opened:
+        ckpt.task_config  # noqa: B018 -- a one-line ValueError without task metadata
+    return opened
+
+
+def describe(ckpt: Source | None = None, model: str | None = None) -> dict[str, Any]:
+    """What ``mechlab info`` prints: the model's architecture, size, step and hook shapes.
+
+    Args:
+        ckpt: A checkpoint to describe.
+        model: Or an architecture, model preset or training preset to build fresh.
+
+    Returns:
+        ``source``, ``cfg`` (the model config), ``n_params``, ``step`` and ``hooks``
+        (hook name -> shape for batch 1).
+
+    Raises:
+        ValueError: Not exactly one of ``ckpt`` and ``model``.
+    """
+    from mechlab.models import build_model
+
+    if (ckpt is None) == (model is None):
+        raise ValueError("give exactly one of --ckpt PATH or --model NAME")
+    if ckpt is not None:
+        loaded = open_checkpoint(ckpt)
+        net, step, source = loaded.model, loaded.step, str(source_path(ckpt))
+    else:
+        net, step, source = build_model(model_config(model)), 0, f"fresh {model}"
+    return {"source": source, "cfg": net.cfg, "step": step,
+            "n_params": sum(p.numel() for p in net.parameters()), "hooks": net.hook_shapes(batch=1)}  # fmt: skip
+
+
+def model_config(name: str) -> str | dict[str, Any]:
+    """A model name as given, or the model a training preset (``recall-cpu``) trains."""
+    from mechlab.models import presets
+    from mechlab.train.config import available_presets, resolve_config
+
+    if name in presets() or name not in available_presets():
+        return name
+    from mechlab.train.task import make_task
+
+    cfg = resolve_config(preset=name)
+    return {**cfg.model, **make_task(cfg.task, cfg.task_cfg).model_fields()}

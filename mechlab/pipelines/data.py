@@ -1,0 +1,155 @@
+"""Picking a checkpoint's task and data: the traces an analysis of it runs on.
+
+The run's evaluation haystack (``eval_haystack``/``eval_seg_len``, shrunk to fit the
+model by :func:`mechlab.tasks.nih.default_haystack`, the one source of the defaults) is
+what every analysis uses unless told otherwise; a circuit's held-out traces are rebuilt
+from the settings the circuit records (:func:`circuit_data`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mechlab.checkpoint import Checkpoint
+from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint
+from mechlab.tasks import state_tracking_prune as st_prune
+from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION, nih_prune_data
+from mechlab.tasks.nih import default_haystack
+from mechlab.traces import PruneData, Target, check_target
+
+
+def haystack(ckpt: Checkpoint, n_haystack: int | None = None,
+             seg_len: int | None = None) -> tuple[int, int]:  # fmt: skip
+    """``(n_haystack, seg_len)`` of a recall checkpoint's NiH traces: the given ones, else
+    the run's evaluation setting shrunk to fit (:func:`mechlab.tasks.nih.default_haystack`)."""
+    train_cfg = ckpt.metadata.get("train_cfg")
+    default_n, default_s = default_haystack(
+        lds_config(ckpt), train_cfg if isinstance(train_cfg, dict) else None
+    )
+    return (default_n if n_haystack is None else n_haystack, default_s if seg_len is None else seg_len)
+
+
+def nih_data(
+    ckpt: Checkpoint,
+    *,
+    n_train: int,
+    n_test: int,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int = 0,
+    protocol: str = "study",
+) -> PruneData:
+    """NiH pruning traces on an opened checkpoint's task, with the run's haystack by default."""
+    n, s = haystack(ckpt, n_haystack, seg_len)
+    return nih_prune_data(
+        lds_config(ckpt), n_train=n_train, n_test=n_test, n_haystack=n, seg_len=s,
+        corruption=corruption, seed=data_seed, protocol=protocol,
+    )  # fmt: skip
+
+
+def state_tracking_data(
+    ckpt: Checkpoint,
+    target: Target,
+    length: int | None,
+    *,
+    n_train: int,
+    n_test: int,
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int = 0,
+) -> tuple[PruneData, Target]:
+    """Pruning traces of a state-tracking checkpoint (``length`` elements, default the run's
+    ``L``) and the target resolved on them; the recall default corruption means ``random``."""
+    if corruption == DEFAULT_CORRUPTION:
+        corruption = st_prune.DEFAULT_CORRUPTION
+    data = st_prune.state_tracking_prune_data(
+        ckpt.task_config, length, n_train=n_train, n_test=n_test, corruption=corruption,
+        seed=data_seed, n_ctx=ckpt.model.cfg.n_ctx,
+    )  # fmt: skip
+    return data, st_prune.resolve_target(target, data)
+
+
+def checkpoint_prune_data(
+    source: Source,
+    *,
+    n_train: int = 256,
+    n_test: int = 512,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int = 0,
+    protocol: str = "study",
+    device: str | None = None,
+) -> tuple[Checkpoint, PruneData]:
+    """A checkpoint of the interleaved-systems task and NiH pruning traces on its own task.
+
+    Args:
+        source: A checkpoint or its file.
+        n_train: Training traces.
+        n_test: Held-out traces.
+        n_haystack: Haystack systems (default: the run's evaluation setting).
+        seg_len: Observations per haystack segment (default: the run's).
+        corruption: How interchange-ablation traces are corrupted.
+        data_seed: Seed of the traces.
+        protocol: NiH construction, ``"study"`` or ``"uniform"``.
+        device: Where the model goes (default: a path loads onto the CPU).
+
+    Returns:
+        ``(checkpoint, data)``; the model is on ``device``.
+
+    Raises:
+        ValueError: A checkpoint without the lds task's metadata, or settings that do not
+            fit the task.
+    """
+    ckpt = open_checkpoint(source, device)
+    data = nih_data(
+        ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+        corruption=corruption, data_seed=data_seed, protocol=protocol,
+    )  # fmt: skip
+    return ckpt, data
+
+
+def circuit_data(ckpt: Checkpoint, circuit: Any, *, n_train: int = 256, n_test: int = 512,
+                 protocol: str = "uniform") -> PruneData:  # fmt: skip
+    """The traces a circuit of ``ckpt`` was pruned and scored on, rebuilt from the settings
+    its metadata records (``metadata["data"]``: traces, haystack, segment length,
+    corruption, data seed, NiH construction); ``n_train``/``n_test``/``protocol`` stand in for
+    settings a circuit does not record (circuits that predate ``nih_protocol`` were
+    pruned on uniform NiH)."""
+    info = circuit.metadata.get("data", {})
+    return nih_data(
+        ckpt, n_train=int(info.get("n_train", n_train)), n_test=int(info.get("n_test", n_test)),
+        n_haystack=info.get("n_haystack"), seg_len=info.get("seg_len"),
+        corruption=info.get("corruption", DEFAULT_CORRUPTION),
+        data_seed=int(info.get("data_seed", 0)), protocol=info.get("nih_protocol", protocol),
+    )  # fmt: skip
+
+
+def check_targets(
+    ckpt: Checkpoint,
+    targets: list[Target],
+    *,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    protocol: str = "study",
+    length: int | None = None,
+    corruption: str = DEFAULT_CORRUPTION,
+) -> None:
+    """Raise ValueError unless every target is valid for an opened checkpoint's traces (a
+    state-tracking checkpoint's: its traces at ``length`` with ``corruption``). Cheap (a
+    trace or two is drawn), so a command checks all its targets before the first prune."""
+    if ckpt.task == "state_tracking":
+        for target in targets:
+            state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+        return
+    lds_config(ckpt, length)
+    data = nih_data(ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len, protocol=protocol)
+    for target in targets:
+        check_target(target, data.train)
+
+
+def check_prune_targets(source: Source, targets: list[Target], **settings: Any) -> None:
+    """:func:`check_targets` on a checkpoint or its file (``protocol``, ``n_haystack``,
+    ``seg_len``, ``length``, ``corruption``)."""
+    check_targets(open_checkpoint(source), targets, **settings)
+

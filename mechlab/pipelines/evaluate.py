@@ -1,0 +1,169 @@
+"""Evaluating a checkpoint (``mechlab eval``): the NiH suites on its own task and device.
+
+The suites (:mod:`mechlab.evals.suites`) compute on a model and a task config; here a
+checkpoint is opened, its haystack defaults to the run's evaluation setting (shrunk to fit
+the model: :func:`mechlab.pipelines.data.haystack`, as pruning and recall do), and the
+model runs on the device asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechlab.evals.suites import SUITES, evaluate_model, nih_errors, summarize
+from mechlab.pipelines import outputs
+from mechlab.pipelines.checkpoints import (
+    Source,
+    lds_config,
+    open_checkpoint,
+    run_checkpoints,
+    source_path,
+)
+from mechlab.pipelines.data import haystack
+from mechlab.progress import tqdm
+from mechlab.tasks.lds import make_libraries
+from mechlab.tasks.lds_evals import nih_protocol
+
+
+def run_suite(
+    source: Source,
+    suite: str,
+    n_traces: int = 1000,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    seed: int = 0,
+    protocol: str = "study",
+    trials: int | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Run a suite on a checkpoint (``dynamics``: on the run directory the checkpoint is in).
+
+    Args:
+        source: A checkpoint of the lds task, or its file.
+        suite: One of :data:`~mechlab.evals.suites.SUITES`.
+        n_traces: Traces (with ``trials``: examples).
+        n_haystack: Haystack systems (default: the run's evaluation setting, shrunk to
+            fit ``n_ctx`` and ``n_pairs``).
+        seg_len: Observations per segment (default: the run's).
+        seed: Seed of the traces.
+        protocol: The NiH construction (``"study"`` or ``"uniform"``).
+        trials: Initial-state trials per example (``nih``/``ood``).
+        device: Where the model runs (default: where it is; a path loads onto the CPU).
+
+    Returns:
+        ``{"suite", "checkpoint", "sha256", "step", "seed", "result"}``.
+    """
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose one of {list(SUITES)}")
+    nih_protocol(protocol)  # validate before loading anything
+    if trials is not None and suite in ("dynamics", "uninterleaved"):
+        raise ValueError(f"trials (per-example aggregation) applies to the nih and ood suites, not {suite!r}")
+    ckpt = open_checkpoint(source, device)
+    cfg = lds_config(ckpt)
+    n_haystack, seg_len = haystack(ckpt, n_haystack, seg_len)
+    path = source_path(source)
+    if suite == "dynamics":
+        run_dir = path.resolve().parent
+        if run_dir.name == "checkpoints":
+            run_dir = run_dir.parent
+        result = eval_dynamics(run_dir, min(n_traces, 500), n_haystack, seg_len, seed,
+                               protocol=protocol, device=device)  # fmt: skip
+    else:
+        result = evaluate_model(ckpt.model, cfg, make_libraries(cfg)[1], suite, n_traces, n_haystack,
+                                seg_len, seed, protocol=protocol, trials=trials)  # fmt: skip
+    return {"suite": suite, "checkpoint": str(path), "sha256": ckpt.sha256, "step": ckpt.step,
+            "seed": seed, "result": result}  # fmt: skip
+
+
+def eval_dynamics(
+    run_dir: str | Path,
+    n_traces: int = 500,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    protocol: str = "study",
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Every checkpoint of a run through the NiH suite: error vs examples seen.
+
+    Args:
+        run_dir: A training run directory (``checkpoints/step_*.pt``).
+        n_traces: Traces per checkpoint.
+        n_haystack: Haystack systems (default: the first checkpoint's run setting).
+        seg_len: Observations per segment (default as ``n_haystack``).
+        seed: Seed of the traces (the same traces for every checkpoint).
+        progress: Show a progress bar.
+        protocol: NiH construction, ``"uniform"`` or ``"study"``.
+        device: Where the models run.
+
+    Returns:
+        ``{"examples": [...], "steps": [...], "offsets": {offset: [median per checkpoint]},
+        "q1": {...}, "q3": {...}}``.
+    """
+    ckpts = run_checkpoints(run_dir, device)
+    n_haystack, seg_len = haystack(ckpts[0], n_haystack, seg_len)
+    out: dict[str, Any] = {"steps": [], "examples": [], "offsets": {}, "q1": {}, "q3": {}}
+    task_cfg, test_lib = None, None
+    for ckpt in tqdm(ckpts, disable=not progress, desc="checkpoints"):
+        cfg = lds_config(ckpt)
+        if task_cfg != cfg:
+            task_cfg, test_lib = cfg, make_libraries(cfg)[1]
+        errs = nih_errors(ckpt.model, task_cfg, test_lib, n_traces, n_haystack, seg_len,
+                          torch.Generator().manual_seed(seed), protocol=protocol)  # fmt: skip
+        out["steps"].append(ckpt.step)
+        out["examples"].append(ckpt.examples_seen)
+        for j, e in errs.items():
+            s = summarize(e)
+            out["offsets"].setdefault(str(j), []).append(s["median"])
+            out["q1"].setdefault(str(j), []).append(s["q1"])
+            out["q3"].setdefault(str(j), []).append(s["q3"])
+    return out
+
+
+def evaluate_checkpoint(
+    source: Source,
+    suites: Sequence[str] = ("nih",),
+    out: str | Path | None = None,
+    *,
+    on_suite: Callable[[str, dict[str, Any], Path, Path], None] | None = None,
+    **settings: Any,
+) -> dict[str, dict[str, Any]]:
+    """``mechlab eval``: each suite's JSON and figure (``<suite>.json``, ``<suite>.html``).
+
+    Args:
+        source: A checkpoint of the lds task, or its file (opened once).
+        suites: Suites (``["all"]``: every one).
+        out: Folder (default: ``eval/`` beside the checkpoint).
+        on_suite: Called with ``(suite, report, json_path, html_path)`` after each write.
+        **settings: :func:`run_suite`'s (``n_traces``, ``n_haystack``, ``seg_len``,
+            ``seed``, ``protocol``, ``trials`` (nih and ood only), ``device``).
+
+    Returns:
+        Suite -> report.
+    """
+    from mechlab.viz import figure_for_suite
+
+    suites = list(SUITES) if list(suites) == ["all"] else list(suites)
+    for name in suites:
+        if name not in SUITES:
+            raise ValueError(f"unknown suite {name!r}; choose from {list(SUITES)} or all")
+    nih_protocol(settings.get("protocol", "study"))
+    device = settings.pop("device", None)
+    ckpt = open_checkpoint(source, device)
+    folder = Path(out) if out is not None else outputs.beside(source_path(source), "eval")
+    trials = settings.pop("trials", None)
+    reports = {}
+    for name in suites:
+        report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
+                           **settings)  # fmt: skip
+        reports[name] = report
+        json_path = outputs.write_json(folder / f"{name}.json", report)
+        html_path = outputs.write_figure(figure_for_suite(report), folder / f"{name}.html")
+        if on_suite is not None:
+            on_suite(name, report, json_path, html_path)
+    return reports

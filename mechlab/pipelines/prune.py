@@ -1,0 +1,389 @@
+"""Pruning a checkpoint: its task's traces, the recipe's settings, the circuits written.
+
+:func:`prune_checkpoint` prunes one target of a checkpoint (or its file) on its own task's
+traces; :func:`prune_targets` is ``mechlab prune``: every target and seed of one opened
+checkpoint, each circuit written as it is found, then their overlaps;
+:func:`joint_prune_checkpoint` / :func:`joint_prune_targets` prune several targets
+jointly (``mechlab prune --share``). The engine (:mod:`mechlab.prune`) knows no
+checkpoint and no task.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mechlab.pipelines import outputs
+from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, source_path
+from mechlab.pipelines.data import check_targets, nih_data, state_tracking_data
+from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
+from mechlab.prune.engine import check_prune_args, prune
+from mechlab.prune.joint import (
+    JointResult,
+    ShareSweep,
+    check_joint_targets,
+    check_shares,
+    pairwise_jaccard,
+    share_sweep,
+)
+from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
+from mechlab.traces import PruneData, Target, check_target, target_name
+
+PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
+    "default": {"nih": "study", "sparsity": 0.95},
+    "uniform": {"nih": "uniform", "sparsity": 0.95},
+    "study": {
+        "nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
+        "loss_scale": 1000.0, "steps": 3000,
+    },
+}  # fmt: skip
+"""The pruning recipes (``--recipe``): settings of each, with the NiH construction
+(``nih``) they prune on. ``default``: mechlab's pruning settings
+(:func:`~mechlab.prune.prune`'s defaults, 95% edge sparsity) on the study's NiH (oldest
+system queried, misdirection to the next); ``uniform``: the same settings on uniformly
+drawn NiH traces; ``study``: the recall study's settings (99% edge sparsity, node masks at
+80%, loss 1000 x MSE to the ground truth, 3000 steps) on the study's NiH. A circuit
+records its recipe as ``metadata["protocol"]``."""
+
+FAITHFULNESS_WARNING = "circuit for"  # the engine's warning, also in metadata["warnings"]
+
+
+def prune_protocol(recipe: str, **given: Any) -> dict[str, Any]:
+    """The settings a recipe prunes with, explicit settings on top.
+
+    Args:
+        recipe: A key of :data:`PRUNE_PROTOCOLS`.
+        **given: Settings asked for explicitly (``sparsity`` or any :func:`prune` keyword);
+            ``None`` means "not given".
+
+    Returns:
+        ``nih`` (the NiH construction), ``sparsity`` and the :func:`prune` keywords to use.
+    """
+    if recipe not in PRUNE_PROTOCOLS:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+    return {**PRUNE_PROTOCOLS[recipe], **{k: v for k, v in given.items() if v is not None}}
+
+
+def _recipe(recipe: str, kwargs: dict[str, Any], where: str) -> str:
+    """The recipe, or the value of its deprecated keyword ``protocol`` (popped from ``kwargs``)."""
+    if "protocol" not in kwargs:
+        return recipe
+    from mechlab._deprecated import warn_moved
+
+    warn_moved(f"{where}(protocol=)", "recipe=", stacklevel=4)
+    return kwargs.pop("protocol")
+
+
+def prune_checkpoint(
+    source: Source,
+    target: Target,
+    sparsity: float | None = None,
+    *,
+    n_train: int = 256,
+    n_test: int = 512,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int | None = None,
+    device: str | None = None,
+    recipe: str = "default",
+    loss_scale: float | None = None,
+    length: int | None = None,
+    **prune_kwargs: Any,
+) -> Circuit:
+    """Prune a checkpoint of the interleaved-systems task on needle-in-a-haystack traces.
+
+    The NiH traces are built from the task config in the checkpoint's metadata, with
+    the run's evaluation haystack (``eval_haystack`` / ``eval_seg_len``) unless given.
+
+    Args:
+        source: A checkpoint or its file.
+        target: ``"k-after"``, ``"all"`` or a callable.
+        sparsity: Edge sparsity in (0, 1); default the recipe's (0.95; study 0.99).
+        n_train: Training traces.
+        n_test: Held-out traces for the metrics.
+        n_haystack: Haystack systems.
+        seg_len: Observations per haystack segment.
+        corruption: How interchange-ablation traces are corrupted
+            (:data:`mechlab.tasks.lds_prune.CORRUPTIONS`).
+        data_seed: Seed of the traces; default the pruning ``seed``, so that a seed
+            baseline varies the data as well as the optimiser.
+        device: Where to run (default: CPU).
+        recipe: ``"default"``, ``"uniform"`` or ``"study"`` (:data:`PRUNE_PROTOCOLS`):
+            the NiH construction and the pruning settings that ``sparsity`` and
+            ``prune_kwargs`` do not set (``None`` values count as not set).
+        loss_scale: Multiplies the task loss (default the recipe's: 1, study 1000).
+        length: Elements per sequence of a state-tracking checkpoint (default the run's
+            ``L``; refused for other tasks).
+        **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...);
+            ``protocol`` is the old name of ``recipe``.
+
+    A state-tracking checkpoint (``metadata["task"] == "state_tracking"``) is pruned on
+    :func:`mechlab.tasks.state_tracking_prune.state_tracking_prune_data` traces instead
+    (targets ``final``, ``changed``, ``all``; ``corruption`` ``random`` (what the default
+    means there) or ``x<k>``); the NiH settings are ignored.
+
+    Returns:
+        The :class:`~mechlab.prune.circuit.Circuit`; its metadata records the
+        checkpoint's path and sha256, the pruning ``seed``, the ``data_seed`` and the
+        recipe (``protocol``).
+
+    Raises:
+        ValueError: Missing task metadata, unknown target, bad sparsity (or one that
+            keeps no edge), learning rate or batch size: all before any pruning work.
+    """
+    recipe = _recipe(recipe, prune_kwargs, "prune_checkpoint")
+    settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
+    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
+    check_prune_args(sparsity, **settings)
+    data_seed = settings.get("seed", 0) if data_seed is None else data_seed
+    ckpt = open_checkpoint(source, device)
+    if ckpt.task == "state_tracking":
+        data, target = state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
+                                           corruption=corruption, data_seed=data_seed)  # fmt: skip
+    else:
+        lds_config(ckpt, length)
+        data = nih_data(
+            ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+            corruption=corruption, data_seed=data_seed, protocol=nih,
+        )  # fmt: skip
+    check_target(target, data.train)
+    # the engine builds the (windowed) graph and checks the sparsity, once, before any work
+    circuit = prune(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **settings)
+    circuit.metadata["checkpoint"] = str(source_path(source))
+    circuit.metadata["checkpoint_step"] = ckpt.step
+    circuit.metadata["protocol"] = recipe
+    return circuit
+
+
+@dataclass
+class PruneRun:
+    """What :func:`prune_targets` found and wrote.
+
+    Attributes:
+        out: The folder written into.
+        circuits: Target -> circuits (one per seed, in order).
+        files: Circuit stem (``<target>_seed<k>``) -> ``(json, html)`` paths.
+        overlaps: ``(a, b, Overlap)`` of the first seeds' circuits of consecutive targets.
+        stability: Seed-to-seed against cross-target agreement (two or more seeds), or None.
+    """
+
+    out: Path
+    circuits: dict[str, list[Circuit]] = field(default_factory=dict)
+    files: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    overlaps: list[tuple[str, str, Overlap]] = field(default_factory=list)
+    stability: Stability | None = None
+
+
+def prune_targets(
+    source: Source,
+    targets: Sequence[Target],
+    seeds: Sequence[int] = (0,),
+    out: str | Path | None = None,
+    *,
+    recipe: str = "default",
+    on_circuit: Callable[[str, Circuit, Path], None] | None = None,
+    **settings: Any,
+) -> PruneRun:
+    """``mechlab prune``: every target with every seed, on one opened checkpoint.
+
+    Every target is checked before the first is pruned; each circuit is written
+    (``<target>_seed<k>.json`` and ``.html``; state tracking: ``<target>_n<length>_seed<k>``)
+    as soon as it is found.
+
+    Args:
+        source: A checkpoint or its file (opened once).
+        targets: The targets.
+        seeds: Pruning and data seeds (seed ``k`` draws its own traces).
+        out: Folder of the circuits (default: ``circuits/`` beside the checkpoint).
+        recipe: The pruning recipe (:data:`PRUNE_PROTOCOLS`).
+        on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written.
+        **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's).
+
+    Returns:
+        The :class:`PruneRun`.
+    """
+    ckpt = open_checkpoint(source, settings.pop("device", None))
+    check_targets(ckpt, list(targets), n_haystack=settings.get("n_haystack"),
+                  seg_len=settings.get("seg_len"), length=settings.get("length"),
+                  corruption=settings.get("corruption", DEFAULT_CORRUPTION),
+                  protocol=prune_protocol(recipe)["nih"])  # fmt: skip
+    run = PruneRun(Path(out) if out is not None else outputs.beside(source_path(source), "circuits"))
+    for name in targets:
+        for s in seeds:
+            with warnings.catch_warnings():  # the metadata keeps them (callers print them)
+                warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
+            run.circuits.setdefault(target_name(name), []).append(circuit)
+            stem = f"{circuit.metadata['target']}_seed{s}"
+            run.files[stem] = (outputs.write_circuit(circuit, run.out / f"{stem}.json"),
+                               outputs.write_circuit_figure(circuit, run.out / f"{stem}.html"))  # fmt: skip
+            if on_circuit is not None:
+                on_circuit(stem, circuit, run.out)
+    names = list(run.circuits)
+    for a, b in zip(names, names[1:], strict=False):
+        run.overlaps.append((a, b, overlap(run.circuits[a][0], run.circuits[b][0])))
+    if len(seeds) >= 2:
+        run.stability = seed_stability(run.circuits)
+    return run
+
+
+def joint_prune_checkpoint(
+    source: Source,
+    targets: Sequence[Target],
+    shares: Sequence[float | str],
+    seeds: Sequence[int] = (0,),
+    sparsity: float | None = None,
+    *,
+    n_train: int = 256,
+    n_test: int = 512,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    corruption: str = DEFAULT_CORRUPTION,
+    device: str | None = None,
+    recipe: str = "default",
+    loss_scale: float | None = None,
+    out_dir: str | Path | None = None,
+    **prune_kwargs: Any,
+) -> ShareSweep:
+    """Prune several targets of a checkpoint jointly, for each sharing weight and seed.
+
+    The traces are built as :func:`prune_checkpoint` builds them, seed ``k`` drawing its
+    own (so the seeds vary data and optimiser), and every share of a seed prunes the
+    same traces: the cost of sharing is measured on equal terms.
+
+    Args:
+        source: A checkpoint or its file.
+        targets: At least two targets (``"k-after"``, ``"all"``).
+        shares: Sharing weights (numbers >= 0, ``"tied"``); include 0 for the cost column.
+        seeds: Pruning and data seeds.
+        sparsity: Edge sparsity of every target's circuit (default the recipe's).
+        n_train: Training traces.
+        n_test: Held-out traces.
+        n_haystack: Haystack systems.
+        seg_len: Observations per haystack segment.
+        corruption: How interchange-ablation traces are corrupted.
+        device: Where to run.
+        recipe: As :func:`prune_checkpoint`.
+        loss_scale: As :func:`prune_checkpoint`.
+        out_dir: Where each (share, seed)'s circuits are written as soon as they are found
+            (``share-<share>/<target>_seed<k>.json``); a re-run with the same settings takes
+            them from there instead of pruning again, so an interrupted sweep resumes.
+        **prune_kwargs: Passed to :func:`~mechlab.prune.joint.joint_prune`.
+
+    Returns:
+        The :class:`~mechlab.prune.joint.ShareSweep`; each circuit's metadata records the
+        checkpoint and the ``data_seed``.
+
+    Raises:
+        ValueError: As :func:`prune_checkpoint`, fewer than two targets, a bad share.
+    """
+    recipe = _recipe(recipe, prune_kwargs, "joint_prune_checkpoint")
+    settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
+    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
+    if settings.pop("node_sparsity", None) is not None:
+        raise ValueError(
+            f"joint pruning masks edges only, but recipe {recipe!r} or the settings ask for "
+            "node masks; use --recipe default or uniform, without node sparsity"
+        )
+    check_prune_args(sparsity, **settings)
+    shares = check_shares(shares)
+    ckpt = open_checkpoint(source, device)
+    lds_config(ckpt)
+    path = str(source_path(source))
+
+    @functools.lru_cache(maxsize=1)  # the check below and the sweep's first seed share one build
+    def data_of(seed: int) -> PruneData:
+        return nih_data(
+            ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+            corruption=corruption, data_seed=seed, protocol=nih,
+        )  # fmt: skip
+
+    check_joint_targets(targets, data_of(seeds[0] if seeds else 0))
+    names = [target_name(t) for t in targets]
+    expected = {"checkpoint_sha256": ckpt.sha256, "protocol": recipe, "sparsity_asked": sparsity,
+                **{k: v for k, v in settings.items() if k not in ("progress",)}}  # fmt: skip
+
+    def file_of(share: float, seed: int, name: str) -> Path:
+        label = "tied" if math.isinf(share) else f"{share:g}"
+        return Path(out_dir) / f"share-{label}" / f"{name}_seed{seed}.json"
+
+    def save(result: JointResult, seed: int) -> None:
+        for circuit in result.circuits.values():
+            circuit.metadata.update(checkpoint=path, checkpoint_step=ckpt.step, protocol=recipe)
+        if out_dir is not None:
+            for name, circuit in result.circuits.items():
+                outputs.write_circuit(circuit, file_of(result.share, seed, name))
+
+    def load(share: float, seed: int) -> JointResult | None:
+        if out_dir is None or not all(file_of(share, seed, n).is_file() for n in names):
+            return None
+        try:
+            circuits = {n: Circuit.from_json(file_of(share, seed, n)) for n in names}
+        except (ValueError, OSError):
+            return None  # unreadable: prune again (the write replaces it)
+        want = {**expected, "share": "tied" if math.isinf(share) else share, "seed": seed,
+                "data_seed": seed}  # fmt: skip
+        for circuit in circuits.values():
+            meta = circuit.metadata
+            if any(k in meta and meta[k] != v for k, v in want.items()) or not meta.get("joint"):
+                return None  # other settings: prune again
+        return JointResult(circuits=circuits, share=share, jaccard=pairwise_jaccard(circuits))
+
+    return share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds, load=load,
+                       save=save, sparsity=sparsity, checkpoint_sha256=ckpt.sha256, **settings)  # fmt: skip
+
+
+@dataclass
+class JointRun:
+    """What :func:`joint_prune_targets` found and wrote: the sweep, its folder, the table
+    (``joint.json``) and each circuit by its stem (``share-<share>/<target>_seed<k>``)."""
+
+    sweep: ShareSweep
+    out: Path
+    table: Path
+    circuits: dict[str, Circuit]
+
+
+def joint_prune_targets(
+    source: Source,
+    targets: Sequence[Target],
+    shares: Sequence[float | str],
+    seeds: Sequence[int] = (0,),
+    out: str | Path | None = None,
+    **settings: Any,
+) -> JointRun:
+    """``mechlab prune --share``: the share sweep of one opened checkpoint, its circuits
+    (``joint/share-<share>/<target>_seed<k>.json`` and ``.html``) and ``joint/joint.json``.
+
+    Args:
+        source: A checkpoint or its file (opened once).
+        targets: Two or more targets.
+        shares: Sharing weights.
+        seeds: Seeds.
+        out: The folder whose ``joint/`` is written (default: ``circuits/`` beside the
+            checkpoint).
+        **settings: As :func:`joint_prune_checkpoint`.
+    """
+    if len(targets) < 2:
+        raise ValueError(f"--share prunes targets jointly: give two or more --target, got {list(targets)}")
+    ckpt = open_checkpoint(source, settings.pop("device", None))
+    folder = (Path(out) if out is not None else outputs.beside(source_path(source), "circuits")) / "joint"
+    with warnings.catch_warnings():  # each circuit keeps its warnings in its metadata
+        warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+        sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, out_dir=folder, **settings)
+    circuits = {}
+    for result in sweep.results:  # the JSON files were written as each result was found
+        label = "tied" if result.share == float("inf") else f"{result.share:g}"
+        for name, circuit in result.circuits.items():
+            stem = f"share-{label}/{name}_seed{circuit.metadata['seed']}"
+            outputs.write_circuit_figure(circuit, folder / f"{stem}.html")
+            circuits[stem] = circuit
+    table = outputs.write_json(folder / "joint.json", sweep.to_dict())
+    return JointRun(sweep, folder, table, circuits)
+

@@ -1,0 +1,379 @@
+"""The main job in one call: evaluate a recall checkpoint, find its circuits, explain them.
+
+:func:`make_report` runs, on one checkpoint of the interleaved-systems task,
+
+1. the needle-in-a-haystack evaluation and its out-of-distribution probes;
+2. edge pruning of each target (default ``1-after`` and ``2-after``), several seeds each;
+3. the overlap of the targets' circuits against their seed-to-seed baseline, with
+   bootstrap intervals and the uniform / degree-preserving null models, and each circuit
+   evaluated on the other target (cross-evaluation);
+4. the label- vs observation-based recall verdicts per offset;
+
+and writes one self-contained ``index.html`` (plotly.js embedded once, every figure and
+number) plus the JSON behind it into a folder::
+
+    DIR/index.html  DIR/report.json  DIR/eval/{nih,ood}.json  DIR/circuits/<target>_seed<k>.json
+    DIR/overlap.json  DIR/recall.json
+
+Everything is computed before anything is written, and every setting is checked before
+any work starts. The checkpoint is opened once and every stage runs on it, on the device
+asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from mechlab.pipelines import outputs
+from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, source_path
+from mechlab.pipelines.data import check_targets, circuit_data
+from mechlab.pipelines.evaluate import run_suite
+from mechlab.pipelines.prune import PRUNE_PROTOCOLS, prune_checkpoint
+from mechlab.pipelines.recall import recall_checkpoint
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class ReportConfig:
+    """What :func:`make_report` runs.
+
+    Attributes:
+        targets: Pruning targets (``"k-after"``); at least one.
+        seeds: Pruning seeds per target (each also draws its own traces); two or more give
+            the seed-to-seed baseline the overlap is judged against.
+        eval_traces: NiH traces of the evaluation and its probes.
+        prune_traces: Training traces of each pruning run (held-out: twice as many).
+        recall_traces: NiH traces of the recall verdicts.
+        components: Also patch each head / layer in the recall analysis (the head heatmap).
+        recipe: Pruning recipe (:data:`mechlab.pipelines.PRUNE_PROTOCOLS`); its NiH
+            construction is used everywhere.
+        steps: Optimiser steps of each pruning run (300, so that the report on the bundled
+            checkpoint fits in about 5 minutes on 2 CPU cores; None: the protocol's, 500
+            for ``default``).
+        n_boot: Bootstrap resamples of the overlap intervals.
+        n_null: Samples of each null model.
+    """
+
+    targets: tuple[str, ...] = ("1-after", "2-after")
+    seeds: tuple[int, ...] = (0, 1)
+    eval_traces: int = 500
+    prune_traces: int = 256
+    recall_traces: int = 256
+    components: bool = True
+    recipe: str = "default"
+    steps: int | None = 300
+    n_boot: int = 1000
+    n_null: int = 500
+
+    def __post_init__(self) -> None:
+        self.targets, self.seeds = tuple(self.targets), tuple(int(s) for s in self.seeds)
+        if not self.targets:
+            raise ValueError("give at least one target (e.g. 1-after)")
+        if len(set(self.targets)) != len(self.targets) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("targets and seeds must not repeat")
+        if not self.seeds:
+            raise ValueError("give at least one seed")
+        for name in ("eval_traces", "prune_traces", "recall_traces", "n_boot", "n_null"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
+        if self.recipe not in PRUNE_PROTOCOLS:
+            raise ValueError(f"unknown recipe {self.recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+
+    @property
+    def nih(self) -> str:
+        """The NiH construction of the recipe (``"study"`` or ``"uniform"``)."""
+        return PRUNE_PROTOCOLS[self.recipe]["nih"]
+
+    @property
+    def protocol(self) -> str:
+        """Deprecated: the recipe (:attr:`recipe`; goes in mechlab 0.2.0)."""
+        from mechlab._deprecated import warn_moved
+
+        warn_moved("ReportConfig.protocol", "ReportConfig.recipe")
+        return self.recipe
+
+
+_dataclass_init = ReportConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_taking_protocol(self: ReportConfig, *args: Any, protocol: str | None = None, **kwargs: Any) -> None:
+    if protocol is not None:  # the recipe's old name
+        from mechlab._deprecated import warn_moved
+
+        warn_moved("ReportConfig(protocol=)", "ReportConfig(recipe=)")
+        kwargs["recipe"] = protocol
+    _dataclass_init(self, *args, **kwargs)
+
+
+ReportConfig.__init__ = _init_taking_protocol  # type: ignore[method-assign]
+
+
+@dataclass
+class Report:
+    """What :func:`make_report` computed (JSON-ready dicts) and the figures drawn from it.
+
+    Attributes:
+        checkpoint: Path of the checkpoint.
+        config: The :class:`ReportConfig`.
+        evals: Suite name -> :func:`mechlab.pipelines.run_suite` report.
+        circuits: Target -> circuits (one per seed).
+        overlap: Overlap statistics and cross-evaluation (see :func:`_overlap`).
+        recall: :func:`mechlab.pipelines.recall_checkpoint` report.
+        timings: Seconds per stage.
+    """
+
+    checkpoint: str
+    config: ReportConfig
+    evals: dict[str, dict[str, Any]]
+    circuits: dict[str, list[Any]]
+    overlap: dict[str, Any]
+    recall: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers (also ``report.json``'s ``summary``)."""
+        nih = self.evals["nih"]["result"]["offsets"]
+        per = self.recall["result"]["per_offset"]
+        out: dict[str, Any] = {
+            "nih_median": {f"{j}-after": v["median"] for j, v in nih.items()},
+            "verdict": {f"{j}-after": v["verdict"] for j, v in per.items()},
+            "circuits": {},
+        }
+        for target, found in self.circuits.items():
+            metrics = [c.metadata.get("metrics", {}) for c in found]
+            out["circuits"][target] = {
+                "edges": [len(c.edges) for c in found],
+                "faithfulness": [m.get("faithfulness") for m in metrics],
+                "complement_faithfulness": [m.get("complement_faithfulness") for m in metrics],
+            }
+        out["overlap"] = {
+            key: {"jaccard": entry["jaccard_observed"], "null_uniform": entry["null_uniform"]["mc_mean"],
+                  "null_degree": entry["null_degree"]["mc_mean"]}
+            for key, entry in self.overlap["across"].items()
+        }  # fmt: skip
+        out["within"] = {t: ci["value"] for t, ci in self.overlap["within"].items()}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """``report.json``: the settings, the timings and the headline numbers."""
+        return {"checkpoint": self.checkpoint, "config": asdict(self.config),
+                "timings_s": self.timings, "summary": self.summary()}  # fmt: skip
+
+    def figures(self) -> list[tuple[str, go.Figure]]:
+        """``(section title, figure)`` pairs, in the page's order."""
+        from mechlab.viz import circuit_figure, figure_for_suite, overlap_figure, recall_figure
+
+        figs = [("Needle in a haystack", figure_for_suite(self.evals["nih"])),
+                ("Out-of-distribution probes", figure_for_suite(self.evals["ood"]))]  # fmt: skip
+        for target, found in self.circuits.items():
+            c = found[0]
+            seed = c.metadata.get("seed")
+            figs.append(
+                (
+                    f"Circuit: {target} (seed {seed})",
+                    circuit_figure(c, f"{target} circuit, seed {seed}"),
+                )
+            )
+        firsts = [found[0] for found in self.circuits.values()]
+        if len(firsts) >= 2:
+            labels = [
+                f"{t} (seed {c.metadata.get('seed')})"
+                for t, c in zip(self.circuits, firsts, strict=True)
+            ]
+            figs.append(("Overlap of the targets' circuits", overlap_figure(firsts, labels)))
+        figs.append(("Label- vs observation-based recall", recall_figure(self.recall)))
+        return figs
+
+    def to_html(self) -> str:
+        """One self-contained page: plotly.js once, then every table and figure."""
+        from mechlab.viz.figures import page_html
+
+        sections: list[tuple[str, Any]] = [("", self._tables_html()), *self.figures()]
+        return page_html(f"mechlab report: {self.checkpoint}", sections)
+
+    def _tables_html(self) -> str:
+        s = self.summary()
+        rows = [["offset", "NiH median error", "recall verdict"]]
+        for key, value in s["nih_median"].items():
+            rows.append([key, f"{value:.4f}", s["verdict"].get(key, "")])
+        out = ["<h2>Numbers</h2>", _table(rows)]
+        rows = [["target", "seed", "edges", "faithfulness", "complement faithfulness"]]
+        for target, found in self.circuits.items():
+            for c in found:
+                m = c.metadata.get("metrics", {})
+                rows.append(
+                    [
+                        target,
+                        str(c.metadata.get("seed")),
+                        str(len(c.edges)),
+                        _fmt(m.get("faithfulness")),
+                        _fmt(m.get("complement_faithfulness")),
+                    ]
+                )
+        out.append(_table(rows))
+        rows = [["pair", "Jaccard", "95% CI", "uniform null", "degree null"]]
+        for key, entry in self.overlap["across"].items():
+            ci = entry["jaccard"]
+            interval = "" if ci is None else f"[{ci['low']:.3f}, {ci['high']:.3f}]"
+            rows.append(
+                [
+                    key,
+                    f"{entry['jaccard_observed']:.3f}",
+                    interval,
+                    f"{entry['null_uniform']['mc_mean']:.3f}",
+                    f"{entry['null_degree']['mc_mean']:.3f}",
+                ]
+            )
+        for target, ci in self.overlap["within"].items():
+            rows.append(
+                [
+                    f"{target} across seeds",
+                    f"{ci['value']:.3f}",
+                    f"[{ci['low']:.3f}, {ci['high']:.3f}]",
+                    "",
+                    "",
+                ]
+            )
+        out.append(_table(rows))
+        rows = [["circuit", "seed", "evaluated on", "faithfulness", "complement"]]
+        for r in self.overlap.get("cross_evaluation", []):
+            rows.append(
+                [
+                    r["circuit_target"],
+                    str(r["seed"]),
+                    r["evaluated_on"] + (" (own)" if r["own"] else ""),
+                    _fmt(r["faithfulness"]),
+                    _fmt(r["complement_faithfulness"]),
+                ]
+            )
+        out.append(_table(rows))
+        t = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
+        out.append(
+            f"<p>Timings: {html.escape(t)}. JSON: <a href='report.json'>report.json</a>, "
+            "<a href='eval/nih.json'>eval/</a>, <a href='circuits/'>circuits/</a>, "
+            "<a href='overlap.json'>overlap.json</a>, <a href='recall.json'>recall.json</a>.</p>"
+        )
+        return "".join(out)
+
+    def write(self, out: str | Path) -> Path:
+        """Write ``index.html`` and the JSON behind it into ``out``; returns the page's path."""
+        out = Path(out)
+        for name, rep in self.evals.items():
+            outputs.write_json(out / "eval" / f"{name}.json", rep)
+        for found in self.circuits.values():
+            for c in found:
+                stem = f"{c.metadata['target']}_seed{c.metadata['seed']}"
+                outputs.write_circuit(c, out / "circuits" / f"{stem}.json")
+        outputs.write_json(out / "overlap.json", self.overlap)
+        outputs.write_json(out / "recall.json", self.recall)
+        outputs.write_json(out / "report.json", self.to_dict())
+        return outputs.write_text(out / "index.html", self.to_html())
+
+
+def _fmt(x: Any) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:]
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig) -> dict[str, Any]:
+    """Overlap statistics (pos edges excluded: they cannot matter) and cross-evaluation on
+    the held-out traces of the first circuit, rebuilt from its own recorded settings."""
+    from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
+
+    flat = [c for found in circuits.values() for c in found]
+    first = flat[0]
+    inert = set(first.metadata.get("inert_writers", []))  # their edges cannot matter
+    edges = [e for e in graph_edges(first) if e[0] not in inert]
+    report = overlap_report(flat, edges, n_boot=cfg.n_boot, n_null=cfg.n_null)
+    data = circuit_data(ckpt, first, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, protocol=cfg.nih)
+    report["cross_evaluation"] = cross_evaluate(ckpt.model, data, flat)
+    report["excluded_writers"] = sorted(inert)
+    return report
+
+
+def make_report(
+    ckpt: Source,
+    config: ReportConfig | None = None,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    log: Log | None = None,
+) -> Report:
+    """Evaluate, prune, compare and explain one checkpoint of the interleaved-systems task.
+
+    The checkpoint is opened once; every stage (evaluation, pruning, overlap, recall) runs
+    on that one model, on ``device``.
+
+    Args:
+        ckpt: A checkpoint of a run on the ``lds`` task, or its file.
+        config: What to run (default :class:`ReportConfig`).
+        device: Where the model runs (every stage).
+        progress: Show progress bars (each names its stage and target).
+        log: Called with one line as each stage starts and ends (e.g. ``print``).
+
+    Returns:
+        The :class:`Report` (call :meth:`Report.write` to save it).
+
+    Raises:
+        ValueError: A missing or foreign checkpoint, an unknown target or recipe, or
+            settings that do not fit the task: before any work.
+    """
+    cfg = config or ReportConfig()
+    say = log or (lambda line: None)
+    opened = open_checkpoint(ckpt, device)
+    lds_config(opened)
+    check_targets(opened, list(cfg.targets), protocol=cfg.nih)
+    path = source_path(ckpt)
+    timings: dict[str, float] = {}
+
+    start = time.perf_counter()
+    say(f"evaluation: NiH and its probes, {cfg.eval_traces} traces")
+    evals = {
+        suite: run_suite(opened, suite, n_traces=cfg.eval_traces, protocol=cfg.nih, device=device)
+        for suite in ("nih", "ood")
+    }
+    timings["evaluation"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    circuits: dict[str, list[Any]] = {}
+    for target in cfg.targets:
+        for seed in cfg.seeds:
+            say(f"pruning {target}, seed {seed}")
+            c = prune_checkpoint(
+                opened, target, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, seed=seed,
+                recipe=cfg.recipe, steps=cfg.steps, device=device, progress=progress,
+            )  # fmt: skip
+            circuits.setdefault(target, []).append(c)
+    timings["pruning"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    say("overlap: bootstrap, null models, cross-evaluation")
+    overlap = _overlap(opened, circuits, cfg) if len(cfg.targets) > 1 else {"within": {}, "across": {}}
+    timings["overlap"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    say(f"recall verdicts, {cfg.recall_traces} traces")
+    recall = recall_checkpoint(opened, device=device, n_traces=cfg.recall_traces, protocol=cfg.nih,
+                               components=cfg.components, progress=progress)  # fmt: skip
+    timings["recall"] = time.perf_counter() - start
+    return Report(str(path), cfg, evals, circuits, overlap, recall, timings)

@@ -1,0 +1,60 @@
+"""Training runs (``mechlab train``): the settings of a new or resumed run, and the run.
+
+The trainer (:mod:`mechlab.train`) writes its own run directory (checkpoints, metrics,
+``config.yaml``) and resumes it exactly; here the command's settings become its config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mechlab.train.trainer import TrainingStopped
+
+__all__ = ["TrainingStopped", "run_config", "train_run"]
+
+
+def run_config(out: str | Path | None = None, resume: str | Path | None = None,
+               **settings: Any) -> tuple[Any, Path]:  # fmt: skip
+    """The :class:`~mechlab.train.TrainConfig` of a run and its directory.
+
+    Args:
+        out: The new run's directory.
+        resume: Or the directory of a run to continue (its ``config.yaml`` is the base,
+            ``settings`` on top); then ``out``, if given, must be the same.
+        **settings: :func:`mechlab.train.resolve_config`'s arguments (``preset``,
+            ``config_file``, ``overrides``, ``task``, ``steps``, ``device``, ...; a resumed
+            run takes neither ``preset``, ``config_file`` nor ``task``).
+
+    Returns:
+        ``(config, run directory)``.
+
+    Raises:
+        ValueError: No directory, two different ones, nothing to resume, or bad settings.
+    """
+    from mechlab.train import resolve_config
+
+    if resume is not None:
+        resume = Path(resume)
+        if out is not None and Path(out) != resume:
+            raise ValueError("give the run directory once: --resume DIR (without a different --out)")
+        saved = resume / "config.yaml"
+        if not saved.is_file():
+            raise ValueError(f"nothing to resume: {str(saved)!r} does not exist")
+        for key in ("preset", "config_file", "task"):
+            settings.pop(key, None)
+        return resolve_config(config_file=saved, **settings), resume
+    if out is None:
+        raise ValueError("give --out DIR for the run (or --resume DIR to continue one)")
+    return resolve_config(**settings), Path(out)
+
+
+def train_run(cfg: Any, out: str | Path, resume: bool = False, progress: bool = True) -> Any:
+    """Train (or resume) the run; returns the :class:`~mechlab.train.TrainResult`.
+
+    Raises:
+        mechlab.train.TrainingStopped: The NaN guard stopped the run.
+    """
+    import mechlab.train
+
+    return mechlab.train.train(cfg, out, resume=resume, progress=progress)

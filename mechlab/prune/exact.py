@@ -1,0 +1,170 @@
+"""Exact single-edge ablation, batched: every edge's true effect on the metric.
+
+Ablating one edge ``w -> r`` and keeping every other edge clean changes exactly one
+thing: reader ``r`` receives ``x_r - D_w`` (``D_w = X_w - X~_w``) instead of ``x_r``.
+Everything upstream of ``r``'s component is the clean run, and everything downstream is
+the model's own forward pass from the changed residual stream. On a transformer
+(:func:`transformer_single_edge_outputs`) the effect of every edge is therefore computed
+from one clean pass by replaying only what follows its reader:
+
+* ``a{l}.h{h}.q|k|v``: head ``h`` of layer ``l`` is recomputed with that one input
+  changed, its output change is added to ``resid_mid`` of layer ``l``, and the MLP of
+  layer ``l`` and the blocks after it run as usual;
+* ``m{l}.in``: the MLP of layer ``l`` on ``ln2(resid_mid - D_w)``, then the later blocks;
+* ``out``: the read-out of ``resid_final - D_w``.
+
+The edges of one reader are stacked along the batch axis (at most ``max_rows`` traces
+per pass). Other families (residual stacks, windowed graphs: tens of edges) use one
+masked forward per edge (:func:`~mechlab.prune.attribution.exact_loop_scores`); the two
+agree on transformers to float round-off (``tests/prune/test_exact.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mechlab.models.transformer import causal_mask
+from mechlab.progress import tqdm
+from mechlab.prune.forward import select_traces
+from mechlab.prune.graph import EdgeGraph
+from mechlab.prune.objective import DEFAULT_BATCH_SIZE, Objective, exact_loop_scores, metric_value
+
+MAX_ROWS = 512  # traces (edges x traces) per replay pass
+
+
+def _head_output(attn: nn.Module, h: int, x_q: Tensor, x_k: Tensor, x_v: Tensor) -> Tensor:
+    """Head ``h``'s output ``z W_O[h]`` ``[batch, pos, d_model]`` from its normalised q, k, v inputs."""
+    q = x_q @ attn.W_Q[h] + attn.b_Q[h]  # [batch, pos, d_head]
+    k = x_k @ attn.W_K[h] + attn.b_K[h]
+    v = x_v @ attn.W_V[h] + attn.b_V[h]
+    scores = (q / attn.scale) @ k.transpose(-1, -2)  # [batch, q, k]
+    if attn.causal:
+        n = scores.shape[-1]
+        scores = scores.masked_fill(causal_mask(n, scores.device), float("-inf"))
+    return (F.softmax(scores, dim=-1) @ v) @ attn.W_O[h]
+
+
+def _finish(model: nn.Module, resid: Tensor, first_block: int) -> Tensor:
+    """The model's output from the residual stream entering block ``first_block``."""
+    for block in model.blocks[first_block:]:
+        resid = block(resid)
+    return model.read_out(model.ln_final(resid))
+
+
+@torch.no_grad()
+def transformer_single_edge_outputs(
+    model: nn.Module, graph: EdgeGraph, x: Tensor, ablated: Tensor, reader: str, writers: list[int]
+) -> Tensor:
+    """The outputs with each of the edges ``writers[i] -> reader`` ablated alone.
+
+    Args:
+        model: A mechlab transformer (frozen, eval mode).
+        graph: Its (plain) edge graph.
+        x: ``[batch, pos, ...]`` inputs.
+        ablated: ``[n_writers, batch | 1, pos, d]`` ablated writer outputs of these traces.
+        reader: The reader's name.
+        writers: Writer indices of its edges.
+
+    Returns:
+        ``[len(writers), batch, pos, d_output]``.
+    """
+    names = [f"blocks.{i}.{h}" for i in range(model.cfg.n_layers)
+             for h in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_result",
+                       "hook_mlp_out")]  # fmt: skip
+    _, cache = model.run_with_cache(x, names_filter=names + ["hook_embed", "hook_pos_embed"])
+    rows = []  # writer outputs in graph order
+    rows += [cache["hook_embed"], cache["hook_pos_embed"].expand_as(cache["hook_embed"])]
+    for i in range(model.cfg.n_layers):
+        rows += list(cache[f"blocks.{i}.attn.hook_result"].unbind(2)) + [
+            cache[f"blocks.{i}.hook_mlp_out"]
+        ]
+    index = torch.tensor(writers, device=x.device)
+    diffs = torch.stack([rows[w] for w in writers]) - ablated[index]  # [K, batch, pos, d]
+    K, B = diffs.shape[:2]
+    r = graph.reader_by_name[reader]
+    if r.kind == "out":
+        final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+        out = model.read_out(model.ln_final(final - diffs))
+        return out
+    layer = r.layer
+    block = model.blocks[layer]
+    resid_mid = cache[f"blocks.{layer}.hook_resid_mid"]
+    if r.kind == "mlp":
+        changed = block.mlp(block.ln2((resid_mid - diffs).flatten(0, 1)))
+        mlp_old = cache[f"blocks.{layer}.hook_mlp_out"]
+        resid = (
+            cache[f"blocks.{layer}.hook_resid_post"]
+            + changed.view(K, B, *changed.shape[1:])
+            - mlp_old
+        )
+        return _finish(model, resid.flatten(0, 1), layer + 1).view(K, B, *x.shape[1:2], -1)
+    resid_pre = cache[f"blocks.{layer}.hook_resid_pre"]
+    normal = block.ln1(resid_pre).expand(K, *resid_pre.shape).flatten(0, 1)
+    changed = block.ln1((resid_pre - diffs).flatten(0, 1))
+    qkv = {kind: changed if kind == r.kind else normal for kind in ("q", "k", "v")}
+    head = _head_output(block.attn, r.head, qkv["q"], qkv["k"], qkv["v"])  # [K * batch, pos, d]
+    old = cache[f"blocks.{layer}.attn.hook_result"][:, :, r.head]
+    resid = (resid_mid + head.view(K, B, *head.shape[1:]) - old).flatten(0, 1)
+    resid = resid + block.mlp(block.ln2(resid))
+    return _finish(model, resid, layer + 1).view(K, B, *x.shape[1:2], -1)
+
+
+def _replayable(obj: Objective) -> bool:
+    """Whether the replay applies: a transformer of GPT-2's layout (learned positions, one
+    key/value head per query head, sequential attention and MLP, q/k/v biases), on its plain
+    graph. Other layouts (rotary, grouped heads, parallel or attention-only blocks, as
+    imported models have them) take the loop of masked forwards."""
+    cfg = obj.model.cfg
+    if cfg.arch != "transformer" or obj.graph.windows:
+        return False
+    return (
+        getattr(cfg, "positional", "learned") == "learned"
+        and getattr(cfg, "n_key_value_heads", cfg.n_heads) == cfg.n_heads
+        and not getattr(cfg, "parallel_attn_mlp", False)
+        and not getattr(cfg, "attn_only", False)
+        and getattr(cfg, "qkv_bias", True)
+    )
+
+
+@torch.no_grad()
+def exact_scores(
+    obj: Objective, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False,
+    max_rows: int = MAX_ROWS,
+) -> Tensor:  # fmt: skip
+    """``m(1 - e_k) - m(1)`` for every countable edge ``k`` (0 for the others), float64.
+
+    Transformers replay only what follows each edge's reader (module docstring); other
+    families run one masked forward per edge.
+    """
+    if not _replayable(obj):
+        return exact_loop_scores(obj, batch_size, progress)
+    graph = obj.graph
+    base = metric_value(obj, torch.ones(graph.n_edges), batch_size)
+    sums = torch.zeros(graph.n_edges, dtype=torch.float64)
+    todo = []  # (reader, edge indices, writer indices), countable edges only
+    for r in graph.readers:
+        start = graph.edge_offset[r.name]
+        ks = [start + i for i in range(r.n_upstream) if obj.countable[start + i]]
+        if ks:
+            todo.append((r.name, ks, [graph.writer_index[graph.edges[k][0]] for k in ks]))
+    bar = tqdm(
+        total=sum(len(ks) for _, ks, _ in todo), disable=not progress, desc="exact", unit="edge"
+    )
+    for index in obj.chunks(batch_size):
+        x = obj.traces.inputs[index]
+        abl = select_traces(obj.ablated, index)
+        per_pass = max(1, max_rows // len(index))
+        for reader, ks, ws in todo:
+            for i in range(0, len(ks), per_pass):
+                out = transformer_single_edge_outputs(
+                    obj.model, graph, x, abl, reader, ws[i : i + per_pass]
+                )
+                for k, o in zip(ks[i : i + per_pass], out, strict=True):
+                    sums[k] += float(obj.metric_sum(o, index).double())
+                if index[0] == 0:
+                    bar.update(len(ks[i : i + per_pass]))
+    bar.close()
+    scores = sums / obj.n_positions - base
+    return scores.masked_fill(~obj.countable, 0.0)

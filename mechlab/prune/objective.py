@@ -1,0 +1,203 @@
+"""The objective every attribution method scores: a metric of the masked forward at the target.
+
+:class:`Objective` bundles a frozen model, its edge graph, the training traces, their
+ablation and the target positions; :func:`metric_value` is the metric ``m(z)`` at one set
+of edge masks (the module docstring of :mod:`mechlab.prune.attribution` defines it), and
+:func:`exact_loop_scores` the exact single-edge effects by one masked forward per edge.
+The score methods (:mod:`~mechlab.prune.attribution`), the batched replay
+(:mod:`~mechlab.prune.exact`) and ACDC (:mod:`~mechlab.prune.acdc`) build on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+from mechlab.models.base import predict_in_chunks
+from mechlab.progress import tqdm
+from mechlab.prune.forward import (
+    Ablation,
+    divergence,
+    make_ablation,
+    masked_forward,
+    select_traces,
+)
+from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
+from mechlab.traces import Target, Traces, target_mask
+from mechlab.traces import target_positions as scored_positions
+
+METRICS = ("loss", "projection")
+EAP_POINTS = ("corrupted", "clean")
+ATTRIBUTION_METHODS = ("eap", "eap-ig", "eap-ig-inputs", "exact")
+DEFAULT_STEPS = 10
+DEFAULT_BATCH_SIZE = 128
+
+
+# ---------------------------------------------------------------------------------------
+# The objective every method scores against
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Objective:
+    """What the methods score: the metric ``m(z)`` of a model's masked forward on traces.
+
+    Attributes:
+        model: The model (frozen and in eval mode while scores are computed).
+        graph: Its edge graph.
+        traces: The traces scored on (``inputs``; ``corrupted`` for interchange).
+        positions: ``[batch, pos]`` bool target positions.
+        reference: ``[batch, pos, d_output]`` the full model's output ``f(1)``.
+        ablated: The ablated values (:func:`~mechlab.prune.forward.make_ablation`).
+        ablation: ``interchange``, ``mean`` or ``zero``.
+        metric: ``loss`` or ``projection`` (module docstring).
+        countable: ``[n_edges]`` bool, the edges that can matter.
+        fully_ablated: ``[batch, pos, d_output]`` the output with every edge ablated ``f(0)``.
+    """
+
+    model: nn.Module
+    graph: EdgeGraph
+    traces: Traces
+    positions: Tensor
+    reference: Tensor
+    ablated: Ablation
+    ablation: str
+    metric: str
+    countable: Tensor
+    fully_ablated: Tensor
+
+    @property
+    def n_positions(self) -> int:
+        """Target positions summed over traces (the metric's denominator)."""
+        return int(self.positions.sum())
+
+    @property
+    def device(self) -> torch.device:
+        return self.reference.device
+
+    def chunks(self, batch_size: int) -> Iterator[Tensor]:
+        """Index tensors of consecutive traces, ``batch_size`` at a time."""
+        n = len(self.traces)
+        for start in range(0, n, batch_size):
+            yield torch.arange(start, min(start + batch_size, n), device=self.device)
+
+    def metric_sum(self, out: Tensor, index: Tensor) -> Tensor:
+        """The metric summed over the target positions of the traces at ``index``.
+
+        Args:
+            out: ``[len(index), pos, d_output]`` outputs of a masked forward.
+            index: The traces ``out`` is of.
+        """
+        mask = self.positions[index]
+        pred, ref = out[mask], self.reference[index][mask]
+        io = self.model.cfg.io
+        if self.metric == "loss":
+            return divergence(pred, ref, io).sum()
+        base = self.fully_ablated[index][mask]
+        if io == "tokens":  # logits are defined up to a constant: centre them
+            pred, ref, base = (t - t.mean(-1, keepdim=True) for t in (pred, ref, base))
+        return ((ref - pred) * (ref - base)).sum()
+
+    def truncated(self) -> Objective:
+        """The same objective on the positions up to the last target one, where that is exact.
+
+        A causal model's outputs up to position ``p`` do not depend on later inputs, so
+        they can be dropped (not in a windowed graph, whose windows cover the whole trace).
+        """
+        causal = getattr(self.model.cfg, "causal", True)
+        last = int(self.positions.any(0).nonzero().max()) + 1
+        if not causal or self.graph.windows or last == self.traces.n_pos:
+            return self
+
+        def cut(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[:, :last]
+
+        tr = self.traces
+        traces = Traces(cut(tr.inputs), cut(tr.corrupted), cut(tr.truth), cut(tr.observed),
+                        tr.query_position, tr.seg_len, None)  # fmt: skip
+        return replace(
+            self, traces=traces, positions=cut(self.positions), reference=cut(self.reference),
+            ablated=self.ablated[:, :, :last], fully_ablated=cut(self.fully_ablated),
+        )  # fmt: skip
+
+
+def writer_kind_mask(graph: EdgeGraph, kind: str) -> Tensor:
+    """``[n_edges]`` bool: edges whose writer is of ``kind`` (``embed``, ...)."""
+    kinds = {w.name: w.kind for w in graph.writers}
+    return torch.tensor([kinds[w] == kind for w, _ in graph.edges], dtype=torch.bool)
+
+
+@torch.no_grad()
+def build_objective(
+    model: nn.Module,
+    traces: Traces,
+    target: Target,
+    ablation: str = "interchange",
+    metric: str = "loss",
+    graph: EdgeGraph | None = None,
+    mean_reference: Tensor | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> Objective:
+    """The :class:`Objective` of ``model`` on ``traces`` (the model must be frozen, in eval mode).
+
+    Args:
+        model: A mechlab model.
+        traces: Traces to score on (on any device; moved to the model's).
+        target: ``"k-after"``, ``"all"`` or a callable.
+        ablation: ``interchange``, ``mean`` or ``zero``.
+        metric: ``loss`` or ``projection``.
+        graph: The edge graph (default: :func:`~mechlab.prune.graph.pruning_graph`).
+        mean_reference: Inputs of a ``mean`` ablation (default ``traces.inputs``).
+        batch_size: Traces per pass.
+    """
+    device = next(model.parameters()).device
+    traces = traces.to(device)
+    graph = pruning_graph(model, traces.windows) if graph is None else graph
+    positions = target_mask(target, traces)
+    reference = mean_reference.to(device) if mean_reference is not None else None
+    ablated = make_ablation(model, ablation, traces, reference=reference, graph=graph)
+    full = predict_in_chunks(model, traces.inputs, batch_size)
+    zeros = torch.zeros(graph.n_edges, device=device)
+    empty = torch.cat([
+        masked_forward(model, graph, traces.inputs[i], select_traces(ablated, i), zeros)
+        for i in (torch.arange(s, min(s + batch_size, len(traces)), device=device)
+                  for s in range(0, len(traces), batch_size))
+    ])  # fmt: skip
+    scored = scored_positions(target, traces) if graph.windows else None
+    countable = countable_edges(graph, ablation, scored)
+    return Objective(model, graph, traces, positions, full, ablated, ablation, metric,
+                     countable, empty)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Metric values and gradients
+# ---------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def metric_value(obj: Objective, z: Tensor, batch_size: int = DEFAULT_BATCH_SIZE) -> float:
+    """``m(z)``: the metric of the masked forward with edge masks ``z`` (mean over targets)."""
+    z = z.to(obj.device, obj.reference.dtype)
+    total = 0.0
+    for index in obj.chunks(batch_size):
+        out = masked_forward(obj.model, obj.graph, obj.traces.inputs[index],
+                             select_traces(obj.ablated, index), z)  # fmt: skip
+        total += float(obj.metric_sum(out, index).double())
+    return total / obj.n_positions
+
+
+def exact_loop_scores(
+    obj: Objective, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False
+) -> Tensor:
+    """Exact single-edge effects, one masked forward per countable edge (any family)."""
+    base = metric_value(obj, torch.ones(obj.graph.n_edges), batch_size)
+    scores = torch.zeros(obj.graph.n_edges, dtype=torch.float64)
+    for k in tqdm(obj.countable.nonzero().flatten().tolist(), disable=not progress,
+                  desc="exact", unit="edge"):  # fmt: skip
+        z = torch.ones(obj.graph.n_edges)
+        z[k] = 0.0
+        scores[k] = metric_value(obj, z, batch_size) - base
+    return scores

@@ -1,0 +1,89 @@
+"""`mechlab prune --share`: joint pruning of a checkpoint's targets from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mechlab.cli import main
+from mechlab.prune import Circuit
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_joint_prune_writes_the_sweep_and_its_circuits(tiny_lds_checkpoint, tmp_path, capsys):
+    out = tmp_path / "c"
+    code = main(["prune", "--ckpt", str(tiny_lds_checkpoint), "--target", "1-after", "--target",
+                 "2-after", "--share", "0", "--share", "tied", "--steps", "5", "--traces", "8",
+                 "--test-traces", "8", "--no-progress", "--out", str(out), "--threads", "1"])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "cost = faithfulness at share 0 minus at this share" in printed
+    table = json.loads((out / "joint" / "joint.json").read_text())
+    assert table["targets"] == ["1-after", "2-after"]
+    assert [r["share"] for r in table["rows"]] == [0.0, "tied"]
+    tied = {t: Circuit.from_json(out / "joint" / "share-tied" / f"{t}_seed0.json")
+            for t in ("1-after", "2-after")}  # fmt: skip
+    assert set(tied["1-after"].edges) == set(tied["2-after"].edges)  # one circuit for both
+    for t, circuit in tied.items():
+        meta = circuit.metadata
+        assert meta["joint"] and meta["share"] == "tied" and meta["checkpoint"] == str(tiny_lds_checkpoint)
+        row = table["rows"][1][t]
+        assert row["faithfulness"] == pytest.approx(meta["metrics"]["faithfulness"])
+    assert (out / "joint" / "share-0" / "1-after_seed0.html").is_file()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--share", "1"], "give two or more --target"),
+        (["--target", "2-after", "--share", "much"], "--share must be a number >= 0 or tied"),
+        (["--target", "2-after", "--share", "-1"], "share must be >= 0"),
+        (["--target", "2-after", "--share", "1", "--recipe", "study"], "joint pruning masks edges only"),
+        (["--target", "1-after", "--share", "1"], "distinct"),
+    ],
+)
+def test_bad_joint_input_is_one_line_exit_2(tiny_lds_checkpoint, tmp_path, capsys, extra, message):
+    code = main(["prune", "--ckpt", str(tiny_lds_checkpoint), "--target", "1-after", *extra,
+                 "--steps", "1", "--out", str(tmp_path / "c")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "c").exists()  # refused before any work
+
+
+def test_an_interrupted_joint_sweep_resumes_from_the_circuits_written(tiny_lds_checkpoint, tmp_path,
+                                                                       monkeypatch, capsys):  # fmt: skip
+    import mechlab.prune.joint as joint
+
+    args = ["prune", "--ckpt", str(tiny_lds_checkpoint), "--target", "1-after", "--target", "2-after",
+            "--share", "0", "--share", "tied", "--steps", "5", "--traces", "8", "--test-traces", "8",
+            "--no-progress", "--out", str(tmp_path / "c"), "--threads", "1"]  # fmt: skip
+    real = joint.joint_prune
+    calls = []
+
+    def interrupted(*a, **k):  # the second (share, seed) never finishes
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(k["share"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(joint, "joint_prune", interrupted)
+    assert main(args) != 0
+    assert (tmp_path / "c" / "joint" / "share-0" / "1-after_seed0.json").is_file()  # kept
+    assert not (tmp_path / "c" / "joint" / "joint.json").exists()
+
+    def counted(*a, **k):
+        calls.append(k["share"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(joint, "joint_prune", counted)
+    assert main(args) == 0
+    assert calls == [0.0, float("inf")]  # only the unfinished share ran again
+    first = json.loads((tmp_path / "c" / "joint" / "joint.json").read_text())
+    assert main(args) == 0 and calls == [0.0, float("inf")]  # all done: nothing runs
+    assert json.loads((tmp_path / "c" / "joint" / "joint.json").read_text()) == first
+    assert main([*args[:-4], "--steps", "6", *args[-4:]]) == 0  # other settings: pruned again
+    assert calls[2:] == [0.0, float("inf")]
+    capsys.readouterr()

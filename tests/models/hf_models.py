@@ -1,0 +1,51 @@
+"""Small random Hugging Face models of every architecture mechlab imports (shared by tests)."""
+
+from __future__ import annotations
+
+import torch
+import transformers as T
+
+V = 61  # vocabulary
+N_POS = 24
+_IDS = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None}
+_LLAMA = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "max_position_embeddings": N_POS, **_IDS}  # fmt: skip
+
+CONFIGS = {
+    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(
+        vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=N_POS, **_IDS)),
+    "gpt2-untied": lambda: T.GPT2LMHeadModel(T.GPT2Config(
+        vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=N_POS, n_inner=40,
+        activation_function="gelu", tie_word_embeddings=False, **_IDS)),
+    # Pythia's layout: rotary on a quarter of each head, parallel residual, untied
+    "neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=N_POS, **_IDS)),
+    "neox-sequential": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=N_POS, use_parallel_residual=False,
+        rotary_pct=1.0, **_IDS)),
+    "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**_LLAMA, num_key_value_heads=2)),
+    "llama-biases-tied": lambda: T.LlamaForCausalLM(T.LlamaConfig(
+        **_LLAMA, num_key_value_heads=1, attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**_LLAMA, num_key_value_heads=2)),
+    "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(
+        **_LLAMA, num_key_value_heads=2, sliding_window=16, head_dim=6)),
+    "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(
+        vocab_size=V, hidden_size=16, num_hidden_layers=2, state_size=4, **_IDS)),
+}
+
+
+def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
+    """A random ``name`` model in eval mode, every weight (biases, norms) perturbed so none
+    is 0 or 1 by construction."""
+    torch.manual_seed(seed)
+    model = CONFIGS[name]().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def tokens(n: int = 3, n_pos: int = 12, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (n, n_pos), generator=torch.Generator().manual_seed(seed))

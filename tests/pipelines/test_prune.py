@@ -1,0 +1,145 @@
+"""mechlab.pipelines: pruning a checkpoint on its own task's traces."""
+
+import pytest
+import torch
+
+from mechlab.checkpoint import save_checkpoint
+from mechlab.cli import main
+from mechlab.models import build_model
+from mechlab.pipelines import prune_checkpoint
+from mechlab.prune import Circuit
+
+torch.set_num_threads(1)
+
+TASK_CFG = {"d_state": 3, "n_pairs": 6, "n_ctx": 40, "n_train_systems": 50, "n_test_systems": 20,
+            "max_systems": 4}  # fmt: skip
+
+
+@pytest.fixture
+def lds_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(
+        "transformer", d_model=16, n_layers=2, n_heads=2, d_in=2 * 6 + 2 + 3, d_out=3, n_ctx=40
+    )
+    path = tmp_path / "lds.pt"
+    save_checkpoint(model, path, task="lds", task_cfg=TASK_CFG,
+                    train_cfg={"eval_haystack": 3, "eval_seg_len": 5})  # fmt: skip
+    bare = tmp_path / "bare.pt"
+    save_checkpoint(model, bare)
+    return path, bare
+
+
+def test_prune_checkpoint_builds_nih_data(lds_checkpoint):
+    path, _ = lds_checkpoint
+    circuit = prune_checkpoint(path, "2-after", 0.9, n_train=16, n_test=16, steps=3, progress=False)
+    meta = circuit.metadata
+    assert len(meta["checkpoint_sha256"]) == 64
+    assert meta["target"] == "2-after"
+    assert meta["data"]["n_haystack"] == 3 and meta["data"]["seg_len"] == 5
+    assert meta["data"]["corruption"] == "misdirect_incorrect"
+    assert meta["metrics"]["n_positions"] == 16
+
+
+def test_prune_checkpoint_errors(lds_checkpoint):
+    path, bare = lds_checkpoint
+    with pytest.raises(ValueError, match="task metadata"):
+        prune_checkpoint(bare, "1-after", 0.9, steps=1, progress=False)
+    with pytest.raises(ValueError, match="unknown target"):
+        prune_checkpoint(path, "first", 0.9, steps=1, progress=False)
+    with pytest.raises(ValueError, match="k must be"):
+        prune_checkpoint(path, "6-after", 0.9, steps=1, progress=False)  # seg_len is 5
+    with pytest.raises(ValueError, match="sparsity"):
+        prune_checkpoint(path, "1-after", 1.0, steps=1, progress=False)
+
+
+def test_prune_checkpoint_seed_sets_the_data_seed_and_loss_scale_passes(lds_checkpoint):
+    path, _ = lds_checkpoint
+    kw = {"n_train": 8, "n_test": 8, "steps": 2, "progress": False}
+    a = prune_checkpoint(path, "1-after", 0.9, seed=1, loss_scale=1000.0, **kw)
+    assert (a.metadata["seed"], a.metadata["data_seed"]) == (1, 1)
+    assert a.metadata["data"]["data_seed"] == 1 and a.metadata["loss_scale"] == 1000.0
+    b = prune_checkpoint(path, "1-after", 0.9, seed=1, data_seed=5, **kw)
+    assert (b.metadata["seed"], b.metadata["data_seed"]) == (1, 5)
+
+
+def test_prune_checkpoint_refuses_bad_settings_before_loading(lds_checkpoint, tmp_path):
+    missing = tmp_path / "nothing.pt"  # never opened: the arguments are checked first
+    for bad in ({"lr": float("nan")}, {"lambda_lr": 0.0}, {"batch_size": 0}, {"loss_scale": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            prune_checkpoint(missing, "1-after", 0.9, **bad)
+    path, _ = lds_checkpoint
+    with pytest.raises(ValueError, match="keeps no edge"):
+        prune_checkpoint(path, "1-after", 0.999, steps=1, progress=False)
+
+
+def test_cli_checks_every_target_before_pruning(lds_checkpoint, tmp_path, capsys):
+    path, _ = lds_checkpoint
+    out = tmp_path / "circuits"
+    argv = ["prune", "--ckpt", str(path), "--target", "1-after", "--target", "6-after",
+            "--traces", "8", "--test-traces", "8", "--steps", "2", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "6-after" in err and len(err.splitlines()) == 1
+    assert not out.exists() or not any(out.iterdir())  # nothing was pruned
+    assert main([*argv[:5], *argv[7:]]) == 0  # the same with only the good target
+    assert len(list(out.glob("*.json"))) == 1
+
+
+def test_cli_prune_seeds_draw_their_own_traces(lds_checkpoint, tmp_path):
+    path, _ = lds_checkpoint
+    out = tmp_path / "c"
+    argv = ["prune", "--ckpt", str(path), "--seed", "0", "--seed", "1", "--traces", "8",
+            "--test-traces", "8", "--steps", "2", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    seeds = sorted(
+        (c.metadata["seed"], c.metadata["data_seed"]) for c in map(Circuit.from_json, out.glob("*.json"))
+    )
+    assert seeds == [(0, 0), (1, 1)]
+
+
+def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
+    """Two targets x two seeds (and the target check before them): one read of the file
+    (main at 4d72a04 read it 1 + targets x seeds times)."""
+    path, _ = lds_checkpoint
+    loads: list[str] = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(str(f)) or real_load(f, *a, **k))
+    argv = ["prune", "--ckpt", str(path), "--target", "1-after", "--target", "2-after", "--seed", "0",
+            "--seed", "1", "--traces", "8", "--test-traces", "8", "--steps", "2", "--sparsity", "0.9",
+            "--out", str(tmp_path / "c"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert loads == [str(path)]
+    assert len(list((tmp_path / "c").glob("*.json"))) == 4
+
+
+def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engine(lds_checkpoint, monkeypatch):
+    """prune_checkpoint builds the edge graph and checks the sparsity exactly as often as the
+    engine's prune() alone does (main at 4d72a04 did both twice per prune)."""
+    import mechlab.prune.engine as engine
+    from mechlab.checkpoint import load_checkpoint
+    from mechlab.pipelines.data import nih_data
+    from mechlab.prune.graph import EdgeGraph
+
+    path, _ = lds_checkpoint
+    counts = {"graphs": 0, "sparsity checks": 0}
+    real_init, real_check = EdgeGraph.__init__, engine.check_sparsity
+
+    def init(self, *args, **kwargs):
+        counts["graphs"] += 1
+        real_init(self, *args, **kwargs)
+
+    def check(*args, **kwargs):
+        counts["sparsity checks"] += 1
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(EdgeGraph, "__init__", init)
+    monkeypatch.setattr(engine, "check_sparsity", check)
+    kw = {"n_train": 8, "n_test": 8, "steps": 1, "progress": False, "seed": 0}
+    prune_checkpoint(path, "1-after", 0.9, **kw)
+    through_pipeline = dict(counts)
+    counts.update({k: 0 for k in counts})
+    ckpt = load_checkpoint(path)
+    data = nih_data(ckpt, n_train=8, n_test=8)
+    engine.prune(ckpt.model, data, "1-after", 0.9, steps=1, progress=False, seed=0)
+    assert through_pipeline == counts
+    assert counts["sparsity checks"] == 1

@@ -1,0 +1,162 @@
+"""mechlab.pipelines.report / `mechlab report`: the main job in one command, one self-contained page."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from mechlab.cli import main
+from mechlab.pipelines import ReportConfig, make_report
+from mechlab.prune import Circuit, overlap
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+SMALL = {"eval_traces": 16, "prune_traces": 16, "recall_traces": 16, "steps": 4, "n_boot": 50,
+         "n_null": 50}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def written(tiny_lds_checkpoint, tmp_path_factory):
+    """The report of the tiny checkpoint, with every torch.load call it made counted."""
+    out = tmp_path_factory.mktemp("report")
+    lines: list[str] = []
+    loads: list[str] = []
+    real_load = torch.load
+
+    def counted(f, *args, **kwargs):
+        loads.append(str(f))
+        return real_load(f, *args, **kwargs)
+
+    torch.load = counted
+    try:
+        report = make_report(tiny_lds_checkpoint, ReportConfig(**SMALL), progress=False, log=lines.append)
+    finally:
+        torch.load = real_load
+    page = report.write(out)
+    return report, out, page, lines, loads
+
+
+def test_a_report_opens_its_checkpoint_once(written, tiny_lds_checkpoint):
+    # evaluation, 4 prunings, the cross-evaluation and the recall verdicts share one opening
+    # (main at 4d72a04 read the file 9 times)
+    *_, loads = written
+    assert loads == [str(tiny_lds_checkpoint)]
+
+
+def test_every_stage_runs_on_the_device_asked_for(tiny_lds_checkpoint, monkeypatch):
+    """`report --device X`: the evaluation, the prunings and the recall verdicts get X."""
+    import mechlab.pipelines.report as report_module
+
+    seen: dict[str, list] = {"run_suite": [], "prune_checkpoint": [], "recall_checkpoint": []}
+
+    class Stop(Exception):
+        pass
+
+    def spy(name, result=None):
+        def record(*args, **kwargs):
+            seen[name].append(kwargs.get("device"))
+            if result is None:
+                raise Stop
+            return result
+        return record
+
+    monkeypatch.setattr(report_module, "run_suite", spy("run_suite", {"result": {}}))
+    monkeypatch.setattr(report_module, "prune_checkpoint", spy("prune_checkpoint", object()))
+    monkeypatch.setattr(report_module, "recall_checkpoint", spy("recall_checkpoint"))
+    cfg = ReportConfig(**{**SMALL, "targets": ("1-after",), "seeds": (0,)})
+    with pytest.raises(Stop):
+        make_report(tiny_lds_checkpoint, cfg, device="cpu", progress=False)
+    assert seen == {"run_suite": ["cpu", "cpu"], "prune_checkpoint": ["cpu"], "recall_checkpoint": ["cpu"]}
+
+
+def test_the_page_is_self_contained_with_plotly_once_and_every_figure(written):
+    report, out, page, lines, _ = written
+    text = page.read_text()
+    assert page == out / "index.html"
+    # plotly.js embedded exactly once; no script or stylesheet fetched from anywhere
+    assert text.count("* plotly.js v") == 1
+    assert not re.search(r"<script[^>]+src=", text)
+    n_figures = len(report.figures())
+    assert n_figures == 2 + 2 + 1 + 1  # NiH, OOD, one circuit per target, their overlap, recall
+    assert text.count("Plotly.newPlot(") == n_figures
+    for stage in ("evaluation", "pruning 1-after, seed 0", "pruning 2-after, seed 1", "overlap", "recall"):
+        assert any(line.startswith(stage) for line in lines), stage
+
+
+def test_the_json_behind_the_page_is_what_the_page_reports(written):
+    report, out, _, _, _ = written
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    nih = json.loads((out / "eval" / "nih.json").read_text())["result"]["offsets"]
+    assert summary["nih_median"] == {f"{j}-after": v["median"] for j, v in nih.items()}
+    recall = json.loads((out / "recall.json").read_text())["result"]["per_offset"]
+    assert summary["verdict"] == {f"{j}-after": v["verdict"] for j, v in recall.items()}
+    files = {t: [Circuit.from_json(out / "circuits" / f"{t}_seed{s}.json") for s in (0, 1)]
+             for t in ("1-after", "2-after")}  # fmt: skip
+    for target, found in files.items():
+        assert summary["circuits"][target]["edges"] == [len(c.edges) for c in found]
+        assert all(c.metadata["data"]["nih_protocol"] == "study" for c in found)
+    # across-target Jaccard: the mean over every (seed, seed) pair, computed independently
+    pairs = [overlap(a, b).jaccard for a in files["1-after"] for b in files["2-after"]]
+    assert summary["overlap"]["1-after vs 2-after"]["jaccard"] == pytest.approx(sum(pairs) / 4)
+    saved = json.loads((out / "overlap.json").read_text())
+    assert saved["excluded_writers"] == ["pos"]
+    assert len(saved["cross_evaluation"]) == 4 * 2  # every circuit on both targets
+
+
+def test_cli_report_runs_and_bad_input_creates_nothing(tiny_lds_checkpoint, tmp_path, capsys):
+    out = tmp_path / "r"
+    args = ["report", "--ckpt", str(tiny_lds_checkpoint), "--eval-traces", "8", "--prune-traces", "8",
+            "--recall-traces", "8", "--steps", "2", "--seed", "0", "--no-components", "--no-progress"]
+    assert main([*args, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert (out / "index.html").is_file() and "report:" in captured.out
+    assert "torch threads:" in captured.err
+    for bad, message in [
+        (["--target", "bogus"], "unknown target"),
+        (["--recipe", "paper"], "unknown recipe"),
+        (["--ckpt", str(tmp_path / "missing.pt")], "not found"),
+    ]:
+        fresh = tmp_path / f"bad{len(message)}"
+        assert main([*args, *bad, "--out", str(fresh)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+        assert not fresh.exists()  # nothing is created before the inputs are checked
+    assert main([*args, "--out", ""]) == 2
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"targets": ()}, "at least one target"),
+        ({"seeds": ()}, "at least one seed"),
+        ({"seeds": (0, 0)}, "must not repeat"),
+        ({"eval_traces": 0}, "eval_traces must be a positive integer"),
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"recipe": "paper"}, "unknown recipe"),
+    ],
+)
+def test_report_config_refuses_bad_settings(bad, message):
+    with pytest.raises(ValueError, match=message):
+        ReportConfig(**bad)
+
+
+def test_cross_evaluation_rebuilds_the_circuits_own_traces(tiny_lds_checkpoint, monkeypatch):
+    """The report's cross-evaluation runs on the held-out traces the circuit records
+    (haystack, segment length, corruption), as `mechlab overlap --ckpt` does, not on the
+    run's defaults (which main at 4d72a04 used)."""
+    import mechlab.prune.stats as stats
+    from mechlab.pipelines import open_checkpoint, prune_checkpoint
+    from mechlab.pipelines.report import _overlap
+
+    ckpt = open_checkpoint(tiny_lds_checkpoint)
+    kw = {"n_train": 8, "n_test": 8, "steps": 1, "progress": False, "seg_len": 3, "corruption": "shuffle"}
+    circuits = {t: [prune_checkpoint(ckpt, t, 0.9, seed=0, **kw)] for t in ("1-after", "2-after")}
+    seen = []
+    monkeypatch.setattr(stats, "cross_evaluate", lambda model, data, flat: seen.append(data.info) or [])
+    _overlap(ckpt, circuits, ReportConfig(**SMALL))
+    info = seen[0]
+    assert (info["n_haystack"], info["seg_len"], info["corruption"]) == (2, 3, "shuffle")
+    assert (info["n_train"], info["n_test"], info["data_seed"]) == (8, 8, 0)

@@ -1,0 +1,31 @@
+"""The planted models of test_planted and test_planted_hard as cases of the methods table.
+
+``examples/bench_methods.py --planted tests.prune.planted_cases:cases`` (the default);
+a richer generator plugs in the same way: any ``module:function`` whose function takes
+the seeds and returns :class:`mechlab.bench.methods.PlantedCase` items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mechlab.bench.methods import PlantedCase
+from tests.prune.test_planted import PLANTED, planted_data
+from tests.prune.test_planted_hard import weak
+
+
+def cases(seeds: Sequence[int] = (0, 1)) -> list[PlantedCase]:
+    """Every planted model of test_planted, and the two weak (x0.03) ones, once per seed."""
+    out = []
+    makers = {
+        **PLANTED,
+        "weak value-61": lambda: weak("value-61"),
+        "weak qk-61": lambda: weak("qk-61"),
+    }
+    for name, make in makers.items():
+        model, truth = make()
+        for seed in seeds:
+            out.append(
+                PlantedCase(f"{name} seed {seed}", model, set(truth), planted_data(seed), seed=seed)
+            )
+    return out

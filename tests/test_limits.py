@@ -1,0 +1,61 @@
+"""mechlab.limits: planned allocations are multiplied out in Python and refused above the
+limit with one line naming the counts and what to lower, before anything is allocated."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mechlab import limits
+from mechlab.models import registry
+
+
+def test_the_limit_and_its_environment_variable(monkeypatch):
+    monkeypatch.delenv(limits.MAX_ELEMENTS_ENV, raising=False)
+    assert limits.max_elements() == limits.MAX_ELEMENTS == 2**31
+    monkeypatch.setenv(limits.MAX_ELEMENTS_ENV, "4e9")
+    assert limits.max_elements() == 4_000_000_000
+    for bad in ("lots", "0", "-5", "inf", "nan"):
+        monkeypatch.setenv(limits.MAX_ELEMENTS_ENV, bad)
+        with pytest.raises(ValueError, match="is not a positive number of elements"):
+            limits.max_elements()
+
+
+def test_the_registry_keeps_its_names_for_the_limit():
+    assert registry.MAX_ELEMENTS == limits.MAX_ELEMENTS
+    assert registry.MAX_ELEMENTS_ENV == limits.MAX_ELEMENTS_ENV
+    assert registry.max_elements is limits.max_elements
+
+
+def test_a_product_of_huge_counts_is_refused_at_once_naming_what_to_lower():
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as err:
+        limits.check_elements("the traces", {"traces": 10**12, "positions": 72, "width": 57})
+    assert time.perf_counter() - start < 0.01
+    message = str(err.value)
+    assert "\n" not in message
+    assert "traces 1e+12 x positions 72 x width 57 = 4.1e+15 elements" in message
+    assert "lower traces" in message and "MECHLAB_MAX_ELEMENTS=4104000000000000" in message
+
+
+def test_what_to_lower_and_the_limit_can_be_given():
+    assert limits.check_elements("x", {"a": 10, "b": 10}, limit=100) == 100
+    with pytest.raises(ValueError, match=r"lower the batch size,"):
+        limits.check_elements("x", {"a": 11, "b": 10}, limit=100, lower="the batch size")
+
+
+@pytest.mark.parametrize("value", [1.5, "7", True, None, -1])
+def test_a_factor_that_is_not_a_count_is_refused(value):
+    with pytest.raises(ValueError, match="traces must be"):
+        limits.check_elements("x", {"traces": value})
+
+
+def test_count_takes_numpy_integers_and_refuses_floats():
+    import numpy as np
+
+    assert limits.count("n", np.int64(5)) == 5
+    with pytest.raises(ValueError, match="n must be an integer, got 5.0"):
+        limits.count("n", 5.0)
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        limits.count("n", 0, minimum=1)
