@@ -8,7 +8,15 @@ recall scores per checkpoint (``recall/recall_dynamics.json``, from ``mechlab re
 
 Run from the repository root::
 
-    python examples/underspecification/analyze.py [RUNS_DIR]   # default: examples/underspecification/runs
+    # the committed evidence (examples/underspecification/logs/: each run's config.yaml,
+    # metrics.jsonl and recall/recall_dynamics.json, no checkpoints)
+    python examples/underspecification/analyze.py
+    # after training (train_runs.sh) and scoring (mechlab recall --checkpoints RUN) under
+    # runs/underspec: copy those three files of every run into logs/, then analyse logs/
+    python examples/underspecification/analyze.py runs/underspec --collect
+
+A run that has not reached its configured ``steps`` is marked ``partial`` in the summary;
+an onset of ``null`` means "not by ``examples_run``".
 
 Onsets, in examples seen (steps x 64), each the first evaluation at or past the threshold:
 
@@ -30,6 +38,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 FIGURES = HERE.parent / "figures"
+LOGS = HERE / "logs"
+EVIDENCE = ("config.yaml", "metrics.jsonl", "recall/recall_dynamics.json")
 
 
 def first_at(xs: list[float], ys: list[float], test) -> float | None:
@@ -39,9 +49,18 @@ def first_at(xs: list[float], ys: list[float], test) -> float | None:
 
 def read_run(run: Path) -> dict[str, Any]:
     """One run's curves: the training log's NiH medians and the recall scores per checkpoint."""
-    evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval" in r]
+    evals = [
+        r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval" in r
+    ]
+    import yaml
+
+    cfg = (
+        yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").exists() else {}
+    )
     out: dict[str, Any] = {
         "run": run.name,
+        "steps_planned": cfg.get("steps"),
+        "steps_logged": evals[-1]["step"] if evals else 0,
         "w": float(re.search(r"w([0-9.]+)-", run.name).group(1)),
         "seed": int(re.search(r"seed([0-9]+)", run.name).group(1)),
         "log_examples": [r["examples"] for r in evals],
@@ -61,7 +80,10 @@ def read_run(run: Path) -> dict[str, Any]:
 def onsets(r: dict[str, Any]) -> dict[str, Any]:
     """The onset examples and transition widths of one run (see the module docstring)."""
     x, e1 = r["log_examples"], r["nih1"]
-    o: dict[str, Any] = {"run": r["run"], "w": r["w"], "seed": r["seed"], "examples_run": x[-1] if x else 0,
+    partial = r["steps_planned"] is None or r["steps_logged"] < r["steps_planned"]
+    o: dict[str, Any] = {"run": r["run"], "w": r["w"], "seed": r["seed"], "partial": partial,
+                         "steps_logged": r["steps_logged"], "steps_planned": r["steps_planned"],
+                         "examples_run": x[-1] if x else 0,
                          "nih1_below_0.3": first_at(x, e1, lambda v: v <= 0.3),
                          "nih1_below_0.2": first_at(x, e1, lambda v: v <= 0.2),
                          "nih1_below_0.1": first_at(x, e1, lambda v: v <= 0.1),
@@ -116,9 +138,25 @@ def figure(runs: list[dict[str, Any]]):
     fig.update_yaxes(title_text="fraction", row=2, col=1)
     fig.update_yaxes(title_text="E_label", row=3, col=1)
     fig.update_xaxes(title_text="examples seen (steps x 64)", row=3, col=1)
+    partial = [f"w = {r['w']:g} seed {r['seed']} ({r['steps_logged']}/{r['steps_planned']} steps)"
+               for r in runs if r["steps_planned"] is None or r["steps_logged"] < r["steps_planned"]]  # fmt: skip
+    note = f"<br><sup>partial runs: {', '.join(partial)}</sup>" if partial else ""
     fig.update_layout(height=1000, template="plotly_white",
-                      title="recall-cpu with the 1-after loss weighted by w: when does label-based recall appear?")  # fmt: skip
+                      title="recall-cpu with the 1-after loss weighted by w: when does label-based recall appear?"
+                            + note)  # fmt: skip
     return fig
+
+
+def collect(runs_dir: Path, logs: Path = LOGS) -> list[Path]:
+    """Copy each run's small evidence files (:data:`EVIDENCE`) into ``logs/<run>/``."""
+    from mechlab.io import atomic_write_text
+
+    copied = []
+    for run in sorted(runs_dir.glob("w*-seed*")):
+        for name in EVIDENCE:
+            if (run / name).exists():
+                copied.append(atomic_write_text(logs / run.name / name, (run / name).read_text()))
+    return copied
 
 
 def main(runs_dir: Path) -> dict[str, Any]:
@@ -126,10 +164,17 @@ def main(runs_dir: Path) -> dict[str, Any]:
 
     from mechlab.io import atomic_write_text
 
-    runs = [read_run(p) for p in sorted(runs_dir.glob("w*-seed*")) if (p / "metrics.jsonl").exists()]
+    runs = [
+        read_run(p) for p in sorted(runs_dir.glob("w*-seed*")) if (p / "metrics.jsonl").exists()
+    ]
     runs.sort(key=lambda r: (r["w"], r["seed"]))
     table = [onsets(r) for r in runs]
-    summary = {"runs_dir": str(runs_dir), "onsets": table}
+    root = HERE.parent.parent
+    where = runs_dir.resolve()
+    summary = {
+        "runs_dir": str(where.relative_to(root) if where.is_relative_to(root) else where),
+        "onsets": table,
+    }
     atomic_write_text(HERE / "summary.json", json.dumps(summary, indent=1) + "\n")
     FIGURES.mkdir(parents=True, exist_ok=True)
     js = FIGURES / "plotly.min.js"
@@ -137,7 +182,9 @@ def main(runs_dir: Path) -> dict[str, Any]:
         import plotly
 
         shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", js)
-    html = figure(runs).to_html(include_plotlyjs="directory", full_html=True)
+    html = figure(runs).to_html(
+        include_plotlyjs="directory", full_html=True, div_id="underspec-recall"
+    )
     atomic_write_text(FIGURES / "underspec-recall.html", html)
     for o in table:
         print(json.dumps(o))
@@ -145,4 +192,13 @@ def main(runs_dir: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "runs")
+    args = [a for a in sys.argv[1:] if a != "--collect"]
+    source = Path(args[0]) if args else LOGS
+    if "--collect" in sys.argv[1:]:
+        if source.resolve() == LOGS.resolve():
+            sys.exit(
+                "analyze.py: --collect copies from a runs directory into logs/; name it (runs/underspec)"
+            )
+        collect(source)
+        source = LOGS
+    main(source)
