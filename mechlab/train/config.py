@@ -104,7 +104,7 @@ class TrainConfig:
     early_stop_loss: StrictFloat = 0.0
     prefetch: StrictInt = -1
     checkpoint_every: StrictInt = 0
-    target_weights: dict[str, float] = field(default_factory=dict)
+    target_weights: dict[str, StrictFloat] = field(default_factory=dict)
     target_weight_norm: StrictStr = "none"
 
     def __post_init__(self) -> None:

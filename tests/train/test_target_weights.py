@@ -134,7 +134,7 @@ def test_overrides_reach_into_target_weights():
         (["target_weights.1-after=-2"], "must be a finite number > 0"),
         (["target_weights.1-after=.nan"], "must be a finite number > 0"),
         (["target_weights.1-after=.inf"], "must be a finite number > 0"),
-        (["target_weights.1-after=yes"], "must be a finite number > 0"),
+        (["target_weights.1-after=yes"], "must be a number, got True"),  # YAML 1.1: yes is a bool
         (["target_weights.0-after=4"], "unknown target '0-after'"),
         (["target_weights.label=4"], "unknown target 'label'"),
         (["target_weights.62-after=4"], "no training target is 62-after"),
