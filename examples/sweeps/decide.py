@@ -111,34 +111,17 @@ def replay_all(folder: Path):
     """Every search of ``folder``'s sweep replayed from its store (partial searches ``open``,
     their brackets tightened by :func:`store_bracket`), with kappa and OOD; the same as
     ``summarize.py`` but without its CDN figures."""
-    from mechlab.sweep.kappa import kappa, ood_summary
-    from mechlab.sweep.runner import SweepResult
-    from mechlab.sweep.spec import JOINT, SweepSpec
-    from mechlab.sweep.store import TrialStore, trial_key
+    from mechlab.sweep.spec import SweepSpec
+    from mechlab.sweep.store import TrialStore
 
-    replay = _load_summarize().replay
+    module = _load_summarize()
     spec = SweepSpec.from_yaml(folder / "sweep.yaml")
     store = TrialStore(folder / "trials")
     used: dict[str, None] = {}
     ns = stored_ns(folder)
-    searches = {key: store_bracket(spec, store, key, replay(spec, store, key, used), ns, used)
+    searches = {key: store_bracket(spec, store, key, module.replay(spec, store, key, used), ns, used)
                 for key in spec.search_keys()}  # fmt: skip
-    result = SweepResult(spec=spec, searches=searches)
-    for key in spec.main_keys():
-        if spec.kappa and key.lengths in JOINT:
-            per_length = {k.L: searches[k] for k in spec.kappa_keys(key)}
-            value = kappa(per_length, searches[key], key.L)
-            if any(r.status == "open" for r in [*per_length.values(), searches[key]]):
-                value = replace(value, bound=f"open-{value.bound}")
-            result.kappas[key] = value
-        ood_specs = spec.trial_specs(key, spec.ood_n_for(key))
-        ood_trials = [store.get(s) for s in ood_specs]
-        for s, r in zip(ood_specs, ood_trials, strict=True):
-            if r is not None:
-                used[trial_key(s)] = None
-        result.ood[key] = ood_summary([r for r in ood_trials if r is not None])
-    result.trials = [store.get_key(k) for k in used]
-    return spec, store, result
+    return spec, store, module.assemble(spec, store, searches, used)
 
 
 def _write_figure(fig, name: str) -> Path:
