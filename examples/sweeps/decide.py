@@ -226,13 +226,15 @@ def kappa_ood_figure(summary: dict[str, Any]):
     colours = {"st_transformer_small": "#1f77b4", "st_lstm_small": "#d62728", "st_dense_ssm_small": "#2ca02c",
                "st_mamba_small": "#9467bd"}  # fmt: skip
     marks = {"lower": ">=", "upper": "<=", "exact": ""}
-    for p in summary["points"]:
+    for i, p in enumerate(summary["points"]):
         task = "S5" if p["group"] == "s5" else f"Z{p['m']}"
         high = p["kappa_high"] if p["kappa_high"] is not None else p["kappa"] * 10
         fig.add_trace(go.Scatter(
             x=[p["kappa"]], y=[p["ood_token_acc"]], mode="markers+text",
-            text=[f"{marks.get(p['kappa_bound'], '')}{p['kappa']:.2f}"], textposition="top center",
-            name=f"{p['model'].replace('st_', '').replace('_small', '')} {p['format']} {task} L={p['L']}",
+            text=[f"{marks.get(p['kappa_bound'], '')}{p['kappa']:.2f}" if p.get("in_rank", True) else "open"],
+            textposition="top center" if i % 2 == 0 else "bottom center",  # neighbours' labels apart
+            name=f"{p['model'].replace('st_', '').replace('_small', '')} {p['format']} {task} L={p['L']}"
+                 f" ({p['sweep']})" + ("" if p.get("in_rank", True) else ", open"),
             marker={"symbol": symbols.get(p["format"], "circle"), "size": 13,
                     "color": colours.get(p["model"], "grey"), "opacity": 1.0 if p.get("in_rank", True) else 0.35,
                     "line": {"width": 1, "color": "black"}},
