@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +46,7 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
     if Path(out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must be an .html file, got {str(out)!r}")
     loaded = load_circuits(paths)
-    names = list(labels) or [f"{c.metadata.get('target', Path(p).stem)} (seed {c.metadata.get('seed', '?')})"
+    names = list(labels) or [f"{_group(c, Path(p).stem)} (seed {c.metadata.get('seed', '?')})"
                              for c, p in zip(loaded, paths, strict=True)]  # fmt: skip
     sections: list[tuple[str, Any]] = []
     if len(loaded) >= 2:
@@ -53,6 +54,20 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
     sections += [(name, circuit_figure(c)) for name, c in zip(names, loaded, strict=True)]
     title = "Circuit" if len(loaded) == 1 else f"{len(loaded)} circuits"
     return outputs.write_text(out, page_html(title, sections))
+
+
+def _group(circuit: Circuit, default: str = "?") -> str:
+    """A circuit's group: its target, and its method when that is not edge pruning
+    (``1-after``, ``1-after eap-ig``): circuits of one group are seeds of one search."""
+    meta = circuit.metadata
+    method = meta.get("method", "prune")
+    return str(meta.get("target", default)) + ("" if method == "prune" else f" {method}")
+
+
+def _by_group(circuits: list[Circuit]) -> list[Circuit]:
+    """The circuits with ``metadata["target"]`` replaced by their group (:func:`_group`), for
+    the statistics that group circuits by target; the originals are left as they are."""
+    return [dataclasses.replace(c, metadata={**c.metadata, "target": _group(c)}) for c in circuits]
 
 
 def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sha: str | None,
@@ -131,11 +146,11 @@ def overlap_circuits(
                 pairs.append({"a": str(paths[i]), "b": str(paths[j]), **o.to_dict()})
         by_target: dict[str, list[Circuit]] = {}
         for c in loaded:
-            by_target.setdefault(str(c.metadata.get("target", "?")), []).append(c)
+            by_target.setdefault(_group(c), []).append(c)
         multi = {t: g for t, g in by_target.items() if len(g) >= 2}
         stability = seed_stability(multi) if multi else None
         edges = [e for e in graph_edges(loaded[0]) if e[0] not in set(exclude_writers)]
-        report = overlap_report(loaded, edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed)
+        report = overlap_report(_by_group(loaded), edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed)
     result: dict[str, Any] = {"circuits": [str(p) for p in paths], "pairs": pairs, **report,
                               "excluded_writers": list(exclude_writers)}  # fmt: skip
     if opened is not None:
