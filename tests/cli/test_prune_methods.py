@@ -173,3 +173,15 @@ def test_nan_scores_are_one_line_exit_2_and_write_nothing(nan_checkpoint, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and ("NaN" in err[0] or "nan" in err[0]), err
     assert not out.exists()
+
+
+def test_a_method_on_a_model_folder(gpt2_folder, ioi_file, tmp_path, capsys):
+    """--model FOLDER --pairs: exact ablation on an imported GPT-2's IOI pairs."""
+    out = tmp_path / "c"
+    code = main(["prune", "--model", str(gpt2_folder), "--pairs", str(ioi_file), "--method", "exact",
+                 "--edges", "10", "--no-progress", "--out", str(out), "--threads", "1"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    circuit = Circuit.from_json(out / "ioi_exact_seed0.json")
+    meta = circuit.metadata
+    assert meta["method"] == "exact" and meta["model_kind"] == "hf-folder" and 0 < circuit.n_edges <= 10
+    assert "logit_diff_full" in meta["metrics"] and meta["metrics"]["divergence"] == "kl"
