@@ -29,3 +29,21 @@ def ioi_file(gpt2_folder, tmp_path_factory):
     path = tmp_path_factory.mktemp("pairs") / "ioi.jsonl"
     assert main(["pairs", "ioi", "--tokenizer", str(gpt2_folder), "--out", str(path), "--n", "12"]) == 0
     return path
+
+
+def write_repeat_pairs(path, n: int):
+    """``n`` token-id pairs of the induction task (its default config) whose answer is the
+    repeat's next token (position -2 predicts the last one), written as JSONL at ``path``."""
+    import json
+
+    from mechlab.tasks.induction import InductionConfig, sample_sequences
+
+    cfg = InductionConfig()
+    gen = torch.Generator().manual_seed(0)
+    clean, corrupted = sample_sequences(cfg, n, gen), sample_sequences(cfg, n, gen)
+    lines = []
+    for x, y in zip(clean.tokens.tolist(), corrupted.tokens.tolist(), strict=True):
+        wrong = next(t for t in range(1, cfg.d_vocab) if t not in x)
+        lines.append(json.dumps({"clean": x, "corrupted": y, "answer": x[-1], "wrong": wrong, "position": -2}))
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -92,19 +92,9 @@ def test_methods_run_on_the_bundled_state_tracking_and_induction_checkpoints(fol
 
 def test_a_method_on_prompt_pairs(tmp_path, capsys):
     """--ckpt with --pairs (token ids): EAP-IG on the induction model's logit difference."""
-    import torch
+    from tests.cli.conftest import write_repeat_pairs
 
-    from mechlab.tasks.induction import InductionConfig, sample_sequences
-
-    cfg = InductionConfig()
-    gen = torch.Generator().manual_seed(0)
-    clean, corrupted = sample_sequences(cfg, 8, gen), sample_sequences(cfg, 8, gen)
-    lines = []
-    for x, y in zip(clean.tokens.tolist(), corrupted.tokens.tolist(), strict=True):
-        wrong = next(t for t in range(1, cfg.d_vocab) if t not in x)
-        lines.append(json.dumps({"clean": x, "corrupted": y, "answer": x[-1], "wrong": wrong, "position": -2}))
-    pairs = tmp_path / "repeats.jsonl"
-    pairs.write_text("\n".join(lines) + "\n")
+    pairs = write_repeat_pairs(tmp_path / "repeats.jsonl", 8)
     out = tmp_path / "c"
     code = main(["prune", "--ckpt", str(CHECKPOINTS / "induction-cpu" / "last.pt"), "--pairs", str(pairs),
                  "--method", "eap-ig", "--ig-steps", "4", "--edges", "20", "--no-progress", "--out", str(out)])  # fmt: skip
