@@ -270,7 +270,10 @@ def prune_targets(
         out: Folder of the circuits (default: ``circuits/`` beside the checkpoint).
         recipe: The pruning recipe (:data:`PRUNE_PROTOCOLS`).
         on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written.
-        **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's).
+        **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
+            ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
+            and every target's budget are checked before the first circuit, and the
+            circuits are ``<target>_<method>_seed<k>``.
 
     Returns:
         The :class:`PruneRun`.
