@@ -293,10 +293,9 @@ def prune_targets(
         given.pop("nih")
         check_method(method, given, **chosen)
         _check_budgets(ckpt, list(targets), method, sparsity, recipe=recipe, n_edges=chosen["n_edges"],
-                             acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
-                             length=settings.get("length"), n_haystack=settings.get("n_haystack"),
-                             seg_len=settings.get("seg_len"),
-                             corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
+                       acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
+                       length=settings.get("length"), n_haystack=settings.get("n_haystack"),
+                       seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
     run = PruneRun(Path(out) if out is not None else outputs.beside(source_path(source), "circuits"))
     for name in targets:
         for s in seeds:
