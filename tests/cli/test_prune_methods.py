@@ -74,20 +74,25 @@ def test_method_circuits_are_viewed_and_compared_as_their_own_groups(tiny_lds_ch
 
 
 @pytest.mark.parametrize(
-    "folder, target, method",
-    [("st-transformer-cpu", "final", "eap-ig"), ("st-dense-ssm-cpu", "final", "exact"),
-     ("induction-cpu", "all", "eap")],
+    "folder, target, method, budget",
+    [("st-transformer-cpu", "final", "eap-ig", ["--sparsity", "0.9"]),
+     ("st-dense-ssm-cpu", "final", "exact", ["--sparsity", "0.9"]),
+     ("induction-cpu", "all", "eap", ["--sparsity", "0.9"]),
+     ("recall-lstm-cpu", "2-after", "eap-ig-inputs", ["--edges", "2"])],
 )  # fmt: skip
-def test_methods_run_on_the_bundled_state_tracking_and_induction_checkpoints(folder, target, method, tmp_path,
-                                                                             capsys):  # fmt: skip
+def test_methods_run_on_every_bundled_family_and_task(folder, target, method, budget, tmp_path, capsys):
     ckpt = CHECKPOINTS / folder / "last.pt"
     out = tmp_path / "c"
-    code = _prune(ckpt, out, "--method", method, "--target", target, "--sparsity", "0.9")
+    code = _prune(ckpt, out, "--method", method, "--target", target, *budget)
     assert code == 0, capsys.readouterr().err
     (found,) = out.glob("*.json")
     meta = Circuit.from_json(found).metadata
     assert meta["method"] == method and meta["target"].startswith(target) and f"_{method}_seed0" in found.name
-    assert meta["sparsity_asked"] == 0.9 and 0 < meta["n_edges_kept"] <= meta["n_edges_asked"]
+    assert 0 < meta["n_edges_kept"] <= meta["n_edges_asked"]
+    if budget[0] == "--sparsity":
+        assert meta["sparsity_asked"] == 0.9
+    else:
+        assert meta["n_edges_asked"] == 2 and meta["graph"]["arch"] == "lstm"
 
 
 def test_a_method_on_prompt_pairs(tmp_path, capsys):
