@@ -15,6 +15,7 @@ the method and its settings in the circuit's metadata.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import nn
@@ -26,7 +27,7 @@ from mechlab.prune.graph import pruning_graph
 from mechlab.prune.methods import METHODS, edge_budget, find_circuit
 from mechlab.traces import PruneData, Target, target_positions
 
-__all__ = ["IG_METHODS", "METHODS", "SHARED_SETTINGS", "check_budget", "check_method", "run_method"]
+__all__ = ["IG_METHODS", "METHODS", "SHARED_SETTINGS", "check_budget", "check_finite", "check_method", "run_method"]
 
 IG_METHODS = ("eap-ig", "eap-ig-inputs")
 """The methods that integrate (``ig_steps`` points of the midpoint rule)."""
@@ -166,4 +167,17 @@ def run_method(
         **({"ig_steps": kwargs["steps"]} if method in IG_METHODS else {}),
         **({"acdc_max_edges": acdc_max_edges or ACDC_MAX_EDGES} if method == "acdc" else {}),
     }
+    return circuit
+
+
+def check_finite(circuit: Circuit) -> Circuit:
+    """The circuit, unless edge pruning's masks ended NaN or infinite (a model whose outputs
+    or loss are not finite): then a one-line ValueError, so that nothing is written."""
+    values = list((circuit.log_alpha or {}).values())
+    bad = sum(1 for v in values if not math.isfinite(v))
+    if bad:
+        raise ValueError(
+            f"{bad} of edge pruning's {len(values)} mask logits are NaN or infinite: the model's "
+            "outputs or the loss are not finite; check the model's outputs and the traces"
+        )
     return circuit

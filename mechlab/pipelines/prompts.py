@@ -26,7 +26,7 @@ from typing import Any
 
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import open_checkpoint
-from mechlab.pipelines.methods import check_budget, check_method, run_method
+from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.evaluate import target_outputs
@@ -183,7 +183,7 @@ def prune_prompts(
                 circuit = run_method(model, data, TARGET, method, sparsity, n_edges=n_edges, ig_steps=ig_steps,
                                      acdc_max_edges=acdc_max_edges, seed=s, **prune_kwargs)  # fmt: skip
             else:
-                circuit = prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs)
+                circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
         meta = circuit.metadata
         meta.setdefault("method", "prune")
         meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)

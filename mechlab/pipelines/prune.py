@@ -33,7 +33,7 @@ from mechlab.pipelines.data import (
     sample_data,
     state_tracking_data,
 )
-from mechlab.pipelines.methods import check_budget, check_method, run_method
+from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.joint import (
@@ -200,7 +200,7 @@ def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, metho
         circuit = prune(model, data, target, sparsity, **{k: v for k, v in settings.items()
                                                            if k not in ("ig_steps", "acdc_max_edges")})  # fmt: skip
         circuit.metadata.setdefault("method", "prune")
-        return circuit
+        return check_finite(circuit)
     ablation = settings.get("ablation", "interchange")
     check_budget(model, data, target, method, sparsity, n_edges=n_edges, ablation=ablation,
                  acdc_max_edges=settings.get("acdc_max_edges"), position_aware=settings.get("position_aware"))  # fmt: skip

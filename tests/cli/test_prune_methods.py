@@ -161,10 +161,10 @@ def test_bad_method_input_is_one_line_exit_2_and_writes_nothing(tiny_lds_checkpo
     assert not out.exists()
 
 
-@pytest.mark.parametrize("method", ["eap", "eap-ig", "exact", "acdc"])
+@pytest.mark.parametrize("method", ["eap", "eap-ig", "exact", "acdc", "prune"])
 def test_nan_scores_are_one_line_exit_2_and_write_nothing(nan_checkpoint, tmp_path, capsys, method):
     out = tmp_path / "c"
-    code = _prune(nan_checkpoint, out, "--method", method)
+    code = _prune(nan_checkpoint, out, "--method", method, *(["--steps", "2"] if method == "prune" else []))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and ("NaN" in err[0] or "nan" in err[0]), err
     assert not out.exists()
