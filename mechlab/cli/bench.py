@@ -217,3 +217,87 @@ def bench_ensemble_(
         return [result.table()], {"settings": result.settings}
 
     _recorded("ensemble", settings, device, json_path, force, measure)
+
+
+@bench_app.command("methods")
+def bench_methods_(
+    ctx: typer.Context,
+    ckpt: Path = typer.Option(Path("examples/checkpoints/recall-cpu/last.pt"), help="Checkpoint of the lds task whose targets are scored (its NiH traces)."),
+    targets: str = typer.Option("1-after,2-after", help="Comma-separated targets of the checkpoint."),
+    methods: str = typer.Option("prune,eap,eap-ig,eap-ig-inputs,exact,acdc", help="Comma-separated methods (mechlab prune --method)."),
+    planted: str = typer.Option("tests.prune.planted_cases:cases", help="Planted generator MODULE:FUNCTION (a function of the seeds returning mechlab.bench.methods.PlantedCase items; run from the repository root for the test suite's), or none."),
+    seeds: str = typer.Option("0,1", help="Comma-separated seeds of the planted cases, or none."),
+    tracr_seeds: str = typer.Option("0,1,2", help="Comma-separated seeds of the Tracr cases, or none."),
+    tracr_programs: str = typer.Option("xproportion,hist,reverse,sort_unique", help="Comma-separated Tracr programs (needs the tracr extra)."),
+    sparsity: float = typer.Option(0.95, help="The budget of every method's circuit on the checkpoint, a fraction of the countable edges."),
+    traces: int = typer.Option(256, min=1, help="Training traces (scored or pruned on)."),
+    test_traces: int = typer.Option(512, min=1, help="Held-out traces (every circuit and curve is scored on them)."),
+    prune_steps: int | None = typer.Option(None, min=1, help="Optimiser steps of the prune method (default: prune's)."),
+    threads: int = typer.Option(1, min=1, help="Torch CPU threads."),
+    device: str = typer.Option("cpu"),
+    out: Path | None = typer.Option(None, help="Write the table and its settings as JSON here."),
+    force: bool = typer.Option(False, help="Overwrite --out if it exists."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Circuit-finding methods side by side, the MIB way (the table of docs/pruning.md): CPR/CMD
+    and the circuit at --sparsity on each target, seconds and peak memory, exact recoveries
+    on planted models and Tracr programs."""
+    from mechlab.bench.methods import bench_methods, planted_cases, tracr_cases
+    from mechlab.pipelines import check_method, check_prune_targets, checkpoint_prune_data, outputs
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    target_names = [t.strip() for t in targets.split(",") if t.strip()]
+    if not names or not target_names:
+        raise UsageProblem("--methods and --targets must each name at least one")
+    for m in names:
+        check_method(m, {})
+    if not 0 < sparsity < 1:
+        raise UsageProblem(f"--sparsity must be in (0, 1), got {sparsity}")
+    if out is not None and out.exists() and not force:
+        raise UsageProblem(f"{str(out)!r} exists; pass --force to overwrite it")
+    planted_seeds, tracr_seed_list = _seeds("--seeds", seeds), _seeds("--tracr-seeds", tracr_seeds)
+    use_threads(threads)
+    cases = planted_cases(planted, planted_seeds)
+    programs = [p.strip() for p in tracr_programs.split(",") if p.strip()]
+    tracr = tracr_cases(programs, seeds=tracr_seed_list) if tracr_seed_list and programs else []
+    opened, data = checkpoint_prune_data(ckpt, n_train=traces, n_test=test_traces, device=device)
+    check_prune_targets(opened, target_names)
+    kwargs = {"prune": {"steps": prune_steps}} if prune_steps is not None else None
+    table = bench_methods(opened.model, data, target_names, names,
+                          planted=cases, tracr=tracr, sparsity=sparsity, method_kwargs=kwargs,
+                          progress=progress)  # fmt: skip
+    info = table.info
+    info.update(checkpoint=str(ckpt), checkpoint_sha256=opened.sha256, n_train=traces, n_test=test_traces,
+                command=_command(ctx))  # fmt: skip
+    typer.echo(table.to_markdown())
+    typer.echo(f"\nload average {info['loadavg_start']} -> {info['loadavg_end']}, "
+               f"{info['torch_threads']} thread(s), {info['seconds']:.0f} s")  # fmt: skip
+    for kind, rows in (("planted", table.planted), ("tracr", table.tracr)):
+        for method, rec in rows.items():
+            if rec.misses:
+                typer.echo(f"{kind} {method} missed: {', '.join(rec.misses)}")
+    if out is not None:
+        typer.echo(f"wrote {outputs.write_json(out, table.to_dict(), default=str)}")
+
+
+def _seeds(option: str, text: str) -> list[int]:
+    """Comma-separated seeds (``none``: no seeds)."""
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageProblem(f"{option} {text!r}: not comma-separated integers or none") from None
+
+
+def _command(ctx: typer.Context) -> str:
+    """The command line of the options given (what regenerates the table)."""
+    given = [name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"]
+    parts = ["mechlab", "bench", "methods"]
+    for name in given:
+        value, flag = ctx.params[name], "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else f"--no-{name.replace('_', '-')}")
+        else:
+            parts += [flag, str(value)]
+    return " ".join(parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,20 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
     explorer = circuit_explorer(loaded, list(labels) or None)
     page = explorer.to_html("inline", start=0, compare=1 if len(loaded) >= 2 else None)
     return outputs.write_text(out, page)
+
+
+def _group(circuit: Circuit, default: str = "?") -> str:
+    """A circuit's group: its target, and its method when that is not edge pruning
+    (``1-after``, ``1-after eap-ig``): circuits of one group are seeds of one search."""
+    meta = circuit.metadata
+    method = meta.get("method", "prune")
+    return str(meta.get("target", default)) + ("" if method == "prune" else f" {method}")
+
+
+def _by_group(circuits: list[Circuit]) -> list[Circuit]:
+    """The circuits with ``metadata["target"]`` replaced by their group (:func:`_group`), for
+    the statistics that group circuits by target; the originals are left as they are."""
+    return [dataclasses.replace(c, metadata={**c.metadata, "target": _group(c)}) for c in circuits]
 
 
 def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sha: str | None,
@@ -133,12 +148,12 @@ def overlap_circuits(
                 pairs.append({"a": str(paths[i]), "b": str(paths[j]), **o.to_dict()})
         by_target: dict[str, list[Circuit]] = {}
         for c in loaded:
-            by_target.setdefault(str(c.metadata.get("target", "?")), []).append(c)
+            by_target.setdefault(_group(c), []).append(c)
         multi = {t: g for t, g in by_target.items() if len(g) >= 2}
         stability = seed_stability(multi) if multi else None
         edges = [e for e in graph_edges(loaded[0]) if e[0] not in set(exclude_writers)]
         say(f"bootstrap ({n_boot} resamples of each target's circuits) and null models ({n_null} samples each)")
-        report = overlap_report(loaded, edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed,
+        report = overlap_report(_by_group(loaded), edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed,
                                 progress=progress)  # fmt: skip
     result: dict[str, Any] = {"circuits": [str(p) for p in paths], "pairs": pairs, **report,
                               "excluded_writers": list(exclude_writers)}  # fmt: skip

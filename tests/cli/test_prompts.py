@@ -8,36 +8,14 @@ import json
 
 import pytest
 import torch
-import transformers as T
 
 from mechlab.cli import main
 from mechlab.models.importers import from_pretrained
 from mechlab.pipelines import prune_prompts
 from mechlab.prune import Circuit
-from mechlab.tasks.prompts import load_pairs, load_tokenizer
-from tests.tasks.tokenizers import byte_bpe
+from mechlab.tasks.prompts import load_pairs
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def gpt2_folder(tmp_path_factory):
-    """A random 2-layer GPT-2 saved with a byte-level BPE tokenizer in one folder."""
-    folder = tmp_path_factory.mktemp("gpt2")
-    byte_bpe(folder, vocab_size=1000)
-    vocab = len(load_tokenizer(folder))
-    torch.manual_seed(0)
-    config = T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=48,
-                          bos_token_id=0, eos_token_id=0)  # fmt: skip
-    T.GPT2LMHeadModel(config).save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def ioi_file(gpt2_folder, tmp_path_factory):
-    path = tmp_path_factory.mktemp("pairs") / "ioi.jsonl"
-    assert main(["pairs", "ioi", "--tokenizer", str(gpt2_folder), "--out", str(path), "--n", "12"]) == 0
-    return path
+pytestmark = pytest.mark.usefixtures("one_thread")  # gpt2_folder, ioi_file: tests/cli/conftest.py
 
 
 def test_pairs_ioi_writes_a_pair_file_and_keeps_an_existing_one(ioi_file, gpt2_folder, capsys):
