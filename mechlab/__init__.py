@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.models.cache import MechCache
     from mechlab.models.hooked import HookedModule, hooked
     from mechlab.models.importers import from_pretrained
+    from mechlab.models.names import graph_name, hook_name
     from mechlab.tasks.nih import NiH, nih
 
 __version__ = "0.1.0"
@@ -46,10 +47,13 @@ _LAZY_NAMES = {
     "HookedModule": "mechlab.models.hooked",
     "hooked": "mechlab.models.hooked",
     "from_pretrained": "mechlab.models.importers",
+    "graph_name": "mechlab.models.names",
+    "hook_name": "mechlab.models.names",
     "NiH": "mechlab.tasks.nih",
     "nih": "mechlab.tasks.nih",
     "ReportConfig": "mechlab.pipelines",
     "make_report": "mechlab.pipelines",
+    "circuit_explorer": "mechlab.viz",
     "PatchResult": "mechlab.patching",
     "activation_patch": "mechlab.patching",
     "attribution_patch": "mechlab.patching",
@@ -100,8 +104,11 @@ __all__ = [
     "activation_patch",
     "attribution_patch",
     "build_model",
+    "circuit_explorer",
     "collect_activations",
     "from_pretrained",
+    "graph_name",
+    "hook_name",
     "hooked",
     "load_checkpoint",
     "make_config",

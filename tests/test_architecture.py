@@ -23,7 +23,7 @@ def test_the_pictured_layers_are_the_checked_ones_and_the_picture_is_current():
 
     import pytest
 
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11 or newer")
 
     from mechlab._archdoc import LAYERS, render
 

@@ -2,6 +2,7 @@
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,10 @@ def test_every_block_of_the_models_page_runs_pasted_alone(tmp_path, monkeypatch)
     try:
         blocks = python_blocks("models.md")
         assert len(blocks) >= 9
-        for block in blocks:
-            exec(compile(block, "docs/models.md", "exec"), {})
+        with warnings.catch_warnings():  # random models (the page says so): the search fails, on purpose
+            warnings.filterwarnings("ignore", message="circuit for .* the search likely failed")
+            for block in blocks:
+                exec(compile(block, "docs/models.md", "exec"), {})
     finally:
         torch.set_num_threads(threads)
 

@@ -51,6 +51,26 @@ print(sorted(o.shared_edges)[:10])
 overlap_figure([one, two], ["1-after", "2-after"])
 
 # %% [markdown]
+# Every committed circuit in one explorer: choose the target and the seed, compare with a
+# second circuit (edges shared / only A / only B), filter by score (the mask) or stability
+# (the fraction of the target's seeds that keep an edge), hover or click a node or an edge
+# for its scores under both its names, the graph's (`a0.h4`) and the hook's
+# (`blocks.0.attn.hook_result[4]`). It works offline, here and as a file
+# (`explorer.write("circuits.html")`, or `mechlab view circuits/recall-cpu/*.json --out circuits.html`).
+
+# %%
+explorer = mechlab.viz.circuit_explorer([Circuit.from_json(p) for p in sorted(CIRCUITS.glob("*-after_seed*.json"))])
+explorer
+
+# %% [markdown]
+# One name per component: `mechlab.hook_name` and `mechlab.graph_name` map the graph's names
+# to the hooks that patching, probes and caches address, and back.
+
+# %%
+print({n: mechlab.hook_name(n) for n in ("a0.h4", "a2.h4.q", "m1", "m1.in", "out")})
+print(mechlab.graph_name("blocks.2.attn.hook_result[4]"))
+
+# %% [markdown]
 # A quick circuit of our own (fewer steps and traces than the defaults, to stay fast).
 
 # %%

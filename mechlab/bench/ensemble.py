@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from mechlab.bench.timing import time_interleaved
+from mechlab.bench.record import Table
+from mechlab.bench.timing import fmt_ratio, paired_ratio, time_interleaved
 from mechlab.train.ensemble import train_ensemble
 from mechlab.train.trials import TrialSpec, run_trial
 
@@ -33,6 +34,7 @@ class EnsembleRow:
     ensemble: float
     sequential_iqr: tuple[float, float]
     ensemble_iqr: tuple[float, float]
+    gain_spread: tuple[float, float, float] | None = None  # one by one / ensemble, run by run
 
     @property
     def gain(self) -> float:
@@ -58,6 +60,21 @@ class EnsembleBenchResult:
         for r in self.rows:
             lines.append(f"{r.preset:24s} {r.n_params:9,d} {r.sequential:13.2f} {r.ensemble:11.2f} {r.gain:5.2f}x")
         return "\n".join(lines)
+
+    def table(self) -> Table:
+        """The result as a :class:`~mechlab.bench.record.Table` (medians [quartiles])."""
+        s = self.settings
+        title = (f"{s['members']} trials ({s['lrs']} x seeds {s['seeds']}), {s['steps']} steps of batch "
+                 f"{s['batch_size']}, n_train {s['n_train']}, medians of {s['repeats']} (+1 warm-up)")  # fmt: skip
+        cells, values = [], []
+        for r in self.rows:
+            gain = r.gain_spread or (r.gain, r.gain, r.gain)
+            cells.append([f"`{r.preset}`", f"{r.n_params:,}", f"{r.sequential:.2f} [{r.sequential_iqr[0]:.2f}-"
+                          f"{r.sequential_iqr[1]:.2f}]", f"{r.ensemble:.2f} [{r.ensemble_iqr[0]:.2f}-"
+                          f"{r.ensemble_iqr[1]:.2f}]", fmt_ratio(gain)])  # fmt: skip
+            values.append({"preset": r.preset, "n_params": r.n_params, "sequential_s": r.sequential,
+                           "ensemble_s": r.ensemble, "gain": r.gain})  # fmt: skip
+        return Table(["preset", "parameters", "one by one s", "ensemble s", "gain"], cells, title, values)
 
 
 def grid_specs(
@@ -115,7 +132,8 @@ def bench_ensemble(
                 repeats=repeats,
             )
             seq, ens = timings["sequential"], timings["ensemble"]
-            rows.append(EnsembleRow(preset, n_params, seq.median, ens.median, (seq.q1, seq.q3), (ens.q1, ens.q3)))
+            rows.append(EnsembleRow(preset, n_params, seq.median, ens.median, (seq.q1, seq.q3), (ens.q1, ens.q3),
+                                    paired_ratio(seq, ens)))  # fmt: skip
     finally:
         torch.set_num_threads(old_threads)
     settings = {"members": len(STUDY_LRS) * len(STUDY_SEEDS), "lrs": list(STUDY_LRS), "seeds": list(STUDY_SEEDS),

@@ -15,13 +15,14 @@ gets, and what caching cost before).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from nnsight import NNsight
 
-from mechlab.bench.timing import time_interleaved
+from mechlab.bench.record import Table
+from mechlab.bench.timing import Timing, fmt_ms, fmt_ratio, paired_ratio, time_interleaved
 from mechlab.models import build_model
 from mechlab.models.base import MechModel
 from mechlab.models.cache import caching_hooks
@@ -60,6 +61,13 @@ class HookBenchRow:
     cache_steps: float | None = None  # recurrent families: caching step by step (hooks unmarked)
     cache_fused: float | None = None  # LSTM only: caching from the fused kernel + recovered gates
     cache_light: float | None = None  # all but the big state hook / the attention maps
+    timings: dict[str, Timing] = field(default_factory=dict)  # every contender's runs
+
+    def ratio(self, name: str, cpu: bool = False) -> tuple[float, float, float] | None:
+        """``(q1, median, q3)`` of contender ``name`` / the plain forward, run by run."""
+        if name not in self.timings:
+            return None
+        return paired_ratio(self.timings[name], self.timings["plain"], cpu=cpu)
 
     @property
     def cache_steps_ratio(self) -> float | None:
@@ -183,4 +191,37 @@ def bench_family(
         cache_steps=times["cache_steps"].median if "cache_steps" in times else None,
         cache_fused=times["cache_fused"].median if "cache_fused" in times else None,
         cache_light=times["cache_light"].median if "cache_light" in times else None,
+        timings=times,
     )
+
+
+# The columns of `mechlab bench hooks`' table: contender (over the plain forward) and header.
+RATIO_COLUMNS = (
+    ("cache", "cache / plain"),
+    ("nnsight", "nnsight / plain"),
+    ("cache_steps", "step-by-step cache / plain"),
+    ("cache_light", "cache w/o big maps / plain"),
+    ("unrolled", "unrolled / fused"),
+    ("cache_fused", "fused+recovered cache / plain"),
+)
+
+
+def hooks_table(rows: list[HookBenchRow]) -> Table:
+    """``mechlab bench hooks``' table: medians [quartiles] of each contender, and its ratio to
+    the plain forward run by run (median [quartiles]), wall clock and CPU time."""
+    columns = ["family", "params", "hooks", "plain ms", "cache ms", "nnsight ms"]
+    columns += [head for _, head in RATIO_COLUMNS] + ["cache / plain, CPU time"]
+    cells, values = [], []
+    for r in rows:
+        ratios = [r.ratio(name) for name, _ in RATIO_COLUMNS]
+        cpu = r.ratio("cache", cpu=True)
+        cells.append([r.family, f"{r.n_params:,}", str(r.n_hooks), fmt_ms(r.timings["plain"]),
+                      fmt_ms(r.timings["cache"]), fmt_ms(r.timings["nnsight"]),
+                      *("-" if q is None else fmt_ratio(q) for q in ratios),
+                      "-" if cpu is None else fmt_ratio(cpu)])  # fmt: skip
+        values.append({"family": r.family, "n_params": r.n_params, "n_hooks": r.n_hooks,
+                       **{f"{n}_s": t.median for n, t in r.timings.items()},
+                       **{f"{n}_cpu_s": t.cpu_median for n, t in r.timings.items()},
+                       **{f"{n}_ratio": q[1] for (n, _), q in zip(RATIO_COLUMNS, ratios, strict=True) if q},
+                       "cache_cpu_ratio": None if cpu is None else cpu[1]})  # fmt: skip
+    return Table(columns, cells, values=values)

@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,7 +54,7 @@ def _naive_forward(model, graph, x, ablated, z) -> Tensor:
     clean += [model.read_in(x), model.W_pos[:n_pos].expand(batch, n_pos, -1)]
     for layer, block in enumerate(model.blocks):
         x_in = _layer_norm(block.ln1, read(_edge_block(z, graph, f"a{layer}.h0.q", 3 * H)))
-        clean += list(_attention(block.attn, *x_in.split(H)).unbind(0))
+        clean += list(_attention(block.attn, x_in, (H, H, H)).unbind(0))
         const = const if block.attn.b_O is None else const + block.attn.b_O
         clean.append(
             block.mlp(_layer_norm(block.ln2, read(_edge_block(z, graph, f"m{layer}.in", 1))[0]))
@@ -110,6 +110,7 @@ class PruneBench:
     memory_recompute: int | None = None  # bytes, masked forward + backward, recompute=True
     straightforward_seconds: float | None = None  # the same step on the autograd path
     memory_plain: int | None = None  # bytes, the plain forward + backward (recurrent models)
+    timings: dict[str, Any] = field(default_factory=dict)  # contender -> Timing (every run)
 
     @property
     def memory_ratio(self) -> float | None:
@@ -244,6 +245,7 @@ def bench_prune(
         memory_recompute=memory_recompute,
         straightforward_seconds=timings["straightforward"].median if straightforward else None,
         memory_plain=memory_plain,
+        timings=timings,
     )  # fmt: skip
 
 

@@ -8,12 +8,13 @@ ratios loop / chunked, and how far the chunked outputs and gradients are from th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from mechlab.bench.hooks import BENCH_MODELS
-from mechlab.bench.timing import time_interleaved
+from mechlab.bench.record import Table
+from mechlab.bench.timing import Timing, fmt_ms, fmt_ratio, paired_ratio, time_interleaved
 from mechlab.models import build_model
 from mechlab.models.base import MechModel
 
@@ -32,6 +33,7 @@ class ScanBenchRow:
     chunked_backward: float
     output_diff: float  # max |chunked - loop| of the output, relative to max |loop|
     grad_diff: float  # max over parameters of max |chunked - loop| / max |loop| of the gradient
+    timings: dict[str, Timing] = field(default_factory=dict)  # contender -> every run
 
     @property
     def forward_speedup(self) -> float:
@@ -127,4 +129,23 @@ def bench_scan(
         chunked_backward=times["chunked_backward"].median,
         output_diff=output_diff,
         grad_diff=grad_diff,
+        timings=times,
     )
+
+
+def scan_table(rows: list[ScanBenchRow]) -> Table:
+    """``mechlab bench scan``'s table: medians [quartiles] and loop / chunked run by run."""
+    columns = ["family", "loop fwd ms", "chunked fwd ms", "loop / chunked", "loop fwd+bwd ms",
+               "chunked fwd+bwd ms", "loop / chunked", "output diff", "grad diff"]  # fmt: skip
+    cells, values = [], []
+    for r in rows:
+        t = r.timings
+        fwd = paired_ratio(t["loop_forward"], t["chunked_forward"])
+        bwd = paired_ratio(t["loop_backward"], t["chunked_backward"])
+        cells.append([r.family, fmt_ms(t["loop_forward"]), fmt_ms(t["chunked_forward"]), fmt_ratio(fwd),
+                      fmt_ms(t["loop_backward"]), fmt_ms(t["chunked_backward"]), fmt_ratio(bwd),
+                      f"{r.output_diff:.1e}", f"{r.grad_diff:.1e}"])  # fmt: skip
+        values.append({"family": r.family, "chunk": r.chunk, **{f"{k}_s": v.median for k, v in t.items()},
+                       "forward_speedup": fwd[1], "backward_speedup": bwd[1], "output_diff": r.output_diff,
+                       "grad_diff": r.grad_diff})  # fmt: skip
+    return Table(columns, cells, values=values)

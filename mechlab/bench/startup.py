@@ -9,6 +9,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from mechlab.bench.record import Table
+
 COMMANDS = ("", "report", "train", "eval", "recall", "prune", "view", "overlap", "curve", "info")
 
 
@@ -26,6 +28,14 @@ class StartupResult:
             lo, hi = self.ranges[name]
             rows.append(f"{name:28s} {median:9.2f} {lo:6.2f}-{hi:5.2f}")
         return "\n".join(rows)
+
+    def table(self) -> Table:
+        """The result as a :class:`~mechlab.bench.record.Table`."""
+        cells = [[f"`{name}`", f"{m:.2f}", f"{self.ranges[name][0]:.2f}-{self.ranges[name][1]:.2f}"]
+                 for name, m in self.medians.items()]  # fmt: skip
+        values = [{"command": name, "median_s": m, "min_s": self.ranges[name][0], "max_s": self.ranges[name][1]}
+                  for name, m in self.medians.items()]  # fmt: skip
+        return Table(["command line", "median s", "min-max s"], cells, values=values)
 
 
 def _wall(argv: list[str]) -> float:

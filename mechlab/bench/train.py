@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechlab.bench.record import Table
 from mechlab.bench.timing import Timing, time_interleaved
 from mechlab.train.config import resolve_config
 from mechlab.train.task import Task
@@ -42,6 +43,13 @@ Batch = tuple[Tensor, Tensor, Tensor]  # inputs [batch, pos, d_in], targets [bat
 
 # Contender names, in the order they are interleaved and reported.
 CONTENDERS = ("trainer", "minimal", "trainer+data", "minimal+data", "data")
+LABELS = {
+    "trainer": "trainer.train_step (pre-generated batches)",
+    "minimal": "minimal loop (pre-generated batches)",
+    "trainer+data": "trainer.train_step (draws its batch)",
+    "minimal+data": "minimal loop (draws its batch)",
+    "data": "task.batch alone",
+}
 RATIO_GOAL = 0.95  # trainer examples/s over minimal examples/s
 DATA_SHARE_GOAL = 0.10  # task.batch time over a full trainer step
 
@@ -221,20 +229,29 @@ class TrainBenchResult:
         """Share of a full trainer step spent in ``task.batch`` (goal < 0.10)."""
         return self.data_s / self.trainer_data_s
 
+    def table(self) -> Table:
+        """The result as a :class:`~mechlab.bench.record.Table`: one row per contender, the
+        ratios and goals as notes (what :meth:`format_table` prints)."""
+        cells, values = [], []
+        for name in CONTENDERS:
+            t, cpu = self.timings[name], self.cpu_timings[name]
+            cells.append([LABELS[name], f"{t.median * 1e3:.1f}", f"{t.q1 * 1e3:.1f}-{t.q3 * 1e3:.1f}",
+                          f"{self.examples_per_s(t.median):,.1f}" if name != "data" else "-",
+                          f"{cpu.median * 1e3:.1f}"])  # fmt: skip
+            values.append({"contender": name, "s_per_step": t.median, "cpu_s_per_step": cpu.median})
+        title = (f"preset {self.preset}: {self.n_params:,} parameters, batch {self.batch_size} x "
+                 f"{self.n_ctx - 1} positions; {self.repeats} windows of {self.steps_per_window} step(s) each, "
+                 "interleaved, medians")  # fmt: skip
+        notes = self.format_table().splitlines()[-3:]
+        return Table(["contender", "ms/step", "q1-q3 ms", "examples/s", "CPU ms/step"], cells, title, values, notes)
+
     def format_table(self) -> str:
         """The result as aligned text: one row per contender, then the ratios and goals."""
-        labels = {
-            "trainer": "trainer.train_step (pre-generated batches)",
-            "minimal": "minimal loop (pre-generated batches)",
-            "trainer+data": "trainer.train_step (draws its batch)",
-            "minimal+data": "minimal loop (draws its batch)",
-            "data": "task.batch alone",
-        }
         rows = [("contender", "ms/step", "q1-q3 ms", "examples/s", "CPU ms/step")]
         for name in CONTENDERS:
             t = self.timings[name]
             rows.append((
-                labels[name], f"{t.median * 1e3:.1f}", f"{t.q1 * 1e3:.1f}-{t.q3 * 1e3:.1f}",
+                LABELS[name], f"{t.median * 1e3:.1f}", f"{t.q1 * 1e3:.1f}-{t.q3 * 1e3:.1f}",
                 f"{self.examples_per_s(t.median):,.1f}" if name != "data" else "-",
                 f"{self.cpu_timings[name].median * 1e3:.1f}",
             ))
@@ -375,9 +392,7 @@ def _bench(
 
     fns = {name: with_cpu_clock(name, fn) for name, fn in zip(CONTENDERS, contenders, strict=True)}
     wall = time_interleaved(fns, repeats=repeats, warmup=warmup)
-    timings = {
-        name: Timing(name, t.median / steps, t.q1 / steps, t.q3 / steps, t.runs) for name, t in wall.items()
-    }
+    timings = {name: t.scaled(1 / steps) for name, t in wall.items()}
     cpu_timings = {name: _per_step(name, xs[warmup:], steps) for name, xs in cpu_seconds.items()}
     return TrainBenchResult(
         preset=preset,

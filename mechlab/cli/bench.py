@@ -1,17 +1,46 @@
-"""``mechlab bench ...``: the measurements of :mod:`mechlab.bench`, as tables."""
+"""``mechlab bench ...``: the measurements of :mod:`mechlab.bench`, as tables.
+
+Every command prints how it was measured (machine, torch build, threads, load; a run
+under load is marked provisional) above its tables, and with ``--json PATH`` writes the
+same record as JSON (:mod:`mechlab.bench.record`), which ``python -m mechlab.bench.tables``
+renders into docs/benchmarks.md.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from mechlab.cli.app import UsageProblem, bench_app, echo_table, use_threads
+from mechlab.cli.app import UsageProblem, bench_app, use_threads
+
+JSON_HELP = "Also write the run's record (settings, machine, load, tables, raw times) here as JSON."
+FORCE_HELP = "Overwrite the --json file if it exists."
+
+
+def _recorded(bench: str, settings: dict[str, Any], device: str, json_path: Path | None, force: bool,
+              measure: Callable[[], tuple[list, dict]]) -> None:  # fmt: skip
+    """Run ``measure`` under a load recorder, print the record, write it to ``json_path``."""
+    from mechlab.bench.record import Recorder, check_json_path, write_record
+
+    try:
+        check_json_path(json_path, force)  # before anything runs
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
+    with Recorder(bench, settings, device) as recorder:
+        tables, data = measure()
+        record = recorder.record(tables, data)
+    typer.echo(record.text())
+    if json_path is not None:
+        write_record(record, json_path, force=force)
+        typer.echo(f"record written to {json_path}")
 
 
 @bench_app.command("prune")
 def bench_prune_(
-    presets: str = typer.Option("tiny,small,medium", help="Comma-separated transformer presets (also big)."),
+    presets: str = typer.Option("tiny,small,medium", help="Comma-separated model presets: transformers (also big, gpt2_small_shape) or recurrent (mamba_130m_shape)."),
     batch: int = typer.Option(16, min=1),
     n_pos: int = typer.Option(64, "--pos", min=2, help="Sequence length."),
     repeats: int = typer.Option(5, min=1),
@@ -21,42 +50,49 @@ def bench_prune_(
     straightforward: bool = typer.Option(False, help="Also time the straightforward autograd path (fast=False)."),
     reference: Path | None = typer.Option(None, help="A checkout of princeton-nlp/Edge-Pruning: time its GPT-2 pruning step beside ours."),
     reference_python: str | None = typer.Option(None, help="Python that runs the reference (needs transformers 4.x; default: this one)."),
+    json_path: Path | None = typer.Option(None, "--json", help=JSON_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
-    from mechlab.bench.commands import check_transformer_presets, prune_rows
+    from mechlab.bench.commands import (
+        check_model_presets,
+        check_transformer_presets,
+        prune_table,
+        reference_table,
+    )
 
     names = [p.strip() for p in presets.split(",") if p.strip()]
-    check_transformer_presets(names)
+    (check_transformer_presets if reference is not None else check_model_presets)(names)
     if reference is not None:
         from mechlab.bench.reference import check_reference
 
         check_reference(reference)
     n_threads = use_threads(threads)
-    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs, medians, device {device}, "
-               f"{n_threads} threads")  # fmt: skip
-    if reference is not None:
-        from mechlab.bench.reference import bench_reference
+    settings = {"presets": names, "batch": batch, "n_pos": n_pos, "repeats": repeats, "device": device,
+                "threads": n_threads, "memory": memory, "straightforward": straightforward,
+                "reference": None if reference is None else str(reference)}  # fmt: skip
 
-        rows = [("preset", "edges", "ours ms", "reference ms", "reference/ours", "max output diff")]
-        for name in names:
-            r = bench_reference(reference, name, batch=batch, n_pos=n_pos, repeats=repeats,
-                                python=reference_python)  # fmt: skip
-            rows.append((name, str(r.config["n_edges"]), f"{r.ours_seconds * 1e3:.1f}",
-                         f"{r.reference_seconds * 1e3:.1f}", f"{r.ratio:.2f}x", f"{r.max_output_diff:.1g}"))  # fmt: skip
-        echo_table(rows)
-        return
-    echo_table(prune_rows(names, batch=batch, n_pos=n_pos, repeats=repeats, device=device, memory=memory,
-                          straightforward=straightforward))  # fmt: skip
+    def measure() -> tuple[list, dict]:
+        if reference is not None:
+            return [reference_table(reference, names, batch=batch, n_pos=n_pos, repeats=repeats,
+                                    python=reference_python)], {}  # fmt: skip
+        return [prune_table(names, batch=batch, n_pos=n_pos, repeats=repeats, device=device, memory=memory,
+                            straightforward=straightforward)], {}  # fmt: skip
+
+    _recorded("prune-reference" if reference is not None else "prune", settings, device, json_path, force, measure)
 
 
 @bench_app.command("startup")
 def bench_startup_(
     repeats: int = typer.Option(5, min=1, help="Runs of each command line (after a warm-up run)."),
+    json_path: Path | None = typer.Option(None, "--json", help=JSON_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """How long mechlab takes to answer: --help of every command and import mechlab, fresh processes."""
     from mechlab.bench.startup import bench_startup
 
-    typer.echo(bench_startup(repeats=repeats).format_table())
+    _recorded("startup", {"repeats": repeats}, "cpu", json_path, force,
+              lambda: ([bench_startup(repeats=repeats).table()], {}))  # fmt: skip
 
 
 @bench_app.command("hooks")
@@ -67,35 +103,27 @@ def bench_hooks(
     repeats: int = typer.Option(7, min=1, help="Timed runs of each contender."),
     device: str = typer.Option("cpu"),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
+    json_path: Path | None = typer.Option(None, "--json", help=JSON_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
-    import torch
-
-    from mechlab.bench.hooks import BENCH_MODELS, bench_family
-
-    if threads is not None:
-        torch.set_num_threads(threads)
+    from mechlab.bench.hooks import BENCH_MODELS, bench_family, hooks_table
 
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in BENCH_MODELS]
     if unknown:
         raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {sorted(BENCH_MODELS)}")
-    typer.echo(f"batch {batch} x {n_pos} positions, {repeats} timed runs each, medians, device {device}, "
-               f"{torch.get_num_threads()} thread(s)")  # fmt: skip
-    rows = [("family", "params", "hooks", "plain ms", "cache ms", "nnsight ms", "cache/plain", "nnsight/plain",
-             "unrolled/fused", "step-by-step cache/plain", "fused+recovered cache/plain",
-             "cache w/o A, ssm_state or attention maps /plain")]  # fmt: skip
-    for family in names:
-        r = bench_family(family, batch=batch, n_pos=n_pos, repeats=repeats, device=device)
-        rows.append((
-            family, f"{r.n_params:,}", str(r.n_hooks), f"{r.plain * 1e3:.1f}", f"{r.cache * 1e3:.1f}",
-            f"{r.nnsight * 1e3:.1f}", f"{r.cache_ratio:.2f}x", f"{r.nnsight_ratio:.2f}x",
-            f"{r.unrolled / r.plain:.2f}x" if r.unrolled is not None else "-",
-            f"{r.cache_steps_ratio:.2f}x" if r.cache_steps_ratio is not None else "-",
-            f"{r.cache_fused / r.plain:.2f}x" if r.cache_fused is not None else "-",
-            f"{r.cache_light / r.plain:.2f}x" if r.cache_light is not None else "-",
-        ))
-    echo_table(rows)
+    n_threads = use_threads(threads)
+    settings = {"families": names, "batch": batch, "n_pos": n_pos, "repeats": repeats, "device": device,
+                "threads": n_threads}  # fmt: skip
+
+    def measure() -> tuple[list, dict]:
+        rows = [bench_family(f, batch=batch, n_pos=n_pos, repeats=repeats, device=device) for f in names]
+        table = hooks_table(rows)
+        table.title = f"batch {batch} x {n_pos} positions, {repeats} timed runs each, interleaved, no grad"
+        return [table], {"timings": {r.family: {k: t.to_dict() for k, t in r.timings.items()} for r in rows}}
+
+    _recorded("hooks", settings, device, json_path, force, measure)
 
 
 @bench_app.command("scan")
@@ -107,29 +135,27 @@ def bench_scan_(
     chunk: int = typer.Option(16, min=1, help="Positions per chunk of the chunked scan."),
     device: str = typer.Option("cpu"),
     threads: int = typer.Option(1, min=1, help="Torch CPU threads."),
+    json_path: Path | None = typer.Option(None, "--json", help=JSON_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """The chunked scans vs the per-step loops: forward, forward+backward, and their differences."""
-    import torch
-
-    from mechlab.bench.scan import SCAN_FAMILIES, bench_scan
+    from mechlab.bench.scan import SCAN_FAMILIES, bench_scan, scan_table
 
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in SCAN_FAMILIES]
     if unknown:
         raise UsageProblem(f"unknown family {unknown[0]!r}; choose from {list(SCAN_FAMILIES)}")
-    torch.set_num_threads(threads)
-    typer.echo(f"batch {batch} x {n_pos} positions, chunk {chunk}, {repeats} timed runs each, medians, "
-               f"device {device}, {threads} thread(s)")  # fmt: skip
-    rows = [("family", "loop fwd ms", "chunked fwd ms", "loop/chunked", "loop fwd+bwd ms", "chunked fwd+bwd ms",
-             "loop/chunked", "output diff", "grad diff")]  # fmt: skip
-    for family in names:
-        r = bench_scan(family, batch=batch, n_pos=n_pos, repeats=repeats, chunk=chunk, device=device)
-        rows.append((
-            family, f"{r.loop_forward * 1e3:.1f}", f"{r.chunked_forward * 1e3:.1f}", f"{r.forward_speedup:.2f}x",
-            f"{r.loop_backward * 1e3:.1f}", f"{r.chunked_backward * 1e3:.1f}", f"{r.backward_speedup:.2f}x",
-            f"{r.output_diff:.1e}", f"{r.grad_diff:.1e}",
-        ))  # fmt: skip
-    echo_table(rows)
+    use_threads(threads)
+    settings = {"families": names, "batch": batch, "n_pos": n_pos, "repeats": repeats, "chunk": chunk,
+                "device": device, "threads": threads}  # fmt: skip
+
+    def measure() -> tuple[list, dict]:
+        rows = [bench_scan(f, batch=batch, n_pos=n_pos, repeats=repeats, chunk=chunk, device=device) for f in names]
+        table = scan_table(rows)
+        table.title = f"batch {batch} x {n_pos} positions, chunk {chunk}, {repeats} timed runs each, interleaved"
+        return [table], {}
+
+    _recorded("scan", settings, device, json_path, force, measure)
 
 
 @bench_app.command("train")
@@ -141,15 +167,24 @@ def bench_train(
     device: str = typer.Option("cpu"),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     set_: list[str] = typer.Option([], "--set", help="Override a training setting: key=value (model.d_model=32)."),
+    json_path: Path | None = typer.Option(None, "--json", help=JSON_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Trainer.train_step vs a minimal PyTorch loop: same model, weights, data; examples/s and ratios."""
     from mechlab.bench.train import bench_train as run_bench
 
+    n_threads = use_threads(threads)
     typer.echo(f"timing {repeats} windows of {steps} step(s) x 5 contenders (+1 warm-up window each) ...")
-    result = run_bench(
-        preset=preset, batch=batch, steps=steps, repeats=repeats, device=device, threads=threads, overrides=set_
-    )
-    typer.echo(result.format_table())
+    settings = {"preset": preset, "batch": batch, "steps": steps, "repeats": repeats, "device": device,
+                "threads": n_threads, "set": list(set_)}  # fmt: skip
+
+    def measure() -> tuple[list, dict]:
+        result = run_bench(preset=preset, batch=batch, steps=steps, repeats=repeats, device=device,
+                           threads=threads, overrides=set_)  # fmt: skip
+        return [result.table()], {"ratio": result.ratio, "cpu_ratio": result.cpu_ratio,
+                                  "ratio_with_data": result.ratio_with_data, "data_share": result.data_share}
+
+    _recorded("train", settings, device, json_path, force, measure)
 
 
 @bench_app.command("ensemble")
@@ -161,6 +196,8 @@ def bench_ensemble_(
     threads: int = typer.Option(1, min=1, help="Torch CPU threads."),
     device: str = typer.Option("cpu"),
     set_: list[str] = typer.Option([], "--set", help="A state-tracking task field: key=value (m=2, format=cot)."),
+    json_path: Path | None = typer.Option(None, "--json", help=JSON_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """The study's 15 trials (3 lr x 5 seeds) one after another vs as one batched ensemble."""
     from mechlab.bench.commands import check_model_presets, ensemble_task
@@ -169,7 +206,98 @@ def bench_ensemble_(
     task = ensemble_task(set_, n_train)  # bad fields fail before any run
     names = [p.strip() for p in presets.split(",") if p.strip()]
     check_model_presets(names)
+    use_threads(threads)
     typer.echo(f"timing {repeats} runs of 15 trials x 2 contenders per preset (+1 warm-up run each) ...")
-    result = bench_ensemble(names, task=task, n_train=n_train, steps=steps, repeats=repeats, threads=threads,
-                            device=device)  # fmt: skip
-    typer.echo(result.format_table())
+    settings = {"presets": names, "steps": steps, "n_train": n_train, "repeats": repeats, "threads": threads,
+                "device": device, "task": task}  # fmt: skip
+
+    def measure() -> tuple[list, dict]:
+        result = bench_ensemble(names, task=task, n_train=n_train, steps=steps, repeats=repeats, threads=threads,
+                                device=device)  # fmt: skip
+        return [result.table()], {"settings": result.settings}
+
+    _recorded("ensemble", settings, device, json_path, force, measure)
+
+
+@bench_app.command("methods")
+def bench_methods_(
+    ctx: typer.Context,
+    ckpt: Path = typer.Option(Path("examples/checkpoints/recall-cpu/last.pt"), help="Checkpoint of the lds task whose targets are scored (its NiH traces)."),
+    targets: str = typer.Option("1-after,2-after", help="Comma-separated targets of the checkpoint."),
+    methods: str = typer.Option("prune,eap,eap-ig,eap-ig-inputs,exact,acdc", help="Comma-separated methods (mechlab prune --method)."),
+    planted: str = typer.Option("tests.prune.planted_cases:cases", help="Planted generator MODULE:FUNCTION (a function of the seeds returning mechlab.bench.methods.PlantedCase items; run from the repository root for the test suite's), or none."),
+    seeds: str = typer.Option("0,1", help="Comma-separated seeds of the planted cases, or none."),
+    tracr_seeds: str = typer.Option("0,1,2", help="Comma-separated seeds of the Tracr cases, or none."),
+    tracr_programs: str = typer.Option("xproportion,hist,reverse,sort_unique", help="Comma-separated Tracr programs (needs the tracr extra)."),
+    sparsity: float = typer.Option(0.95, help="The budget of every method's circuit on the checkpoint, a fraction of the countable edges."),
+    traces: int = typer.Option(256, min=1, help="Training traces (scored or pruned on)."),
+    test_traces: int = typer.Option(512, min=1, help="Held-out traces (every circuit and curve is scored on them)."),
+    prune_steps: int | None = typer.Option(None, min=1, help="Optimiser steps of the prune method (default: prune's)."),
+    threads: int = typer.Option(1, min=1, help="Torch CPU threads."),
+    device: str = typer.Option("cpu"),
+    out: Path | None = typer.Option(None, help="Write the table and its settings as JSON here."),
+    force: bool = typer.Option(False, help="Overwrite --out if it exists."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Circuit-finding methods side by side, the MIB way (the table of docs/pruning.md): CPR/CMD
+    and the circuit at --sparsity on each target, seconds and peak memory, exact recoveries
+    on planted models and Tracr programs."""
+    from mechlab.bench.methods import bench_methods, planted_cases, tracr_cases
+    from mechlab.pipelines import check_method, check_prune_targets, checkpoint_prune_data, outputs
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    target_names = [t.strip() for t in targets.split(",") if t.strip()]
+    if not names or not target_names:
+        raise UsageProblem("--methods and --targets must each name at least one")
+    for m in names:
+        check_method(m, {})
+    if not 0 < sparsity < 1:
+        raise UsageProblem(f"--sparsity must be in (0, 1), got {sparsity}")
+    if out is not None and out.exists() and not force:
+        raise UsageProblem(f"{str(out)!r} exists; pass --force to overwrite it")
+    planted_seeds, tracr_seed_list = _seeds("--seeds", seeds), _seeds("--tracr-seeds", tracr_seeds)
+    use_threads(threads)
+    cases = planted_cases(planted, planted_seeds)
+    programs = [p.strip() for p in tracr_programs.split(",") if p.strip()]
+    tracr = tracr_cases(programs, seeds=tracr_seed_list) if tracr_seed_list and programs else []
+    opened, data = checkpoint_prune_data(ckpt, n_train=traces, n_test=test_traces, device=device)
+    check_prune_targets(opened, target_names)
+    kwargs = {"prune": {"steps": prune_steps}} if prune_steps is not None else None
+    table = bench_methods(opened.model, data, target_names, names,
+                          planted=cases, tracr=tracr, sparsity=sparsity, method_kwargs=kwargs,
+                          progress=progress)  # fmt: skip
+    info = table.info
+    info.update(checkpoint=str(ckpt), checkpoint_sha256=opened.sha256, n_train=traces, n_test=test_traces,
+                command=_command(ctx))  # fmt: skip
+    typer.echo(table.to_markdown())
+    typer.echo(f"\nload average {info['loadavg_start']} -> {info['loadavg_end']}, "
+               f"{info['torch_threads']} thread(s), {info['seconds']:.0f} s")  # fmt: skip
+    for kind, rows in (("planted", table.planted), ("tracr", table.tracr)):
+        for method, rec in rows.items():
+            if rec.misses:
+                typer.echo(f"{kind} {method} missed: {', '.join(rec.misses)}")
+    if out is not None:
+        typer.echo(f"wrote {outputs.write_json(out, table.to_dict(), default=str)}")
+
+
+def _seeds(option: str, text: str) -> list[int]:
+    """Comma-separated seeds (``none``: no seeds)."""
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageProblem(f"{option} {text!r}: not comma-separated integers or none") from None
+
+
+def _command(ctx: typer.Context) -> str:
+    """The command line of the options given (what regenerates the table)."""
+    given = [name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"]
+    parts = ["mechlab", "bench", "methods"]
+    for name in given:
+        value, flag = ctx.params[name], "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else f"--no-{name.replace('_', '-')}")
+        else:
+            parts += [flag, str(value)]
+    return " ".join(parts)

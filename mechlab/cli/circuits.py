@@ -21,6 +21,13 @@ RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (
                "misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's "
                "settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. "
                "Options given explicitly override it.")  # fmt: skip
+METHOD_HELP = ("prune: differentiable edge pruning (default); eap: edge attribution patching (gradient on the "
+               "corrupted run); eap-ig: integrated gradients over the edge masks; eap-ig-inputs: integrated "
+               "gradients over the inputs (interchange only); exact: every edge ablated alone; acdc: greedy "
+               "ACDC search (graphs up to --acdc-max-edges). Every method keeps whole input-to-read-out paths "
+               "within the budget (--sparsity or --edges) and is scored on the same held-out traces.")  # fmt: skip
+PRUNE_ONLY = ("steps", "lr", "lambda_lr", "node_sparsity", "normalize_loss", "share")
+"""Options of edge pruning alone (its optimiser, node masks, joint pruning)."""
 
 
 def prune(
@@ -54,16 +61,22 @@ def prune(
     metric: str = typer.Option("logit-diff", help="With --pairs: logit-diff (answer minus wrong token, reported beside the KL faithfulness) or kl."),
     position: int = typer.Option(-1, help="With --pairs: the explained position of pairs that give none (negative: from the prompt's end)."),
     test_fraction: float = typer.Option(0.5, help="With --pairs: share of the pairs held out to score each circuit."),
+    method: str = typer.Option("prune", help=METHOD_HELP),
+    edges: int | None = typer.Option(None, help="Keep at most this many countable edges (instead of --sparsity)."),
+    ig_steps: int | None = typer.Option(None, help="Integration points of eap-ig and eap-ig-inputs (default 10)."),
+    acdc_max_edges: int | None = typer.Option(None, help="ACDC's limit on countable edges (default 400; each pass runs one forward per edge)."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
-    """Find circuits by edge pruning on needle-in-a-haystack traces (state tracking: traces that
+    """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
     change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
     JSON + offline HTML per circuit."""
-    from mechlab.pipelines import PRUNE_PROTOCOLS, joint_prune_targets, prune_targets
+    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method, joint_prune_targets, prune_targets
 
     if (ckpt is None) == (model is None):
         raise UsageProblem("give exactly one of --ckpt PATH (a mechlab checkpoint) or --model FOLDER (a model you bring)")
     given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
+    chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
+                             acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
     if model is not None and pairs is None:
         raise UsageProblem("--model prunes on prompt pairs: give --pairs pairs.jsonl")
     prompt_only = {"tokenizer", "metric", "position", "test_fraction"} & given
@@ -79,9 +92,9 @@ def prune(
             )
         _prune_pairs(ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
-                     ablation=ablation, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
-                     normalize_loss=normalize_loss, node_sparsity=node_sparsity, device=device,
-                     progress=progress, threads=threads)  # fmt: skip
+                     ablation=ablation, device=device, progress=progress, threads=threads, **chosen,
+                     **_prune_only(method, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
+                                   normalize_loss=normalize_loss, node_sparsity=node_sparsity))  # fmt: skip
         return
 
     recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
@@ -97,6 +110,9 @@ def prune(
     common = {"recipe": recipe, "n_train": traces, "n_test": test_traces, "n_haystack": haystack,
               "seg_len": seg_len, "corruption": corruption, "device": device, "ablation": ablation,
               "lr": lr, "lambda_lr": lambda_lr, "progress": progress, **settings}  # fmt: skip
+    if method != "prune" or edges is not None:
+        common = {k: v for k, v in common.items() if method == "prune" or k not in (*PRUNE_ONLY, "loss")}
+        common.update(chosen)
     if share:
         shares = [_share(v) for v in share]
         use_threads(threads)
@@ -120,6 +136,31 @@ def prune(
         typer.echo(result.stability.summary())
 
 
+def _method_options(method: str, given: set[str], *, loss: str, edges: int | None, ig_steps: int | None,
+                    acdc_max_edges: int | None, check) -> dict:  # fmt: skip
+    """The method's settings for the pipeline; refuses (one line) what the method does not take."""
+    check(method, {}, ig_steps=ig_steps, n_edges=edges, acdc_max_edges=acdc_max_edges)
+    if edges is not None and "sparsity" in given:
+        raise UsageProblem("give the budget once: --sparsity (a fraction of the countable edges) or --edges N")
+    if edges is not None and "share" in given:
+        raise UsageProblem("--share prunes at a sparsity: give --sparsity, not --edges")
+    if method != "prune":
+        refused = sorted(set(PRUNE_ONLY) & given)
+        if refused:
+            hint = "; use --ig-steps for the integration points of eap-ig" if refused[0] == "steps" else ""
+            raise UsageProblem(f"--{refused[0].replace('_', '-')} is edge pruning's option (--method prune), "
+                               f"not --method {method}'s{hint}")  # fmt: skip
+        if loss != "model":
+            raise UsageProblem(f"--method {method} scores edges by the loss to the full model; --loss {loss} "
+                               "is edge pruning's (--method prune)")  # fmt: skip
+    return {"method": method, "n_edges": edges, "ig_steps": ig_steps, "acdc_max_edges": acdc_max_edges}
+
+
+def _prune_only(method: str, **settings) -> dict:
+    """Edge pruning's settings, for ``--method prune`` only."""
+    return settings if method == "prune" else {}
+
+
 def _prune_pairs(source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
                  threads: int | None, **settings) -> None:  # fmt: skip
     """``mechlab prune --model/--ckpt ... --pairs``: the prompt pipeline, one circuit per seed."""
@@ -135,6 +176,7 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
     m, meta = circuit.metadata["metrics"], circuit.metadata
     typer.echo(f"{stem}: {circuit.n_edges} edges, {circuit.n_nodes} nodes, sparsity asked "
                f"{meta['sparsity_asked']:.4f} reached {meta['sparsity_reached']:.4f} -> {out / stem}.json/.html")  # fmt: skip
+    _print_method(meta)
     typer.echo(f"  faithfulness {m['faithfulness']:.3f} (KL to full {m['circuit_vs_full']:.4f}, all "
                f"ablated {m['ablated_vs_full']:.4f}), complement {m['complement_faithfulness']:.3f}, "
                f"on {m['n_traces']} held-out pairs")  # fmt: skip
@@ -142,6 +184,8 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
         typer.echo(f"  logit difference: full {m['logit_diff_full']:.3f}  circuit {m['logit_diff_circuit']:.3f}  "
                    f"all ablated {m['logit_diff_ablated']:.3f}  complement {m['logit_diff_complement']:.3f}  "
                    f"(recovered {m['logit_diff_recovered']:.3f})")  # fmt: skip
+    if meta.get("sparsity_limited_by_open_edges"):
+        typer.echo(f"mechlab: {stem}: {budget_note(meta, circuit.n_edges)}", err=True)
     for line in meta["warnings"]:
         warn(f"{stem}: {line}")
 
@@ -158,20 +202,44 @@ def _print_circuit(stem: str, circuit, out: Path) -> None:
     m, meta = circuit.metadata["metrics"], circuit.metadata
     typer.echo(f"{stem}: {circuit.n_edges} edges, {circuit.n_nodes} nodes, sparsity asked "
                f"{meta['sparsity_asked']:.4f} reached {meta['sparsity_reached']:.4f} -> {out / stem}.json/.html")  # fmt: skip
+    _print_method(meta)
     typer.echo(f"  faithfulness {m['faithfulness']:.3f} (mse to full {m['circuit_vs_full']:.4f}, all ablated {m['ablated_vs_full']:.4f})")
-    typer.echo(f"  error vs truth: circuit {m['error_circuit']:.4f}  full {m['error_full']:.4f}  "
-               f"all ablated {m['error_ablated']:.4f}  complement {m['error_complement']:.4f}")  # fmt: skip
-    if meta["n_edges_excluded_inert"]:
+    if "error_circuit" in m:
+        typer.echo(f"  error vs truth: circuit {m['error_circuit']:.4f}  full {m['error_full']:.4f}  "
+                   f"all ablated {m['error_ablated']:.4f}  complement {m['error_complement']:.4f}")  # fmt: skip
+    if meta.get("n_edges_excluded_inert"):
         typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_inert']} edges of "
                    f"{', '.join(meta['inert_writers'])} excluded (they cannot matter under {meta['ablation']} ablation)")  # fmt: skip
     if meta.get("n_edges_excluded_unreachable"):
         typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_unreachable']} edges "
                    f"excluded (they reach no read-out of the target windows: {', '.join(meta['target_windows'])})")  # fmt: skip
-    if meta["sparsity_limited_by_open_edges"]:
-        typer.echo(f"mechlab: {stem}: only {meta['n_open_edges']} edges are open: kept {circuit.n_edges} "
-                   f"of the {meta['n_edges_asked']} the sparsity asks", err=True)  # fmt: skip
+    if meta.get("sparsity_limited_by_open_edges"):
+        typer.echo(f"mechlab: {stem}: {budget_note(meta, circuit.n_edges)}", err=True)
     for line in meta["warnings"]:
         warn(f"{stem}: {line}")
+
+
+def budget_note(meta: dict, n_kept: int) -> str:
+    """What happened when a circuit kept fewer edges than its sparsity allows, and what to do."""
+    on_paths = meta.get("n_open_edges_on_paths", -1)
+    paths = f", {on_paths} of them on complete paths from the input to the read-out" if on_paths >= 0 else ""
+    return (f"kept {n_kept} edges where sparsity {meta['sparsity_asked']:.4g} allows {meta['n_edges_asked']}: "
+            f"the search closed every other edge ({meta['n_open_edges']} stayed open{paths}; a circuit "
+            "keeps whole paths). Not an error: the target needs fewer edges than the budget, and the "
+            "faithfulness above says how well they do. If it is low, try more --steps or another --seed.")  # fmt: skip
+
+
+def _print_method(meta: dict) -> None:
+    """A circuit's method line (methods other than edge pruning): settings, seconds, a short circuit."""
+    if meta.get("method", "prune") == "prune":
+        return
+    settings = ", ".join(f"{k} {v}" for k, v in meta.get("method_settings", {}).items()
+                         if v is not None and k not in ("sparsity", "n_edges"))  # fmt: skip
+    typer.echo(f"  method {meta['method']} ({settings}): {meta['n_edges_kept']} of {meta['n_edges_asked']} "
+               f"edges asked, of {meta['n_edges_countable']} countable, in {meta['seconds']:.1f} s")  # fmt: skip
+    if meta.get("sparsity_limited_by_paths"):
+        typer.echo(f"  fewer edges than asked: the next edges by rank complete no input-to-read-out path "
+                   f"within the {meta['n_edges_asked']}")  # fmt: skip
 
 
 def pairs_ioi(
@@ -211,13 +279,15 @@ def overlap_(
     json_out: Path | None = typer.Option(None, "--json", help="Write everything as JSON here."),
     device: str = typer.Option("cpu"),
     mixed_checkpoints: bool = typer.Option(False, "--mixed-checkpoints", help="Compare circuits found on different checkpoints (refused otherwise; edge names match across checkpoints of one shape, their meaning need not)."),
+    progress: bool = typer.Option(True, help="Show progress bars (null models, cross-evaluation)."),
 ) -> None:
     """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
     uniform and degree-preserving null models, cross-evaluation with --ckpt."""
     from mechlab.pipelines import overlap_circuits
 
     r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level, exclude_writers=exclude_writer,
-                         seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out)  # fmt: skip
+                         seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out,
+                         progress=progress, log=(lambda line: typer.echo(line, err=True)) if progress else None)  # fmt: skip
     rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
     for p in r["pairs"]:
         rows.append((Path(p["a"]).name, Path(p["b"]).name, str(p["n_edges_a"]), str(p["n_edges_b"]),
@@ -247,7 +317,8 @@ def overlap_(
         for c in r["cross_evaluation"]:
             table.append((c["circuit_target"], str(c["seed"]), c["evaluated_on"] + (" (own)" if c["own"] else ""),
                           f"{c['faithfulness']:.3f}", f"{c['complement_faithfulness']:.3f}"))  # fmt: skip
-        typer.echo("cross-evaluation (held-out traces):")
+        typer.echo(f"cross-evaluation, on the held-out traces of {Path(circuits[0]).name} (so a circuit's own-target "
+                   "row differs a little from its faithfulness, measured on its own seed's traces):")  # fmt: skip
         echo_table(table)
     if json_out is not None:
         typer.echo(f"wrote {json_out}")

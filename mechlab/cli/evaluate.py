@@ -43,7 +43,10 @@ def eval_(
         typer.echo(f"{name}: {json_path}, {html_path}")
         _print_report(report)
 
-    evaluate_checkpoint(ckpt, suite, out, on_suite=show, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
+    def start(name: str) -> None:
+        typer.echo(f"evaluating {name} ({traces} {'examples' if trials else 'traces'})...", err=True)
+
+    evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_start=start, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
                         seed=seed, protocol=nih, trials=trials, device=device)  # fmt: skip
 
 
@@ -69,7 +72,7 @@ def report(
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     out: Path = typer.Option(..., help="Directory for index.html and the JSON behind it."),
     target: list[str] = typer.Option(["1-after", "2-after"], help="Pruning target (repeatable)."),
-    seed: list[int] = typer.Option([0, 1], help="Pruning seeds per target (repeatable; two or more give the seed baseline)."),
+    seed: list[int] = typer.Option([0, 1], help="Pruning seeds per target (repeatable; two or more give the seed baseline, three or more its intervals: --seed 0 --seed 1 --seed 2, 1.4x as long)."),
     eval_traces: int = typer.Option(500, min=1, help="NiH traces of the evaluation."),
     prune_traces: int = typer.Option(256, min=1, help="Training traces of each pruning run (held-out: twice as many)."),
     recall_traces: int = typer.Option(256, min=1, help="NiH traces of the recall verdicts."),

@@ -15,7 +15,8 @@ def info(
         None, help="Or: an architecture, model preset or training preset to build fresh (e.g. tiny, lstm, recall-cpu)."
     ),
 ) -> None:
-    """Print architecture, parameter count, training step and every hook with its shape."""
+    """Print architecture, parameter count, training step and every hook with its shape and,
+    where it holds components of the pruning graph, their graph names (a0.h4, m1, ...)."""
     from mechlab.pipelines import describe
 
     d = describe(ckpt, model)
@@ -25,8 +26,10 @@ def info(
     typer.echo(f"parameters:   {d['n_params']:,}")
     typer.echo(f"step:         {d['step']}")
     shapes = d["hooks"]
-    typer.echo(f"hooks ({len(shapes)}), shapes for batch 1 and {min(cfg.n_ctx, 8)} positions:")
-    echo_table([(f"  {name}", str(list(shape))) for name, shape in shapes.items()])
+    names = d.get("graph_names", {})
+    typer.echo(f"hooks ({len(shapes)}), shapes for batch 1 and {min(cfg.n_ctx, 8)} positions"
+               + (", and the pruning graph's names (circuits, mechlab view):" if names else ":"))  # fmt: skip
+    echo_table([(f"  {name}", str(list(shape)), names.get(name, "")) for name, shape in shapes.items()])
 
 
 def train(

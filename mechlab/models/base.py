@@ -24,6 +24,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import Slice, SliceInput
 
+from mechlab.models.buffers import POOL
 from mechlab.models.cache import MechCache, NamesFilter, caching_hooks
 
 IO_MODES = ("continuous", "tokens")
@@ -347,22 +348,24 @@ class MechModel(HookedRootModule):
                     "call cache.remove_batch_dim() on a single-example cache instead"
                 )
         cache_dict: dict[str, Tensor] = {}
-        fwd, bwd, finalize = caching_hooks(
-            self, cache_dict, names_filter, incl_bwd, device, remove_batch_dim, pos_slice
-        )
-        with self.hooks(
-            fwd_hooks=fwd, bwd_hooks=bwd, reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts
-        ):
-            out = self(*model_args, **model_kwargs)
-            if incl_bwd:
-                value = metric(out)
-                if not isinstance(value, Tensor) or value.dim() != 0:
-                    shape = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                    raise ValueError(
-                        f"metric must return a scalar tensor, got {shape}; reduce it, e.g. with .sum()"
-                    )
-                value.backward()
-        finalize()
+        # the big activations go into reusable memory (mechlab.models.buffers)
+        with POOL.session() as buffers:
+            fwd, bwd, finalize = caching_hooks(
+                self, cache_dict, names_filter, incl_bwd, device, remove_batch_dim, pos_slice, buffers
+            )
+            with self.hooks(
+                fwd_hooks=fwd, bwd_hooks=bwd, reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts
+            ):
+                out = self(*model_args, **model_kwargs)
+                if incl_bwd:
+                    value = metric(out)
+                    if not isinstance(value, Tensor) or value.dim() != 0:
+                        shape = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                        raise ValueError(
+                            f"metric must return a scalar tensor, got {shape}; reduce it, e.g. with .sum()"
+                        )
+                    value.backward()
+            finalize()
         return out, MechCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
     def check_length(self, n_pos: int) -> None:

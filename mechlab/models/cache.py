@@ -25,6 +25,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import Slice, SliceInput
 from transformer_lens.utilities import remove_batch_dim as drop_batch_dim
 
+from mechlab.models.buffers import SESSION, CacheBuffers
 from mechlab.models.recurrence import reads_only
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ def caching_hooks(
     device: str | torch.device | None = None,
     remove_batch_dim: bool = False,
     pos_slice: Slice | SliceInput = None,
+    buffers: CacheBuffers | None = None,
 ) -> tuple[list, list, Callable[[], None]]:
     """Hooks that store activations (and gradients) into ``cache``.
 
@@ -133,6 +135,8 @@ def caching_hooks(
         device: Where to store the tensors (default: where they are).
         remove_batch_dim: Drop a batch axis of size 1.
         pos_slice: Positions to keep, applied on each hook's position axis.
+        buffers: A pool the model may compute the big stored activations into
+            (:mod:`mechlab.models.buffers`; ``run_with_cache`` passes its session), or None.
 
     Returns:
         ``(fwd_hooks, bwd_hooks, finalize)``. The forward hooks are marked
@@ -170,7 +174,10 @@ def caching_hooks(
     for name in model.hook_dict:
         if keep(name):
             # caching only reads: per-step points can then run the mixers' fast paths
-            fwd_hooks.append((name, reads_only(partial(save, is_backward=False))))
+            hook = reads_only(partial(save, is_backward=False))
+            if buffers is not None:
+                setattr(hook, SESSION, buffers)  # the model may write this activation into the pool
+            fwd_hooks.append((name, hook))
             if incl_bwd:
                 bwd_hooks.append((name, partial(save, is_backward=True)))
     return fwd_hooks, bwd_hooks, finalize

@@ -49,6 +49,7 @@ from mechlab.models.base import (
     ReadOut,
     ResidualBlock,
 )
+from mechlab.models.buffers import cache_buffer
 from mechlab.models.recurrence import StepHook, hook_use, is_hooked, read_trajectory
 from mechlab.models.scan import DEFAULT_CHUNK, SCANS, dense_scan, use_chunked
 
@@ -168,7 +169,12 @@ class DenseSSMMixer(nn.Module):
         autograd = torch.is_grad_enabled() and any(t.requires_grad for t in (x, h, self.W_A))
         if read_A or (use != "write" and use_chunked(self.scan, autograd)):
             # A(x_t) is needed (read-only hook_A) or asked for: the chunked scan
-            states, transitions = dense_scan(x, self.W_A, h, self.chunk, keep_transitions=read_A)
+            # what a cache keeps goes into reused memory (mechlab.models.buffers)
+            A_out = cache_buffer(self.hook_A, (batch, n_pos, self.d_state, self.d_state), x, autograd)
+            h_out = cache_buffer(self.hook_h, (batch, n_pos, self.d_state), x, autograd)
+            states, transitions = dense_scan(
+                x, self.W_A, h, self.chunk, keep_transitions=read_A, transitions_out=A_out, states_out=h_out
+            )
             if transitions is not None:
                 read_trajectory(self.hook_A, transitions)
             read_trajectory(self.hook_h, states)

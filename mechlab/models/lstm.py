@@ -54,6 +54,7 @@ from mechlab.models.base import (
     ReadOut,
     ResidualBlock,
 )
+from mechlab.models.buffers import cache_buffer
 from mechlab.models.recurrence import StepHook, hook_use, read_trajectory
 from mechlab.models.scan import linear_recurrence
 
@@ -218,25 +219,33 @@ class LSTMMixer(nn.Module):
         rnn = self.rnn
         batch, n_pos, _ = x.shape
         d_hidden = rnn.hidden_size
-        bias = rnn.bias_ih_l0 + rnn.bias_hh_l0
-        gates = torch.addmm(bias, x.flatten(0, 1), rnn.weight_ih_l0.T).unflatten(0, (batch, n_pos))
-        cs = x.new_empty(batch, n_pos, d_hidden)
-        hs = x.new_empty(batch, n_pos, d_hidden)
+        # what a cache keeps goes into reused memory (mechlab.models.buffers)
+        gates = _cache_buffer(self.step_points()[:4], (batch, n_pos, 4 * d_hidden), x)
+        cs = _cache_buffer(self.step_points()[4:5], (batch, n_pos, d_hidden), x)
+        hs = _cache_buffer(self.step_points()[5:], (batch, n_pos, d_hidden), x)
+        # tanh(a) = 2 sigmoid(2a) - 1: with the g rows of the weights and bias doubled (exact
+        # in floating point) one sigmoid serves all four gates; torch's CPU tanh costs about
+        # five times its sigmoid
+        double_g = torch.ones(4 * d_hidden, dtype=x.dtype, device=x.device)
+        double_g[2 * d_hidden : 3 * d_hidden] = 2
+        bias = (rnn.bias_ih_l0 + rnn.bias_hh_l0) * double_g
+        w_ih = rnn.weight_ih_l0.T * double_g  # [d_model, 4 * d_hidden]
+        w_hh = rnn.weight_hh_l0.T * double_g  # [d_hidden, 4 * d_hidden]
+        torch.addmm(bias, x.flatten(0, 1), w_ih, out=gates.view(batch * n_pos, 4 * d_hidden))
         if initial_state is None:
             h, c = x.new_zeros(batch, d_hidden), x.new_zeros(batch, d_hidden)
         else:
             h, c = initial_state.unbind(1)  # [batch, d_hidden] each
-        w_hh = rnn.weight_hh_l0.T  # [d_hidden, 4 * d_hidden]
-        for t in range(n_pos):
-            step = gates[:, t]  # [batch, 4 * d_hidden]
-            step.addmm_(h, w_hh)
-            step[:, : 2 * d_hidden].sigmoid_()  # i, f
-            step[:, 2 * d_hidden : 3 * d_hidden].tanh_()  # g
-            step[:, 3 * d_hidden :].sigmoid_()  # o
-            i, f, g, o = step.chunk(4, dim=-1)
-            c = torch.mul(i, g, out=cs[:, t]).addcmul_(f, c)
-            h = torch.tanh(c, out=hs[:, t]).mul_(o)
+        minus_one = x.new_full((), -1.0).expand(batch, d_hidden)
+        # every step's views made once (per-step slicing costs more than the small kernels)
         i, f, g, o = gates.chunk(4, dim=-1)  # views, [batch, pos, d_hidden] each
+        steps = zip(gates.unbind(1), i.unbind(1), f.unbind(1), g.unbind(1), o.unbind(1),
+                    cs.unbind(1), hs.unbind(1), strict=True)  # fmt: skip
+        for step, i_t, f_t, g_t, o_t, c_t, h_t in steps:
+            step.addmm_(h, w_hh).sigmoid_()  # [batch, 4 * d_hidden]: i, f, (g + 1) / 2, o
+            torch.add(minus_one, g_t, alpha=2, out=g_t)
+            c = torch.mul(i_t, g_t, out=c_t).addcmul_(f_t, c)
+            h = torch.tanh(c, out=h_t).mul_(o_t)
         values = {"i": i, "f": f, "g": g, "o": o, "c": cs, "h": hs}
         return values, torch.stack([h, c], dim=1)
 
@@ -325,6 +334,16 @@ class LSTMMixer(nn.Module):
             h = step_h(t, o * torch.tanh(c))
         hs = step_h.stacked()  # [batch, pos, d_hidden]
         return (hs, torch.stack([h, c], dim=1)) if return_state else hs
+
+
+def _cache_buffer(points: tuple[HookPoint, ...], shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """Reused memory for values a cache keeps (:func:`~mechlab.models.buffers.cache_buffer`
+    of the first of ``points`` that a cache stores), else a fresh tensor."""
+    for point in points:
+        out = cache_buffer(point, shape, like)
+        if out is not None:
+            return out
+    return like.new_empty(shape)
 
 
 class LSTMBlock(ResidualBlock):

@@ -57,6 +57,7 @@ from mechlab.models.base import (
     ReadOut,
     ResidualBlock,
 )
+from mechlab.models.buffers import cache_buffer
 from mechlab.models.recurrence import StepHook, hook_use, read_trajectory
 from mechlab.models.scan import DEFAULT_CHUNK, SCANS, selective_scan, use_chunked
 
@@ -299,8 +300,11 @@ class MambaMixer(nn.Module):
         read_in_place = use == "read" and not autograd
         if use != "write" and (use_chunked(self.scan, autograd) or read_in_place):
             h0 = None if initial_state is None else initial_state.to(delta.dtype)
+            keep = use == "read"
+            shape = (batch, n_pos, d_inner, self.cfg.d_state)  # a cache's states: reused memory
+            states_out = cache_buffer(self.hook_ssm_state, shape, delta, autograd) if keep else None
             y, h, states = selective_scan(
-                x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=use == "read"
+                x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=keep, states_out=states_out
             )
             if states is not None:
                 read_trajectory(self.hook_ssm_state, states)

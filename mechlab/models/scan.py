@@ -110,6 +110,7 @@ def selective_scan(
     h0: Float[Tensor, "batch d_inner d_state"] | None = None,
     chunk: int = DEFAULT_CHUNK,
     keep_states: bool = False,
+    states_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Mamba's scan ``h_t = exp(delta_t A) * h_{t-1} + (delta_t x_t) B_t``, ``y_t = h_t C_t``, chunked.
 
@@ -125,6 +126,7 @@ def selective_scan(
         chunk: Positions per chunk.
         keep_states: Also return every state ``[batch, pos, d_inner, d_state]`` (for
             read-only hooks on ``hook_ssm_state``).
+        states_out: Memory for the kept states (e.g. a cache buffer), or None.
 
     Returns:
         ``(y, h_last, states)``: ``y = sum_n h_t C_t`` ``[batch, pos, d_inner]`` (without
@@ -137,7 +139,9 @@ def selective_scan(
     h = x.new_zeros(batch, d_inner, d_state) if h0 is None else h0
     delta_x = delta * x  # [batch, pos, d_inner]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, A, B, C, h))
-    states = x.new_empty(batch, n_pos, d_inner, d_state) if keep_states else None
+    states = None
+    if keep_states:
+        states = x.new_empty(batch, n_pos, d_inner, d_state) if states_out is None else states_out
     if grad:
         ys = []
         kept = []
@@ -183,6 +187,8 @@ def dense_scan(
     h0: Float[Tensor, "batch d_state"],
     chunk: int = DEFAULT_CHUNK,
     keep_transitions: bool = False,
+    transitions_out: Tensor | None = None,
+    states_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Every state of the dense SSM's ``h_t = A(x_t) h_{t-1}``, ``A(x)[i, j] = W_A[i, j, :] . x``, chunked.
 
@@ -190,7 +196,9 @@ def dense_scan(
     [d_model, d_state^2]``; the state then takes one batched mat-vec per step. This costs
     the same multiply-adds as the loop's ``(h outer x_t) W`` (``d_state^2 d_model`` per
     batch row and position), so it is chosen for the hooked path, where ``A(x_t)`` is
-    needed anyway, and measured against the loop for the plain forward.
+    needed anyway, and measured against the loop for the plain forward. When every
+    transition is kept and no autograd graph is built, they come from one matrix product
+    over all positions, written straight into the kept tensor.
 
     Args:
         x: The (normalised) input.
@@ -198,6 +206,9 @@ def dense_scan(
         h0: The state before position 0.
         chunk: Positions per chunk.
         keep_transitions: Also return every ``A(x_t)`` ``[batch, pos, d_state, d_state]``.
+        transitions_out: Memory for the kept transitions (e.g. a cache buffer), or None.
+        states_out: Memory for the states ``[batch, pos, d_state]``, or None (no autograd:
+            both are written in place).
 
     Returns:
         ``(states, transitions)``: ``[batch, pos, d_state]`` and the transitions or None.
@@ -207,7 +218,6 @@ def dense_scan(
     d_state = W_A.shape[0]
     W_T = W_A.reshape(d_state * d_state, d_model).T  # [d_model, d_state^2]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, W_A, h0))
-    transitions = x.new_empty(batch, n_pos, d_state, d_state) if keep_transitions else None
     h = h0.expand(batch, d_state) if h0.dim() == 1 else h0
     if grad:
         hs, kept = [], []
@@ -219,20 +229,24 @@ def dense_scan(
             for A_t in A.unbind(1):  # (unbind: one stack in the backward)
                 h = torch.linalg.vecdot(A_t, h[:, None, :])  # [batch, d_state]
                 hs.append(h)
+        transitions = None
         if keep_transitions:
+            transitions = x.new_empty(batch, n_pos, d_state, d_state) if transitions_out is None else transitions_out
             torch.cat(kept, dim=1, out=transitions)
         return torch.stack(hs, dim=1), transitions
-    states = x.new_empty(batch, n_pos, d_state)
-    buf = None if keep_transitions else x.new_empty(batch, min(chunk, n_pos), d_state * d_state)
+    states = x.new_empty(batch, n_pos, d_state) if states_out is None else states_out
+    if keep_transitions:
+        transitions = x.new_empty(batch, n_pos, d_state, d_state) if transitions_out is None else transitions_out
+        torch.mm(x.reshape(batch * n_pos, d_model), W_T, out=transitions.view(batch * n_pos, d_state * d_state))
+        for t, A_t in enumerate(transitions.unbind(1)):
+            h = torch.linalg.vecdot(A_t, h[:, None, :], out=states[:, t])
+        return states, transitions
+    buf = x.new_empty(batch, min(chunk, n_pos), d_state * d_state)
     for s in range(0, n_pos, chunk):
         e = min(s + chunk, n_pos)
-        if transitions is not None:
-            A = transitions[:, s:e]
-            torch.matmul(x[:, s:e], W_T, out=A.view(batch, e - s, d_state * d_state))
-        else:
-            flat = buf[:, : e - s]
-            torch.matmul(x[:, s:e], W_T, out=flat)
-            A = flat.unflatten(-1, (d_state, d_state))
+        flat = buf[:, : e - s]
+        torch.matmul(x[:, s:e], W_T, out=flat)
+        A = flat.unflatten(-1, (d_state, d_state))
         for j in range(e - s):
             h = torch.linalg.vecdot(A[:, j], h[:, None, :], out=states[:, s + j])
-    return states, transitions
+    return states, None

@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from mechlab.models.base import MechModel, ModelConfig, ReadIn, ReadOut
+from mechlab.models.buffers import cache_buffer
 
 ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
 NORMALIZATIONS = ("LN", "RMS", "none")
@@ -365,17 +366,26 @@ class Attention(nn.Module):
         return [self.b_Q, self.b_K, self.b_V]
 
     def scores(
-        self, q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos kv_head d_head"]
+        self,
+        q: Float[Tensor, "batch pos head d_head"],
+        k: Float[Tensor, "batch pos kv_head d_head"],
+        out: Tensor | None = None,
     ) -> Float[Tensor, "batch head query_pos key_pos"]:
         """Masked attention scores of (rotated) queries and keys; each key/value head
-        serves ``n_groups`` consecutive query heads."""
+        serves ``n_groups`` consecutive query heads. ``out``: memory to write them into
+        (``[batch, head, query_pos, key_pos]``, no autograd), e.g. a cache buffer."""
         if self.n_groups > 1:
             k = k.repeat_interleave(self.n_groups, dim=2)  # [batch, pos, head, d_head]
+        batch, n_q, n_heads, d_head = q.shape
+        n_k = k.shape[1]
         # The [batch, head, query_pos, key_pos] tensors dominate the memory traffic, so
         # allocate only two of them: scale q rather than the scores, mask in place.
-        scores = torch.einsum("bqhd,bkhd->bhqk", q / self.scale, k)
+        q_bh = (q / self.scale).transpose(1, 2).reshape(batch * n_heads, n_q, d_head)
+        k_bh = k.permute(0, 2, 3, 1).reshape(batch * n_heads, d_head, n_k)
+        flat = None if out is None else out.view(batch * n_heads, n_q, n_k)
+        scores = torch.bmm(q_bh, k_bh, out=flat).view(batch, n_heads, n_q, n_k)
         if self.causal:
-            scores.masked_fill_(causal_mask(q.shape[1], q.device), float("-inf"))
+            scores.masked_fill_(causal_mask(n_q, q.device), float("-inf"))
         return scores
 
     def mix_values(
@@ -395,8 +405,13 @@ class Attention(nn.Module):
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if self.rotary is not None:
             q, k = self.hook_rot_q(self.rotary(q)), self.hook_rot_k(self.rotary(k))
-        scores = self.hook_attn_scores(self.scores(q, k))
-        pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+        # A cache that keeps the maps gets them written into reused memory (models/buffers.py)
+        maps = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])  # [batch, head, query_pos, key_pos]
+        grad = q.requires_grad or k.requires_grad
+        scores = self.scores(q, k, out=cache_buffer(self.hook_attn_scores, maps, q, grad))
+        scores = self.hook_attn_scores(scores)
+        pattern_out = cache_buffer(self.hook_pattern, maps, q, grad or scores.requires_grad)
+        pattern = self.hook_pattern(torch.softmax(scores, dim=-1, out=pattern_out))
         z = self.hook_z(self.mix_values(pattern, v))
         result = self.hook_result(torch.einsum("bqhd,hdm->bqhm", z, self.W_O))
         out = result.sum(dim=2)

@@ -145,27 +145,34 @@ class PatchResult:
         Returns:
             A plotly heatmap.
         """
+        from mechlab.models.names import graph_name
+
         use_norm = normalized and self.clean_metric != self.corrupted_metric
         z = (self.normalized if use_norm else self.effect).detach().cpu()
         bound = float(z.abs().max()) or 1.0
+        # every row labelled, with the pruning graph's name beside the hook's (a0.h4)
+        rows = [f"{h} · {g}" if (g := graph_name(h)) else h for h in self.labels]
         fig = go.Figure(
             go.Heatmap(
                 z=z.tolist(),
                 x=[str(p) for p in self.positions],
-                y=self.labels,
+                y=rows,
                 colorscale="RdBu",
                 zmid=0,
                 zmin=-bound,
                 zmax=bound,
                 colorbar={"title": "normalized" if use_norm else "effect"},
+                hovertemplate="%{y}<br>position %{x}<br>%{z:.3f}<extra></extra>",
             )
         )
         fig.update_layout(
             title=title or f"{self.method} patching ({self.direction})",
             xaxis_title="position",
-            yaxis={"title": "component", "autorange": "reversed", "type": "category"},
+            yaxis={"title": "component", "autorange": "reversed", "type": "category",
+                   "tickmode": "array", "tickvals": rows, "ticktext": rows, "automargin": True},
             xaxis={"type": "category"},
-        )
+            height=int(max(450, 17 * len(rows) + 180)),
+        )  # fmt: skip
         return fig
 
     def __repr__(self) -> str:

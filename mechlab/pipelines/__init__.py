@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.pipelines.curves import curve_checkpoint
     from mechlab.pipelines.data import check_prune_targets, checkpoint_prune_data, circuit_data
     from mechlab.pipelines.evaluate import eval_dynamics, evaluate_checkpoint, run_suite
+    from mechlab.pipelines.methods import METHODS, check_method
     from mechlab.pipelines.prompts import prune_prompts, write_ioi_pairs
     from mechlab.pipelines.prune import (
         PRUNE_PROTOCOLS,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.pipelines.train import run_config, train_run
 
 _LAZY = {
+    "check_method": "mechlab.pipelines.methods",
     "check_prune_targets": "mechlab.pipelines.data",
     "checkpoint_prune_data": "mechlab.pipelines.data",
     "circuit_data": "mechlab.pipelines.data",
@@ -56,6 +58,7 @@ _LAZY = {
     "joint_prune_targets": "mechlab.pipelines.prune",
     "load_circuits": "mechlab.pipelines.circuits",
     "make_report": "mechlab.pipelines.report",
+    "METHODS": "mechlab.pipelines.methods",
     "open_checkpoint": "mechlab.pipelines.checkpoints",
     "overlap_circuits": "mechlab.pipelines.circuits",
     "prune_checkpoint": "mechlab.pipelines.prune",
@@ -90,10 +93,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "METHODS",
     "PRUNE_PROTOCOLS",
     "Report",
     "ReportConfig",
     "Source",
+    "check_method",
     "check_prune_targets",
     "checkpoint_prune_data",
     "circuit_data",

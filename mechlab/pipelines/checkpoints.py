@@ -96,8 +96,9 @@ def describe(ckpt: Source | None = None, model: str | None = None) -> dict[str, 
         model: Or an architecture, model preset or training preset to build fresh.
 
     Returns:
-        ``source``, ``cfg`` (the model config), ``n_params``, ``step`` and ``hooks``
-        (hook name -> shape for batch 1).
+        ``source``, ``cfg`` (the model config), ``n_params``, ``step``, ``hooks``
+        (hook name -> shape for batch 1) and ``graph_names`` (hook name -> the pruning
+        graph's names of the components it holds, :func:`mechlab.models.names.hook_graph_names`).
 
     Raises:
         ValueError: Not exactly one of ``ckpt`` and ``model``.
@@ -111,8 +112,22 @@ def describe(ckpt: Source | None = None, model: str | None = None) -> dict[str, 
         net, step, source = loaded.model, loaded.step, str(source_path(ckpt))
     else:
         net, step, source = build_model(model_config(model)), 0, f"fresh {model}"
+    hooks = net.hook_shapes(batch=1)
     return {"source": source, "cfg": net.cfg, "step": step,
-            "n_params": sum(p.numel() for p in net.parameters()), "hooks": net.hook_shapes(batch=1)}  # fmt: skip
+            "n_params": sum(p.numel() for p in net.parameters()), "hooks": hooks,
+            "graph_names": _graph_names(net, list(hooks))}  # fmt: skip
+
+
+def _graph_names(net: Any, hooks: list[str]) -> dict[str, str]:
+    """Hook name -> the pruning graph's names it holds (empty for a model without a graph)."""
+    from mechlab.models.names import hook_graph_names
+    from mechlab.prune.graph import build_graph
+
+    try:
+        graph = build_graph(net)
+    except (ValueError, TypeError, AttributeError):  # a wrapped module: no pruning graph
+        return {}
+    return hook_graph_names(graph.summary(), hooks)
 
 
 def model_config(name: str) -> str | dict[str, Any]:

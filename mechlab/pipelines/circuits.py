@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,33 +27,42 @@ def load_circuits(paths: Sequence[str | Path]) -> list[Circuit]:
 
 
 def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] = ()) -> Path:
-    """``mechlab view``: one page drawing each circuit, with the overlap view of two or more
-    on one layout first.
+    """``mechlab view``: the circuit explorer of the circuits (:func:`mechlab.viz.circuit_explorer`):
+    choose target, method and seed, compare two (shared / only A / only B), filter by score
+    and stability, hover or click for scores; one offline file, plotly.js inside.
 
     Args:
         paths: Circuit JSON files.
         out: The ``.html`` file to write.
-        labels: A name per circuit (default: target and seed).
+        labels: A name per circuit (default: target, method and seed).
 
     Returns:
         The page's path.
     """
-    from mechlab.viz import circuit_figure, overlap_figure
-    from mechlab.viz.figures import page_html
+    from mechlab.viz.explorer import circuit_explorer
 
     if labels and len(labels) != len(paths):
         raise ValueError(f"give one --label per circuit: {len(labels)} labels for {len(paths)} circuits")
     if Path(out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must be an .html file, got {str(out)!r}")
     loaded = load_circuits(paths)
-    names = list(labels) or [f"{c.metadata.get('target', Path(p).stem)} (seed {c.metadata.get('seed', '?')})"
-                             for c, p in zip(loaded, paths, strict=True)]  # fmt: skip
-    sections: list[tuple[str, Any]] = []
-    if len(loaded) >= 2:
-        sections.append(("Overlap", overlap_figure(loaded, names)))
-    sections += [(name, circuit_figure(c)) for name, c in zip(names, loaded, strict=True)]
-    title = "Circuit" if len(loaded) == 1 else f"{len(loaded)} circuits"
-    return outputs.write_text(out, page_html(title, sections))
+    explorer = circuit_explorer(loaded, list(labels) or None)
+    page = explorer.to_html("inline", start=0, compare=1 if len(loaded) >= 2 else None)
+    return outputs.write_text(out, page)
+
+
+def _group(circuit: Circuit, default: str = "?") -> str:
+    """A circuit's group: its target, and its method when that is not edge pruning
+    (``1-after``, ``1-after eap-ig``): circuits of one group are seeds of one search."""
+    meta = circuit.metadata
+    method = meta.get("method", "prune")
+    return str(meta.get("target", default)) + ("" if method == "prune" else f" {method}")
+
+
+def _by_group(circuits: list[Circuit]) -> list[Circuit]:
+    """The circuits with ``metadata["target"]`` replaced by their group (:func:`_group`), for
+    the statistics that group circuits by target; the originals are left as they are."""
+    return [dataclasses.replace(c, metadata={**c.metadata, "target": _group(c)}) for c in circuits]
 
 
 def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sha: str | None,
@@ -88,6 +98,8 @@ def overlap_circuits(
     device: str | None = None,
     mixed_checkpoints: bool = False,
     json_out: str | Path | None = None,
+    progress: bool = False,
+    log: Any = None,
 ) -> dict[str, Any]:
     """``mechlab overlap``: the circuits' pairwise overlaps, Jaccard with bootstrap intervals
     over seeds, the uniform and degree-preserving null models and, with ``ckpt``, each
@@ -105,6 +117,8 @@ def overlap_circuits(
         device: Where the cross-evaluation runs.
         mixed_checkpoints: Compare circuits of different checkpoints (with a warning).
         json_out: Write the result here as JSON.
+        progress: Show a progress bar for each null model and the cross-evaluation.
+        log: Called with one line as each stage starts (e.g. ``print``).
 
     Returns:
         ``circuits``, ``pairs`` (one :meth:`~mechlab.prune.circuit.Overlap.to_dict` per pair,
@@ -118,7 +132,10 @@ def overlap_circuits(
         raise ValueError("give at least two circuit files")
     if not 0 < level < 1:
         raise ValueError(f"--level must be in (0, 1), got {level}")
+    say = log or (lambda line: None)
     loaded = load_circuits(paths)
+    if ckpt is not None:
+        say(f"opening {source_path(ckpt)}")
     opened = None if ckpt is None else open_checkpoint(ckpt, device)
     _check_one_checkpoint(loaded, paths, None if opened is None else opened.sha256, ckpt, mixed_checkpoints)
     with warnings.catch_warnings():
@@ -131,16 +148,19 @@ def overlap_circuits(
                 pairs.append({"a": str(paths[i]), "b": str(paths[j]), **o.to_dict()})
         by_target: dict[str, list[Circuit]] = {}
         for c in loaded:
-            by_target.setdefault(str(c.metadata.get("target", "?")), []).append(c)
+            by_target.setdefault(_group(c), []).append(c)
         multi = {t: g for t, g in by_target.items() if len(g) >= 2}
         stability = seed_stability(multi) if multi else None
         edges = [e for e in graph_edges(loaded[0]) if e[0] not in set(exclude_writers)]
-        report = overlap_report(loaded, edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed)
+        say(f"bootstrap ({n_boot} resamples of each target's circuits) and null models ({n_null} samples each)")
+        report = overlap_report(_by_group(loaded), edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed,
+                                progress=progress)  # fmt: skip
     result: dict[str, Any] = {"circuits": [str(p) for p in paths], "pairs": pairs, **report,
                               "excluded_writers": list(exclude_writers)}  # fmt: skip
     if opened is not None:
+        say(f"cross-evaluation: every circuit on every target, on the held-out traces of {Path(paths[0]).name}")
         data = circuit_data(opened, loaded[0])
-        result["cross_evaluation"] = cross_evaluate(opened.model, data, loaded)
+        result["cross_evaluation"] = cross_evaluate(opened.model, data, loaded, progress=progress)
     if json_out is not None:
         outputs.write_json(json_out, result)
     return {**result, "stability": stability}

@@ -177,6 +177,30 @@ def check_targets(
         check_target(target, data.train)
 
 
+def sample_data(
+    ckpt: Checkpoint,
+    target: Target,
+    *,
+    length: int | None = None,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    nih: str = "study",
+    corruption: str = DEFAULT_CORRUPTION,
+) -> tuple[PruneData, Target]:
+    """One training and one held-out trace of an opened checkpoint's task, and the target
+    resolved on them: enough to build a target's (windowed) graph and check a budget."""
+    if ckpt.task == "state_tracking":
+        return state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+    if ckpt.task == "induction":
+        refuse_length(ckpt, length)
+        return induction_data(ckpt, target, n_train=1, n_test=1, corruption=corruption), target
+    lds_config(ckpt, length)
+    data = nih_data(ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len,
+                    corruption=corruption, protocol=nih)  # fmt: skip
+    check_target(target, data.train)
+    return data, target
+
+
 def check_prune_targets(source: Source, targets: list[Target], **settings: Any) -> None:
     """:func:`check_targets` on a checkpoint or its file (``protocol``, ``n_haystack``,
     ``seg_len``, ``length``, ``corruption``)."""

@@ -131,6 +131,7 @@ def evaluate_checkpoint(
     out: str | Path | None = None,
     *,
     on_suite: Callable[[str, dict[str, Any], Path, Path], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
     **settings: Any,
 ) -> dict[str, dict[str, Any]]:
     """``mechlab eval``: each suite's JSON and figure (``<suite>.json``, ``<suite>.html``).
@@ -140,6 +141,7 @@ def evaluate_checkpoint(
         suites: Suites (``["all"]``: every one).
         out: Folder (default: ``eval/`` beside the checkpoint).
         on_suite: Called with ``(suite, report, json_path, html_path)`` after each write.
+        on_start: Called with the suite's name as it starts (progress for the terminal).
         **settings: :func:`run_suite`'s (``n_traces``, ``n_haystack``, ``seg_len``,
             ``seed``, ``protocol``, ``trials`` (nih and ood only), ``device``).
 
@@ -155,10 +157,13 @@ def evaluate_checkpoint(
     nih_protocol(settings.get("protocol", "study"))
     device = settings.pop("device", None)
     ckpt = open_checkpoint(source, device)
+    _ = ckpt.task_config  # no task metadata: the one-line error, before any suite starts
     folder = Path(out) if out is not None else outputs.beside(source_path(source), "eval")
     trials = settings.pop("trials", None)
     reports = {}
     for name in suites:
+        if on_start is not None:
+            on_start(name)
         report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
                            **settings)  # fmt: skip
         reports[name] = report

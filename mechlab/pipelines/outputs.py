@@ -35,8 +35,20 @@ def write_json(path: str | Path, data: Any, *, newline: bool = False, default: A
 
 
 def write_figure(figure: Any, path: str | Path) -> Path:
-    """Write a plotly figure as a self-contained offline HTML page (plotly.js embedded)."""
-    return write_text(path, figure.to_html(include_plotlyjs=True, full_html=True))
+    """Write a plotly figure as an offline HTML page that loads the folder's one
+    ``plotly.min.js`` (:func:`write_plotlyjs`), not a 4.8 MB copy of its own."""
+    from mechlab.viz.figures import figure_html
+
+    write_plotlyjs(Path(path).parent)
+    return write_text(path, figure_html(figure, plotlyjs="directory"))
+
+
+def write_plotlyjs(folder: str | Path) -> Path:
+    """``folder/plotly.min.js``, the one copy of plotly.js the folder's pages load
+    (written when missing or different; the same file is left alone)."""
+    from mechlab.viz.figures import write_plotlyjs as write_once
+
+    return write_once(folder, writer=write_text)
 
 
 def write_circuit(circuit: Any, path: str | Path) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import open_checkpoint
+from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.evaluate import target_outputs
@@ -125,6 +126,10 @@ def prune_prompts(
     sparsity: float = 0.95,
     device: str | None = None,
     on_circuit: Callable[[str, Circuit, Path], None] | None = None,
+    method: str = "prune",
+    n_edges: int | None = None,
+    ig_steps: int | None = None,
+    acdc_max_edges: int | None = None,
     **prune_kwargs: Any,
 ) -> PromptRun:
     """Prune a model on prompt pairs, one circuit per seed (module docstring).
@@ -141,6 +146,11 @@ def prune_prompts(
         sparsity: Edge sparsity in (0, 1).
         device: Where to run (default: the CPU).
         on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written.
+        method: ``prune`` (edge pruning, the default) or an attribution method
+            (:mod:`mechlab.pipelines.methods`); its circuits are ``<pairs-stem>_<method>_seed<k>``.
+        n_edges: Keep at most this many countable edges instead of ``sparsity``.
+        ig_steps: Integration points of ``eap-ig`` and ``eap-ig-inputs`` (default 10).
+        acdc_max_edges: ACDC's limit on countable edges (default 400).
         **prune_kwargs: :func:`mechlab.prune.prune`'s settings (``steps``, ``ablation``,
             ``loss``, ...).
 
@@ -151,26 +161,37 @@ def prune_prompts(
         ValueError: Any bad setting, pair, tokenizer or model (one line), before any work.
     """
     check_prune_args(sparsity, **prune_kwargs)
+    by_method = method != "prune" or n_edges is not None
+    check_method(method, prune_kwargs, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
     if not seeds:
         raise ValueError("give at least one seed")
     found = prompt_pairs(pairs, model_source, tokenizer, metric, position)
     found.split(test_fraction, 0)  # checks test_fraction
     model, kind = open_model(model_source, device)
     found.check_model(model)
+    if by_method:
+        check_budget(model, found.prune_data(test_fraction, seed=seeds[0]), TARGET, method, sparsity,
+                     n_edges=n_edges, ablation=prune_kwargs.get("ablation", "interchange"),
+                     acdc_max_edges=acdc_max_edges)  # fmt: skip
     run = PromptRun(Path(out) if out is not None else outputs.beside(pairs, "circuits"))
     stem_base = Path(pairs).stem
     for s in seeds:
         data = found.prune_data(test_fraction, seed=s)
         with warnings.catch_warnings():  # the metadata keeps them (callers print them)
             warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-            circuit = prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs)
+            if by_method:
+                circuit = run_method(model, data, TARGET, method, sparsity, n_edges=n_edges, ig_steps=ig_steps,
+                                     acdc_max_edges=acdc_max_edges, seed=s, **prune_kwargs)  # fmt: skip
+            else:
+                circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
         meta = circuit.metadata
+        meta.setdefault("method", "prune")
         meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)
         if metric == "logit-diff":
             _, test = found.split(test_fraction, seed=s)
             meta["metrics"].update(logit_diff_metrics(target_outputs(model, data, circuit), test))
         run.circuits.append(circuit)
-        stem = f"{stem_base}_seed{s}"
+        stem = f"{stem_base}{'' if method == 'prune' else '_' + method}_seed{s}"
         run.files[stem] = (outputs.write_circuit(circuit, run.out / f"{stem}.json"),
                            outputs.write_circuit_figure(circuit, run.out / f"{stem}.html"))  # fmt: skip
         if on_circuit is not None:

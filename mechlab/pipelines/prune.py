@@ -26,7 +26,14 @@ from mechlab.pipelines.checkpoints import (
     refuse_length,
     source_path,
 )
-from mechlab.pipelines.data import check_targets, induction_data, nih_data, state_tracking_data
+from mechlab.pipelines.data import (
+    check_targets,
+    induction_data,
+    nih_data,
+    sample_data,
+    state_tracking_data,
+)
+from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.config import PROTOCOLS
 from mechlab.prune.engine import check_prune_args, prune
@@ -99,6 +106,10 @@ def prune_checkpoint(
     recipe: str = "default",
     loss_scale: float | None = None,
     length: int | None = None,
+    method: str = "prune",
+    n_edges: int | None = None,
+    ig_steps: int | None = None,
+    acdc_max_edges: int | None = None,
     **prune_kwargs: Any,
 ) -> Circuit:
     """Prune a checkpoint of the interleaved-systems task on needle-in-a-haystack traces.
@@ -125,6 +136,11 @@ def prune_checkpoint(
         loss_scale: Multiplies the task loss (default the recipe's: 1, study 1000).
         length: Elements per sequence of a state-tracking checkpoint (default the run's
             ``L``; refused for other tasks).
+        method: ``prune`` (edge pruning, the default) or an attribution method of
+            :data:`mechlab.prune.methods.METHODS` (:mod:`mechlab.pipelines.methods`).
+        n_edges: Keep at most this many countable edges instead of ``sparsity``.
+        ig_steps: Integration points of ``eap-ig`` and ``eap-ig-inputs`` (default 10).
+        acdc_max_edges: ACDC's limit on countable edges (default 400).
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...);
             ``protocol`` is the old name of ``recipe``.
 
@@ -149,6 +165,9 @@ def prune_checkpoint(
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
     check_prune_args(sparsity, **settings)
     data_seed = settings.get("seed", 0) if data_seed is None else data_seed
+    method_settings = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps,
+                       "acdc_max_edges": acdc_max_edges}  # fmt: skip
+    check_method(method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
     ckpt = open_checkpoint(source, device)
     if ckpt.task == "state_tracking":
         data, target = state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
@@ -165,11 +184,47 @@ def prune_checkpoint(
         )  # fmt: skip
     check_target(target, data.train)
     # the engine builds the (windowed) graph and checks the sparsity, once, before any work
-    circuit = prune(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **settings)
+    circuit = _find(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **method_settings, **settings)
     circuit.metadata["checkpoint"] = str(source_path(source))
     circuit.metadata["checkpoint_step"] = ckpt.step
     circuit.metadata["protocol"] = recipe
     return circuit
+
+
+def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = "prune",
+          n_edges: int | None = None, **settings: Any) -> Circuit:  # fmt: skip
+    """Edge pruning as before, or another method (or a budget in edges) through
+    :func:`mechlab.pipelines.methods.run_method`."""
+    if method == "prune" and n_edges is None:
+        circuit = prune(model, data, target, sparsity, **{k: v for k, v in settings.items()
+                                                           if k not in ("ig_steps", "acdc_max_edges")})  # fmt: skip
+        circuit.metadata.setdefault("method", "prune")
+        return check_finite(circuit)
+    ablation = settings.get("ablation", "interchange")
+    check_budget(model, data, target, method, sparsity, n_edges=n_edges, ablation=ablation,
+                 acdc_max_edges=settings.get("acdc_max_edges"), position_aware=settings.get("position_aware"))  # fmt: skip
+    return run_method(model, data, target, method, sparsity, n_edges=n_edges, **settings)
+
+
+def _check_budgets(
+    ckpt: Any,
+    targets: Sequence[Target],
+    method: str,
+    sparsity: float | None,
+    *,
+    n_edges: int | None = None,
+    ablation: str = "interchange",
+    acdc_max_edges: int | None = None,
+    recipe: str = "default",
+    **data_settings: Any,
+) -> None:
+    """:func:`~mechlab.pipelines.methods.check_budget` for every target of an opened checkpoint,
+    on a trace of its task (so that a budget or ACDC's limit is refused before the first circuit)."""
+    sparsity = prune_protocol(recipe, sparsity=sparsity)["sparsity"]
+    for target in targets:
+        data, target = sample_data(ckpt, target, nih=prune_protocol(recipe)["nih"], **data_settings)
+        check_budget(ckpt.model, data, target, method, sparsity, n_edges=n_edges, ablation=ablation,
+                     acdc_max_edges=acdc_max_edges)  # fmt: skip
 
 
 @dataclass
@@ -214,7 +269,10 @@ def prune_targets(
         out: Folder of the circuits (default: ``circuits/`` beside the checkpoint).
         recipe: The pruning recipe (:data:`PRUNE_PROTOCOLS`).
         on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written.
-        **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's).
+        **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
+            ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
+            and every target's budget are checked before the first circuit, and the
+            circuits are ``<target>_<method>_seed<k>``.
 
     Returns:
         The :class:`PruneRun`.
@@ -224,6 +282,19 @@ def prune_targets(
                   seg_len=settings.get("seg_len"), length=settings.get("length"),
                   corruption=settings.get("corruption", DEFAULT_CORRUPTION),
                   protocol=prune_protocol(recipe)["nih"])  # fmt: skip
+    method = settings.get("method", "prune")
+    if method != "prune" or settings.get("n_edges") is not None:  # refused before the first circuit
+        data_keys = ("n_train", "n_test", "n_haystack", "seg_len", "corruption", "data_seed", "length")
+        chosen = {k: settings.get(k) for k in ("n_edges", "ig_steps", "acdc_max_edges")}
+        given = prune_protocol(recipe, **{k: v for k, v in settings.items()
+                                          if k not in (*data_keys, *chosen, "method")})  # fmt: skip
+        sparsity = given.pop("sparsity")
+        given.pop("nih")
+        check_method(method, given, **chosen)
+        _check_budgets(ckpt, list(targets), method, sparsity, recipe=recipe, n_edges=chosen["n_edges"],
+                       acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
+                       length=settings.get("length"), n_haystack=settings.get("n_haystack"),
+                       seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
     run = PruneRun(Path(out) if out is not None else outputs.beside(source_path(source), "circuits"))
     for name in targets:
         for s in seeds:
@@ -231,7 +302,7 @@ def prune_targets(
                 warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
                 circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
             run.circuits.setdefault(target_name(name), []).append(circuit)
-            stem = f"{circuit.metadata['target']}_seed{s}"
+            stem = f"{circuit.metadata['target']}{'' if method == 'prune' else '_' + method}_seed{s}"
             run.files[stem] = (outputs.write_circuit(circuit, run.out / f"{stem}.json"),
                                outputs.write_circuit_figure(circuit, run.out / f"{stem}.html"))  # fmt: skip
             if on_circuit is not None:

@@ -9,11 +9,12 @@
    evaluated on the other target (cross-evaluation);
 4. the label- vs observation-based recall verdicts per offset;
 
-and writes one self-contained ``index.html`` (plotly.js embedded once, every figure and
-number) plus the JSON behind it into a folder::
+and writes one offline ``index.html`` (every figure and number, each section with how to
+read it and what its numbers say: :mod:`mechlab.pipelines.report_page`; plotly.js once,
+in ``plotly.min.js`` beside it) plus the JSON behind it into a folder::
 
-    DIR/index.html  DIR/report.json  DIR/eval/{nih,ood}.json  DIR/circuits/<target>_seed<k>.json
-    DIR/overlap.json  DIR/recall.json
+    DIR/index.html  DIR/plotly.min.js  DIR/report.json  DIR/eval/{nih,ood}.json
+    DIR/circuits/<target>_seed<k>.json  DIR/overlap.json  DIR/recall.json
 
 Everything is computed before anything is written, and every setting is checked before
 any work starts. The checkpoint is opened once and every stage runs on it, on the device
@@ -23,9 +24,8 @@ asked for.
 from __future__ import annotations
 
 import functools
-import html
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,9 @@ class ReportConfig:
     Attributes:
         targets: Pruning targets (``"k-after"``); at least one.
         seeds: Pruning seeds per target (each also draws its own traces); two or more give
-            the seed-to-seed baseline the overlap is judged against.
+            the seed-to-seed baseline the overlap is judged against, three or more its
+            bootstrap intervals. Default two (0, 1): three make the report on the bundled
+            checkpoint 1.4x as long (docs/benchmarks.md), past the README's 5 minutes.
         eval_traces: NiH traces of the evaluation and its probes.
         prune_traces: Training traces of each pruning run (held-out: twice as many).
         recall_traces: NiH traces of the recall verdicts.
@@ -173,100 +175,36 @@ class Report:
                 "timings_s": self.timings, "summary": self.summary()}  # fmt: skip
 
     def figures(self) -> list[tuple[str, go.Figure]]:
-        """``(section title, figure)`` pairs, in the page's order."""
-        from mechlab.viz import circuit_figure, figure_for_suite, overlap_figure, recall_figure
+        """``(title, figure)`` of the page's plotly figures, in order (the circuits are in
+        :meth:`explorer`)."""
+        from mechlab.viz import figure_for_suite, recall_figure
 
-        figs = [("Needle in a haystack", figure_for_suite(self.evals["nih"])),
-                ("Out-of-distribution probes", figure_for_suite(self.evals["ood"]))]  # fmt: skip
-        for target, found in self.circuits.items():
-            c = found[0]
-            seed = c.metadata.get("seed")
-            figs.append(
-                (
-                    f"Circuit: {target} (seed {seed})",
-                    circuit_figure(c, f"{target} circuit, seed {seed}"),
-                )
-            )
-        firsts = [found[0] for found in self.circuits.values()]
-        if len(firsts) >= 2:
-            labels = [
-                f"{t} (seed {c.metadata.get('seed')})"
-                for t, c in zip(self.circuits, firsts, strict=True)
-            ]
-            figs.append(("Overlap of the targets' circuits", overlap_figure(firsts, labels)))
-        figs.append(("Label- vs observation-based recall", recall_figure(self.recall)))
-        return figs
+        return [("Needle in a haystack", figure_for_suite(self.evals["nih"])),
+                ("Out-of-distribution probes", figure_for_suite(self.evals["ood"])),
+                ("Label- vs observation-based recall", recall_figure(self.recall))]  # fmt: skip
+
+    def explorer(self) -> Any:
+        """Every circuit of the report in one :class:`~mechlab.viz.explorer.CircuitExplorer`
+        (target, method and seed to choose, overlap of two, scores on hover and click)."""
+        from mechlab.viz.explorer import circuit_explorer
+
+        flat = [c for found in self.circuits.values() for c in found]
+        labels = [f"{c.metadata.get('target')} · {c.metadata.get('method', 'prune')} · seed "
+                  f"{c.metadata.get('seed')}" for c in flat]  # fmt: skip
+        return circuit_explorer(flat, labels, "Circuits of the report")
+
+    def findings(self) -> dict[str, list[str]]:
+        """The page's conclusions, written from the numbers (:func:`mechlab.pipelines.report_page.findings`)."""
+        from mechlab.pipelines.report_page import findings
+
+        return findings(self)
 
     def to_html(self) -> str:
-        """One self-contained page: plotly.js once, then every table and figure."""
-        from mechlab.viz.figures import page_html
+        """The page: what it finds, each section with how to read it, every figure and
+        table; it loads ``plotly.min.js`` from its folder (:meth:`write` puts it there)."""
+        from mechlab.pipelines.report_page import page
 
-        sections: list[tuple[str, Any]] = [("", self._tables_html()), *self.figures()]
-        return page_html(f"mechlab report: {self.checkpoint}", sections)
-
-    def _tables_html(self) -> str:
-        s = self.summary()
-        rows = [["offset", "NiH median error", "recall verdict"]]
-        for key, value in s["nih_median"].items():
-            rows.append([key, f"{value:.4f}", s["verdict"].get(key, "")])
-        out = ["<h2>Numbers</h2>", _table(rows)]
-        rows = [["target", "seed", "edges", "faithfulness", "complement faithfulness"]]
-        for target, found in self.circuits.items():
-            for c in found:
-                m = c.metadata.get("metrics", {})
-                rows.append(
-                    [
-                        target,
-                        str(c.metadata.get("seed")),
-                        str(len(c.edges)),
-                        _fmt(m.get("faithfulness")),
-                        _fmt(m.get("complement_faithfulness")),
-                    ]
-                )
-        out.append(_table(rows))
-        rows = [["pair", "Jaccard", "95% CI", "uniform null", "degree null"]]
-        for key, entry in self.overlap["across"].items():
-            ci = entry["jaccard"]
-            interval = "" if ci is None else f"[{ci['low']:.3f}, {ci['high']:.3f}]"
-            rows.append(
-                [
-                    key,
-                    f"{entry['jaccard_observed']:.3f}",
-                    interval,
-                    f"{entry['null_uniform']['mc_mean']:.3f}",
-                    f"{entry['null_degree']['mc_mean']:.3f}",
-                ]
-            )
-        for target, ci in self.overlap["within"].items():
-            rows.append(
-                [
-                    f"{target} across seeds",
-                    f"{ci['value']:.3f}",
-                    f"[{ci['low']:.3f}, {ci['high']:.3f}]",
-                    "",
-                    "",
-                ]
-            )
-        out.append(_table(rows))
-        rows = [["circuit", "seed", "evaluated on", "faithfulness", "complement"]]
-        for r in self.overlap.get("cross_evaluation", []):
-            rows.append(
-                [
-                    r["circuit_target"],
-                    str(r["seed"]),
-                    r["evaluated_on"] + (" (own)" if r["own"] else ""),
-                    _fmt(r["faithfulness"]),
-                    _fmt(r["complement_faithfulness"]),
-                ]
-            )
-        out.append(_table(rows))
-        t = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
-        out.append(
-            f"<p>Timings: {html.escape(t)}. JSON: <a href='report.json'>report.json</a>, "
-            "<a href='eval/nih.json'>eval/</a>, <a href='circuits/'>circuits/</a>, "
-            "<a href='overlap.json'>overlap.json</a>, <a href='recall.json'>recall.json</a>.</p>"
-        )
-        return "".join(out)
+        return page(self)
 
     def write(self, out: str | Path) -> Path:
         """Write ``index.html`` and the JSON behind it into ``out``; returns the page's path."""
@@ -280,19 +218,8 @@ class Report:
         outputs.write_json(out / "overlap.json", self.overlap)
         outputs.write_json(out / "recall.json", self.recall)
         outputs.write_json(out / "report.json", self.to_dict())
+        outputs.write_plotlyjs(out)  # the page loads it from its folder
         return outputs.write_text(out / "index.html", self.to_html())
-
-
-def _fmt(x: Any) -> str:
-    return "" if x is None else f"{x:.3f}"
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:]
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig) -> dict[str, Any]:

@@ -123,8 +123,10 @@ class ProbeSweep:
         fig.update_layout(
             title=f"{self.target}: {value} ({self.metric}; query label at {self.query_position})",
             xaxis_title="input position",
-            yaxis={"title": "hook", "autorange": "reversed"},
-        )
+            yaxis={"title": "hook", "autorange": "reversed", "tickmode": "array", "tickvals": self.hooks,
+                   "ticktext": self.hooks, "automargin": True},
+            height=int(max(450, 17 * len(self.hooks) + 180)),
+        )  # fmt: skip
         return fig
 
 

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from mechlab.models.buffers import POOL
 from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, Windows, build_graph, check_windows
 from mechlab.prune.mixing import FastStream, usable
 from mechlab.traces import Traces
@@ -335,25 +336,28 @@ def _edge_block(z: Tensor, graph: EdgeGraph, first_reader: str, n_readers: int) 
 
 def _attention(
     attn: nn.Module,
-    x_q: Float[Tensor, "head batch pos d_model"],
-    x_k: Float[Tensor, "kv_head batch pos d_model"],
-    x_v: Float[Tensor, "kv_head batch pos d_model"],
+    x_qkv: Float[Tensor, "reader batch pos d_model"],
+    sizes: tuple[int, int, int],
 ) -> Float[Tensor, "head batch pos d_model"]:
     """Each head's output ``z_h W_O[h]`` from its own normalised q input and its key/value
     group's normalised k and v inputs (one per head without grouping).
 
+    The q, k and v inputs come stacked, as the reader group's mixing makes them, and are
+    projected in one product with the stacked weights: their gradient then comes back as
+    one tensor (splitting first would make the backward pass concatenate the three).
+
     Args:
         attn: The block's :class:`~mechlab.models.transformer.Attention` (its weights,
             rotary embedding, grouping and causal mask are used).
-        x_q: The q input of every query head (already normalised).
-        x_k: The k input of every key/value head.
-        x_v: The v input of every key/value head.
+        x_qkv: ``[H + 2G, batch, pos, d]``: the q input of every query head, then the k and
+            the v input of every key/value head (already normalised).
+        sizes: ``(H, G, G)``, the three blocks' sizes.
     """
-    q = torch.einsum("hbpm,hmd->bphd", x_q, attn.W_Q)  # [batch, pos, head, d_head]
-    k = torch.einsum("gbpm,gmd->bpgd", x_k, attn.W_K)  # [batch, pos, kv_head, d_head]
-    v = torch.einsum("gbpm,gmd->bpgd", x_v, attn.W_V)
+    W = torch.cat([attn.W_Q, attn.W_K, attn.W_V])  # [H + 2G, d_model, d_head]
+    qkv = torch.einsum("rbpm,rmd->bprd", x_qkv, W)  # [batch, pos, H + 2G, d_head]
     if attn.b_Q is not None:
-        q, k, v = q + attn.b_Q, k + attn.b_K, v + attn.b_V
+        qkv = qkv + torch.cat([attn.b_Q, attn.b_K, attn.b_V])
+    q, k, v = qkv.split(sizes, dim=2)  # [batch, pos, head | kv_head, d_head]
     if attn.rotary is not None:
         q, k = attn.rotary(q), attn.rotary(k)
     pattern = F.softmax(attn.scores(q, k), dim=-1)  # [batch, head, q, k]
@@ -390,6 +394,11 @@ def _qkv_readers(cfg) -> tuple[int, int, int]:
 def _transformer_forward_fast(model, graph, x, ablated, z, node_mask, recompute) -> Tensor:
     """:func:`_transformer_forward`'s arithmetic through :mod:`mechlab.prune.mixing`: one
     contraction per reader group, each reader's norm inside the same autograd node."""
+    with POOL.session():  # the writer buffers come from reused memory (mechlab.models.buffers)
+        return _transformer_forward_fast_body(model, graph, x, ablated, z, node_mask, recompute)
+
+
+def _transformer_forward_fast_body(model, graph, x, ablated, z, node_mask, recompute) -> Tensor:
     sizes = _qkv_readers(model.cfg)
     batch, n_pos = x.shape[:2]
     stream = FastStream(ablated, node_mask, batch, recompute)
@@ -400,7 +409,7 @@ def _transformer_forward_fast(model, graph, x, ablated, z, node_mask, recompute)
         mlp_block = None if block.mlp is None else _edge_block(z, graph, f"m{layer}.in", 1)
         if mlp_block is not None and block.parallel:  # reads what the heads read
             mlp_in = stream.read_norm(mlp_block, block.ln2)
-        stream.add(_attention(block.attn, *x_in.split(sizes)))  # [H, batch, pos, d]
+        stream.add(_attention(block.attn, x_in, sizes))  # [H, batch, pos, d]
         if block.attn.b_O is not None:
             stream.add_constant(block.attn.b_O)
         if mlp_block is not None:
@@ -421,7 +430,7 @@ def _transformer_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
         z_mlp = None if block.mlp is None else _edge_block(z, graph, f"m{layer}.in", 1)  # [1, n_up]
         if z_mlp is not None and block.parallel:  # reads what the heads read
             mlp_in = _layer_norm(block.ln2, stream.read(z_mlp).squeeze(0))
-        stream.add(_attention(block.attn, *x_in.split(sizes)))  # [H, batch, pos, d]
+        stream.add(_attention(block.attn, x_in, sizes))  # [H, batch, pos, d]
         if block.attn.b_O is not None:
             stream.add_constant(block.attn.b_O)
         if z_mlp is not None:

@@ -38,6 +38,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from mechlab.models.buffers import POOL
+
 
 def usable(model: nn.Module, *tensors: Tensor | None) -> bool:
     """Whether the fast path applies: no model parameter needs a gradient and no
@@ -55,6 +57,14 @@ def usable(model: nn.Module, *tensors: Tensor | None) -> bool:
     return not any(t is not None and t.requires_grad for t in tensors)
 
 
+def _reused(like: Tensor, *shape: int) -> Tensor:
+    """Uninitialised memory of ``shape`` from the pool of reused buffers when it has some
+    (:mod:`mechlab.models.buffers`: on the CPU a fresh tensor of this size is fresh pages,
+    faulted in and zeroed every step), else a fresh tensor."""
+    out = POOL.take(shape, like.dtype, like.device)
+    return like.new_empty(shape) if out is None else out
+
+
 class WriterStore:
     """Every writer's difference ``D_w``, one row each of a preallocated buffer, and their gradients.
 
@@ -69,7 +79,7 @@ class WriterStore:
         n = 1
         for size in row_shape:
             n *= size
-        self.diffs = like.new_empty(n_writers, n)  # [n_writers, batch * pos * d]
+        self.diffs = _reused(like, n_writers, n)  # [n_writers, batch * pos * d]
         self.n = 0  # rows written so far
         self.group_starts: list[int] = []  # first row of each stored group
         self.grads: Tensor | None = None  # [n_writers, batch * pos * d], made by the backward pass
@@ -93,7 +103,7 @@ class WriterStore:
         n_up = z.shape[1]
         if self.grads is None or n_up > self.n_grads or backward_pass > self.backward_pass:
             if self.grads is None or self.handed_out:
-                self.grads = torch.empty_like(self.diffs)  # [n_writers, N]
+                self.grads = _reused(self.diffs, *self.diffs.shape)  # [n_writers, N]
                 self.handed_out = False
             torch.mm(z.T, grad, out=self.grads[:n_up])  # assigned, not added
             self.n_grads = n_up
@@ -167,7 +177,8 @@ class _MixNorm(torch.autograd.Function):
     ) -> Tensor:
         n_readers, n_up = z.shape
         batch, n_pos, d = writers.row_shape
-        mixed = _mix(z, base, writers)  # [R, batch * pos, d]
+        # kept for the backward pass: reused memory (fresh pages every step otherwise)
+        mixed = _mix(z, base, writers, reuse=not recompute and weight is not None)  # [R, batch * pos, d]
         if weight is None:
             out, mean, rstd = mixed, None, None
         elif rms:
@@ -215,11 +226,14 @@ class _MixNorm(torch.autograd.Function):
         )
 
 
-def _mix(z: Tensor, base: Tensor, writers: WriterStore) -> Tensor:
+def _mix(z: Tensor, base: Tensor, writers: WriterStore, reuse: bool = False) -> Tensor:
     """``base + z @ D[:n_up]`` as ``[R, batch * pos, d]`` (a product, then the base added in
-    place: cheaper than ``addmm`` with a broadcast input, which first copies it out)."""
+    place: cheaper than ``addmm`` with a broadcast input, which first copies it out);
+    ``reuse``: into memory of the pool of reused buffers."""
     batch, n_pos, d = writers.row_shape
-    mixed = z @ writers.diffs[: z.shape[1]]  # [R, batch * pos * d]
+    d_up = writers.diffs[: z.shape[1]]
+    out = _reused(d_up, z.shape[0], d_up.shape[1]) if reuse else None
+    mixed = torch.mm(z, d_up, out=out)  # [R, batch * pos * d]
     mixed = mixed.view(z.shape[0], batch, n_pos, d).add_(base)
     return mixed.view(z.shape[0], batch * n_pos, d)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ from mechlab.schema import load_yaml, parse_yaml, validate
 TASKS = ("lds", "state_tracking", "induction")
 LR_SCHEDULES = ("constant", "cosine")
 LOSS_REDUCTIONS = ("sum", "mean")
+TARGET_WEIGHT_NORMS = ("none", "trace")
+_AFTER = re.compile(r"^([0-9]+)-after$")
 _INT_FIELDS = (
     "steps", "batch_size", "grad_accum", "warmup_steps", "seed", "log_every", "eval_every", "eval_traces",
-    "eval_haystack", "eval_seg_len", "n_checkpoints", "save_every", "prefetch",
+    "eval_haystack", "eval_seg_len", "n_checkpoints", "save_every", "prefetch", "checkpoint_every",
 )
 _FLOAT_FIELDS = ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "early_stop_loss")
 
@@ -60,9 +63,20 @@ class TrainConfig:
         eval_haystack: Haystack systems in the evaluation's needle-in-a-haystack suite.
         eval_seg_len: Observations per haystack segment in that suite.
         n_checkpoints: Log-spaced checkpoints kept for training-dynamics analysis.
+        checkpoint_every: Also keep a checkpoint every this many steps (0: only the
+            log-spaced ones), for dense training dynamics through a transition.
         save_every: Steps between refreshes of ``last.pt`` (what ``--resume`` continues from).
         prefetch: Batches drawn ahead in a background thread (:mod:`mechlab.train.prefetch`;
             the same batches either way). -1: 2 on a CUDA device, 0 (none) on the CPU.
+        target_weights: ``lds`` task only: loss weights by a target's place in its
+            segment, ``{"1-after": 4.0}`` weighs every observation that directly follows
+            an open label by 4 and every other observation by 1 (``"k-after"``: the
+            ``k``-th observation of a segment). Empty (the default): the plain loss.
+        target_weight_norm: ``"none"``: the weighted squared errors are divided by the
+            count of scored positions, as the plain loss is (the total weight grows with
+            the weights); ``"trace"``: each trace's weights are rescaled to sum to its
+            count of scored positions (the same total weight per trace; the other
+            positions lose what the weighted ones gain).
     """
 
     task: StrictStr = "lds"
@@ -89,6 +103,9 @@ class TrainConfig:
     save_every: StrictInt = 200
     early_stop_loss: StrictFloat = 0.0
     prefetch: StrictInt = -1
+    checkpoint_every: StrictInt = 0
+    target_weights: dict[str, StrictFloat] = field(default_factory=dict)
+    target_weight_norm: StrictStr = "none"
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -119,7 +136,7 @@ class TrainConfig:
                 f"batch_size={self.batch_size} is not a multiple of grad_accum={self.grad_accum}; "
                 "choose a batch_size that grad_accum divides"
             )
-        for name in ("eval_every", "warmup_steps", "n_checkpoints"):
+        for name in ("eval_every", "warmup_steps", "n_checkpoints", "checkpoint_every"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.prefetch < -1:
@@ -133,6 +150,13 @@ class TrainConfig:
         if not isinstance(self.model, dict) or not isinstance(self.task_cfg, dict):
             raise ValueError("model and task_cfg must be mappings of config fields")
         self._check_counts()
+        self.target_weights = {f"{k}-after": w for k, w in target_offsets(self.target_weights).items()}
+        if self.target_weight_norm not in TARGET_WEIGHT_NORMS:
+            raise ValueError(f"unknown target_weight_norm {self.target_weight_norm!r}; choose one of "
+                             f"{list(TARGET_WEIGHT_NORMS)}")  # fmt: skip
+        if self.target_weights and self.task != "lds":
+            raise ValueError(f"target_weights weigh the lds task's observation targets; the {self.task} "
+                             "task has none (remove target_weights)")  # fmt: skip
 
     def _check_counts(self) -> None:
         """Counts before work: what a run draws and keeps must be representable and fit."""
@@ -170,6 +194,34 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"{source}: unknown training setting(s) {unknown}; known: {sorted(known)}")
         return validate(cls, copy.deepcopy(values), source, "fix the setting")
+
+
+def target_offsets(weights: Any) -> dict[int, float]:
+    """``{"k-after": w}`` as ``{k: w}``, checked: ``k >= 1``, ``w`` finite and positive.
+
+    Args:
+        weights: A mapping of ``"k-after"`` names (the ``k``-th observation of a segment,
+            ``1-after`` the one right after the open label) to loss weights.
+
+    Returns:
+        The weights by offset ``k``, in increasing ``k``.
+
+    Raises:
+        ValueError: Not a mapping, a name that is not ``k-after`` with ``k >= 1``, or a
+            weight that is not a finite positive number.
+    """
+    if not isinstance(weights, dict):
+        raise ValueError(f"target_weights must map target names to weights, e.g. {{1-after: 4}}, got {weights!r}")
+    out: dict[int, float] = {}
+    for name, w in weights.items():
+        match = _AFTER.match(str(name).strip())
+        if match is None or int(match.group(1)) < 1:
+            raise ValueError(f"unknown target {name!r} in target_weights; name a target k-after with k >= 1 "
+                             "(1-after: the observation right after an open label)")  # fmt: skip
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"target weight {name}={w!r} must be a finite number > 0")
+        out[int(match.group(1))] = float(w)
+    return dict(sorted(out.items()))
 
 
 # The recall study's presets (Daniels et al., arXiv 2507.01414): the loss summed over the
@@ -238,7 +290,8 @@ def resolve_config(
     Args:
         preset: A key of ``PRESETS`` (or of the bundled-task presets).
         config_file: YAML file holding a (partial) TrainConfig mapping.
-        overrides: ``key=value`` strings; dotted keys reach into ``model`` and ``task_cfg``.
+        overrides: ``key=value`` strings; dotted keys reach into ``model``, ``task_cfg``
+            and ``target_weights`` (``target_weights.1-after=4``).
         **fields: Final TrainConfig fields (what CLI flags like ``--steps`` set); ``None`` is ignored.
 
     Returns:
@@ -261,7 +314,7 @@ def resolve_config(
         keys, value = parse_override(text)
         if keys[0] not in known:
             raise ValueError(f"unknown setting {keys[0]!r} in override {text!r}; known: {sorted(known)}")
-        if len(keys) > 1 and keys[0] not in ("model", "task_cfg"):
+        if len(keys) > 1 and keys[0] not in ("model", "task_cfg", "target_weights"):
             raise ValueError(f"setting {keys[0]!r} has no sub-fields (override {text!r})")
         target = values
         for key in keys[:-1]:

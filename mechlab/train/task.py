@@ -14,7 +14,7 @@ from torch import Tensor
 
 from mechlab.models.base import predict_in_chunks
 from mechlab.tasks import induction
-from mechlab.tasks.lds import LDSConfig, make_libraries, sample_batch
+from mechlab.tasks.lds import OBS, OPEN, LDSConfig, make_libraries, sample_batch
 from mechlab.tasks.state_tracking import (
     StateTrackingConfig,
     make_data,
@@ -48,15 +48,19 @@ def masked_mse(
     reduction: str = "mean",
     n_scored: Tensor | None = None,
 ) -> Tensor:
-    """Squared error averaged over the positions where ``mask`` is True.
+    """Squared error averaged over the positions where ``mask`` is True (or weighted by it).
 
     Args:
         pred: ``[batch, pos, d]`` predictions.
         targets: ``[batch, pos, d]`` targets.
-        mask: ``[batch, pos]`` True where the target counts.
+        mask: ``[batch, pos]`` True where the target counts, or a float weight per position
+            (0 where it does not count; see :func:`target_weight_mask`): each squared error
+            is multiplied by its weight and the sum is still divided by the count of
+            scored (non-zero) positions.
         reduction: Over the ``d`` dims: ``"mean"`` or ``"sum"`` (the study's, ``d`` times
             larger).
-        n_scored: The number of scored positions to divide by (default ``mask.sum()``);
+        n_scored: The number of scored positions to divide by (default: the count of
+            non-zero ``mask`` entries);
             a micro-batch of an accumulated step passes the whole batch's count, so that
             the micro-batch losses add up to the batch's.
 
@@ -68,15 +72,82 @@ def masked_mse(
         raise ValueError(f"unknown reduction {reduction!r}; choose 'mean' or 'sum'")
     diff = (pred - targets).pow(2)
     sq = diff.mean(-1) if reduction == "mean" else diff.sum(-1)  # [batch, pos]
-    n_scored = mask.sum() if n_scored is None else n_scored
+    n_scored = torch.count_nonzero(mask) if n_scored is None else n_scored
     return (sq * mask).sum() / n_scored.clamp(min=1)
 
 
-class LDSTask:
-    """In-context recall on interleaved linear systems (study B)."""
+def after_offsets(kind: Tensor) -> Tensor:
+    """Each target's place in its segment: ``k`` for the ``k``-th observation after the
+    segment's open label (``1``: the one right after it), 0 where the target is not an
+    observation.
 
-    def __init__(self, overrides: dict[str, Any]):
+    Args:
+        kind: ``[batch, pos]`` token kinds of the traces (``LDSBatch.kind``).
+
+    Returns:
+        ``[batch, pos - 1]`` long, aligned with the targets (target ``i`` is token ``i + 1``).
+    """
+    pos = torch.arange(kind.shape[1], device=kind.device).expand_as(kind)
+    last_open = torch.where(kind == OPEN, pos, torch.full_like(pos, -1)).cummax(dim=1).values
+    offset = torch.where((kind == OBS) & (last_open >= 0), pos - last_open, torch.zeros_like(pos))
+    return offset[:, 1:]
+
+
+def target_weight_mask(
+    kind: Tensor, mask: Tensor, weights: dict[int, float], norm: str = "none"
+) -> Tensor:
+    """The loss weight of every target: ``weights[k]`` at a segment's ``k``-th
+    observation, 1 at the other observations, 0 where nothing is scored.
+
+    Args:
+        kind: ``[batch, pos]`` token kinds.
+        mask: ``[batch, pos - 1]`` True where the target is an observation.
+        weights: Weight by offset ``k`` (``{1: 4.0}``: the 1-after targets count 4 times).
+        norm: ``"none"``, or ``"trace"``: each trace's weights rescaled to sum to its
+            count of scored positions.
+
+    Returns:
+        ``[batch, pos - 1]`` float32 weights (exactly ``mask`` as 0/1 when every weight is 1).
+    """
+    offsets = after_offsets(kind)
+    w = mask.to(torch.float32)
+    for k, value in weights.items():
+        w = torch.where(mask & (offsets == k), torch.full_like(w, value), w)
+    if norm == "trace":
+        count = mask.sum(1, keepdim=True).to(torch.float32)
+        w = w * (count / w.sum(1, keepdim=True).clamp(min=1e-12))
+    return w
+
+
+class LDSTask:
+    """In-context recall on interleaved linear systems (study B).
+
+    Args:
+        overrides: :class:`LDSConfig` fields.
+        target_weights: Loss weight by a target's place in its segment (``{1: 4.0}``:
+            the observation right after an open label counts 4 times; see
+            :func:`target_weight_mask`); the batch's mask then carries the weights.
+        target_weight_norm: ``"none"`` or ``"trace"`` (see :func:`target_weight_mask`).
+
+    Raises:
+        ValueError: A bad config field, or a weighted offset that no training target
+            can have (a segment holds at most ``n_ctx - 3`` observations).
+    """
+
+    def __init__(
+        self, overrides: dict[str, Any], target_weights: dict[int, float] | None = None,
+        target_weight_norm: str = "none",
+    ):
         self.cfg = LDSConfig.from_dict(overrides)
+        self.target_weights = dict(target_weights or {})
+        self.target_weight_norm = target_weight_norm
+        longest = self.cfg.n_ctx - 3  # one segment over the whole body: open, n_ctx - 3 observations, close
+        for k in self.target_weights:
+            if not 1 <= k <= longest:
+                raise ValueError(
+                    f"no training target is {k}-after: a segment holds at most {longest} observations "
+                    f"at n_ctx={self.cfg.n_ctx}; weigh a target k-after with 1 <= k <= {longest}"
+                )
         self.train_lib, self.test_lib = make_libraries(self.cfg)
 
     def model_fields(self) -> dict[str, Any]:
@@ -86,8 +157,11 @@ class LDSTask:
         return self.cfg.to_dict()
 
     def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        """Inputs, targets and the mask (or, with target weights, the weight of every target)."""
         b = sample_batch(self.cfg, self.train_lib, batch_size, generator)
-        return b.inputs, b.targets, b.mask
+        if not self.target_weights:
+            return b.inputs, b.targets, b.mask
+        return b.inputs, b.targets, target_weight_mask(b.kind, b.mask, self.target_weights, self.target_weight_norm)
 
     def loss(
         self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
@@ -195,12 +269,18 @@ class InductionTask(TokenTask):
 TASK_CLASSES = {"lds": LDSTask, "state_tracking": StateTrackingTask, "induction": InductionTask}
 
 
-def make_task(name: str, overrides: dict[str, Any]) -> Task:
+def make_task(name: str, overrides: dict[str, Any], **options: Any) -> Task:
     """Build the task ``name`` with config ``overrides``.
+
+    Args:
+        name: ``lds``, ``state_tracking`` or ``induction``.
+        overrides: The task config's fields.
+        **options: Loss options of the task (``lds``: ``target_weights``,
+            ``target_weight_norm``; see :class:`LDSTask`).
 
     Raises:
         ValueError: Unknown task or config field.
     """
     if name not in TASK_CLASSES:
         raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASK_CLASSES)}")
-    return TASK_CLASSES[name](overrides)
+    return TASK_CLASSES[name](overrides, **options)

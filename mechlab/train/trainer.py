@@ -169,12 +169,23 @@ _LOCKED = {
     "lr_schedule": "it sets the learning-rate schedule the run follows",
     "warmup_steps": "it sets the learning-rate schedule the run follows",
     "loss_reduction": "it sets the loss the run is trained on",
+    "target_weights": "it sets the loss the run is trained on",
+    "target_weight_norm": "it sets the loss the run is trained on",
 }
 # Locked only under the cosine schedule, whose shape depends on them.
 _LOCKED_COSINE = {
     "steps": "the cosine schedule spans the run's steps",
     "min_lr_ratio": "it sets the floor of the cosine schedule",
 }
+
+
+def _loss_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The task's loss options of a run (target weights, for the lds task)."""
+    if not cfg.target_weights:
+        return {}
+    from mechlab.train.config import target_offsets
+
+    return {"target_weights": target_offsets(cfg.target_weights), "target_weight_norm": cfg.target_weight_norm}
 
 
 class Trainer:
@@ -203,7 +214,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.progress = progress
         self.device = check_device(cfg.device)
-        self.task: Task = make_task(cfg.task, cfg.task_cfg)
+        self.task: Task = make_task(cfg.task, cfg.task_cfg, **_loss_options(cfg))
         self._check_batch_size()
         torch.manual_seed(cfg.seed)
         model_cfg = {**cfg.model, **self.task.model_fields()}
@@ -292,7 +303,7 @@ class Trainer:
         cfg = self.cfg
         inputs, targets, mask = self.task.batch(cfg.batch_size, batch_generator(cfg.seed, step))
         inputs, targets, mask = inputs.to(self.device), targets.to(self.device), mask.to(self.device)
-        n_scored = mask.sum()
+        n_scored = torch.count_nonzero(mask)
         total = 0.0
         with torch.no_grad():
             for part in zip(*(t.chunk(cfg.grad_accum) for t in (inputs, targets, mask)), strict=True):
@@ -405,7 +416,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         else:
-            n_scored = mask.sum()
+            n_scored = torch.count_nonzero(mask)
             self.optimizer.zero_grad(set_to_none=True)
             loss = torch.zeros((), device=self.device)
             for part in zip(*(t.chunk(cfg.grad_accum) for t in (inputs, targets, mask)), strict=True):
@@ -541,7 +552,7 @@ class Trainer:
                     metrics.write({"step": self.step, "examples": self.step * cfg.batch_size, "eval": last_eval})
                     bar.write(f"step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
                     early = cfg.early_stop_loss > 0 and last_eval.get("val_loss", math.inf) < cfg.early_stop_loss
-                if self.step in keep:
+                if self.step in keep or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
                     problem = self._weights_problem()
                     if problem is not None:
                         raise TrainingStopped(

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from mechlab.models.names import hook_name
 from mechlab.prune.circuit import Circuit, jaccard
 from mechlab.prune.graph import component_of, parse_component, window_of
 
@@ -104,10 +105,10 @@ def _end(reader: str, pos: Mapping[str, tuple[float, float]]) -> tuple[float, fl
     return x, y
 
 
-def _curve(
+def _control(
     start: tuple[float, float], end: tuple[float, float], edge: tuple[str, str]
-) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
-    """Points of the Bezier curve of one edge, and its midpoint.
+) -> tuple[float, float]:
+    """The control point of the quadratic Bezier curve of one edge.
 
     The bend grows with the columns the edge spans; it bows up when the edge rises and
     down when it falls; an edge within one column (a carried state) bows right; a
@@ -117,14 +118,21 @@ def _curve(
     dx, dy = x1 - x0, y1 - y0
     span = abs(dx)
     if span < 1e-9:  # vertical: a state carried into the next window
-        cx, cy = x0 + 0.35, (y0 + y1) / 2
+        return x0 + 0.35, (y0 + y1) / 2
+    if abs(dy) > 1e-9:
+        sign = 1.0 if dy > 0 else -1.0
     else:
-        if abs(dy) > 1e-9:
-            sign = 1.0 if dy > 0 else -1.0
-        else:
-            sign = 1.0 if int(hashlib.md5(repr(edge).encode()).hexdigest(), 16) % 2 else -1.0
-        bend = 0.0 if span <= 1.0 + 1e-9 and abs(dy) > 1e-9 else 0.18 * span
-        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2 + sign * bend
+        sign = 1.0 if int(hashlib.md5(repr(edge).encode()).hexdigest(), 16) % 2 else -1.0
+    bend = 0.0 if span <= 1.0 + 1e-9 and abs(dy) > 1e-9 else 0.18 * span
+    return (x0 + x1) / 2, (y0 + y1) / 2 + sign * bend
+
+
+def _curve(
+    start: tuple[float, float], end: tuple[float, float], edge: tuple[str, str]
+) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+    """Points of the Bezier curve of one edge (:func:`_control`), and its midpoint."""
+    (x0, y0), (x1, y1) = start, end
+    cx, cy = _control(start, end, edge)
     t = np.linspace(0.0, 1.0, _SAMPLES)[:, None]
     pts = (1 - t) ** 2 * np.array([x0, y0]) + 2 * (1 - t) * t * np.array([cx, cy]) + t**2 * np.array([x1, y1])
     mid = 0.25 * np.array([x0, y0]) + 0.5 * np.array([cx, cy]) + 0.25 * np.array([x1, y1])
@@ -185,49 +193,83 @@ def _draw(
     ))  # fmt: skip
 
 
+PORT_NAMES = {"q": "q port (query input)", "k": "k port (key input)", "v": "v port (value input)"}
+
+
+def node_labels(pos: Mapping[str, tuple[float, float]], inside: set[str]) -> list[dict[str, Any]]:
+    """Layout annotations naming the components in a circuit: right of each node, on a
+    white ground, so edges that pass under a label do not cross its text."""
+    return [
+        {"x": pos[n][0], "y": pos[n][1], "text": n, "showarrow": False, "xanchor": "left",
+         "yanchor": "bottom", "xshift": 7, "yshift": 2, "font": {"size": 11, "color": "#222"},
+         "bgcolor": "rgba(255,255,255,0.85)", "borderpad": 1, "name": "node label"}
+        for n in sorted(inside) if n in pos
+    ]  # fmt: skip
+
+
 def _nodes(
     fig: go.Figure, pos: Mapping[str, tuple[float, float]], inside: set[str], info: Mapping[str, str],
-    ports: set[str],
+    ports: set[str], graph: Mapping[str, Any],
 ) -> None:
-    """Components (labelled when in a circuit, small and grey otherwise) and q/k/v ports."""
-    for kept in (False, True):
+    """Components (named when in a circuit, small and grey otherwise) and q/k/v ports,
+    each kind of mark in the legend."""
+    for kept in (True, False):
         chosen = [n for n in pos if (n in inside) == kept]
         if not chosen:
             continue
         fig.add_trace(go.Scatter(
-            x=[pos[n][0] for n in chosen], y=[pos[n][1] for n in chosen],
-            mode="markers+text" if kept else "markers", text=chosen if kept else None,
-            textposition="top center", textfont={"size": 11}, showlegend=False,
-            name="in circuit" if kept else "pruned",
-            hovertext=[info.get(n, n) for n in chosen], hoverinfo="text",
+            x=[pos[n][0] for n in chosen], y=[pos[n][1] for n in chosen], mode="markers",
+            name="component in the circuit" if kept else "component not in the circuit",
+            legendgroup="nodes", hovertext=[info.get(n, f"<b>{n}</b><br>{_hook(n, graph)}") for n in chosen],
+            hoverinfo="text",
             marker={"size": 16 if kept else 7, "color": "#333" if kept else "#d0d0d0",
                     "symbol": "circle", "line": {"width": 1, "color": "#fff"}},
         ))  # fmt: skip
     for kind in ("q", "k", "v"):
-        heads = [n for n in ports if n in pos]
+        heads = [n for n in sorted(ports) if n in pos]
         if heads:
             fig.add_trace(go.Scatter(
                 x=[pos[h][0] + _PORT_DX for h in heads], y=[pos[h][1] + _PORT_DY[kind] for h in heads],
-                mode="markers", hoverinfo="skip", showlegend=False,
+                mode="markers", hoverinfo="skip", name=PORT_NAMES[kind], legendgroup="ports",
                 marker={"size": 6, "color": _KIND_COLOUR[kind], "symbol": "square"},
             ))  # fmt: skip
 
 
-def _finish(fig: go.Figure, pos: Mapping[str, tuple[float, float]], title: str) -> go.Figure:
+def edge_text(edge: tuple[str, str], graph: Mapping[str, Any]) -> str:
+    """``w → r`` and, below, the hook names of both ends."""
+    return f"{edge[0]} → {edge[1]}<br><span style='font-size:10px'>{_hook(edge[0], graph)} → {_hook(edge[1], graph)}</span>"
+
+
+def _hook(node: str, graph: Mapping[str, Any]) -> str:
+    try:
+        return hook_name(node, graph)
+    except ValueError:
+        return ""
+
+
+def _finish(
+    fig: go.Figure, pos: Mapping[str, tuple[float, float]], title: str, inside: set[str] = frozenset()
+) -> go.Figure:
+    fig.update_layout(**circuit_layout(pos, title), annotations=node_labels(pos, inside))
+    return fig
+
+
+def circuit_layout(pos: Mapping[str, tuple[float, float]], title: str) -> dict[str, Any]:
+    """The layout of a circuit figure on these positions: columns named on the x axis,
+    windows on the y axis, the legend below, a height that keeps head rows apart."""
     ticks, labels = _axis_labels(pos)
     ys = [y for _, y in pos.values()]
     rows = {window_of(n): y for n, (_, y) in pos.items() if window_of(n)}
     yaxis: dict[str, Any] = {"showgrid": False, "zeroline": False, "range": [min(ys) - 0.9, max(ys) + 0.9]}
     yaxis.update({"tickvals": list(rows.values()), "ticktext": list(rows)} if rows else {"showticklabels": False})
     height = int(min(1400, max(460, 70 * (max(ys) - min(ys) + 2))))
-    fig.update_layout(
-        title=title, hovermode="closest", plot_bgcolor="white", height=height,
-        margin={"l": 60, "r": 30, "t": 70, "b": 100},
-        xaxis={"tickvals": ticks, "ticktext": labels, "showgrid": False, "zeroline": False,
-               "range": [min(ticks) - 0.6, max(ticks) + 0.6]},
-        yaxis=yaxis, legend={"orientation": "h", "y": -0.16},
-    )  # fmt: skip
-    return fig
+    return {
+        "title": {"text": title}, "hovermode": "closest", "plot_bgcolor": "white", "height": height,
+        "margin": {"l": 60, "r": 30, "t": 70, "b": 120},
+        "xaxis": {"tickvals": ticks, "ticktext": labels, "showgrid": False, "zeroline": False,
+                  "range": [min(ticks) - 0.6, max(ticks) + 0.9]},
+        "yaxis": yaxis, "legend": {"orientation": "h", "y": -0.12, "yanchor": "top"},
+    }  # fmt: skip
 
 
 def _placed(circuits: Sequence[Circuit]) -> tuple[dict[str, tuple[float, float]], set[str]]:
@@ -251,7 +293,8 @@ def _node_info(circuits: Sequence[Circuit], labels: Sequence[str]) -> dict[str, 
             in_deg[component_of(r)] = in_deg.get(component_of(r), 0) + 1
         for n in set(out_deg) | set(in_deg):
             info.setdefault(n, []).append(f"{label}: in {in_deg.get(n, 0)}, out {out_deg.get(n, 0)}")
-    return {n: f"<b>{n}</b><br>" + "<br>".join(lines) for n, lines in info.items()}
+    graph = circuits[0].metadata.get("graph", {})
+    return {n: f"<b>{n}</b> ({_hook(n, graph)})<br>" + "<br>".join(lines) for n, lines in info.items()}
 
 
 def circuit_figure(circuit: Circuit, title: str | None = None) -> go.Figure:
@@ -268,13 +311,14 @@ def circuit_figure(circuit: Circuit, title: str | None = None) -> go.Figure:
     groups: dict[tuple[str, int], list] = {}
     for edge, score in circuit.edges.items():
         groups.setdefault((_reader_kind(edge[1]), _band(score)), []).append((edge, score))
-    hover = {e: f"{e[0]} → {e[1]}<br>score {s:.3f}" for e, s in circuit.edges.items()}
+    graph = circuit.metadata.get("graph", {})
+    hover = {e: f"{edge_text(e, graph)}<br>score {s:.3f}" for e, s in circuit.edges.items()}
     names = {k: f"→ {k}" for k in _KIND_COLOUR}
     fig = go.Figure()
     _draw(fig, groups, pos, _KIND_COLOUR, names, hover)
     inside = set(circuit.nodes) | {w for w, _ in circuit.edges} | {component_of(r) for _, r in circuit.edges}
     heads = {n for n in inside if parse_component(n)[0] == "head"}
-    _nodes(fig, pos, inside, _node_info([circuit], ["kept"]), heads)
+    _nodes(fig, pos, inside, _node_info([circuit], ["kept"]), heads, graph)
     if title is None:
         meta = circuit.metadata
         reached = meta.get("sparsity_reached")
@@ -283,7 +327,7 @@ def circuit_figure(circuit: Circuit, title: str | None = None) -> go.Figure:
             + (f", sparsity {reached:.4f}" if isinstance(reached, float) else "")
             + (f", ablation {meta['ablation']}" if "ablation" in meta else "")
         )
-    return _finish(fig, pos, title)
+    return _finish(fig, pos, title, inside)
 
 
 def overlap_figure(
@@ -347,15 +391,16 @@ def overlap_figure(
             k = int(group.split()[0])
             shade = int(200 - 150 * (k - 1) / max(1, n - 2))
             colours[group], names[group] = f"rgb({shade},{shade},{shade})", f"in {group} ({counts[group]})"
-    hover = {e: f"{e[0]} → {e[1]}<br>in: " + ", ".join(labels[i] for i in who) for e, who in holders.items()}
+    graph = circuits[0].metadata.get("graph", {})
+    hover = {e: f"{edge_text(e, graph)}<br>in: " + ", ".join(labels[i] for i in who) for e, who in holders.items()}
     fig = go.Figure()
     _draw(fig, groups, pos, colours, names, hover)
     inside = {w for w, _ in holders} | {component_of(r) for _, r in holders}
     heads = {m for m in inside if parse_component(m)[0] == "head"}
-    _nodes(fig, pos, inside, _node_info(circuits, labels), heads)
+    _nodes(fig, pos, inside, _node_info(circuits, labels), heads, graph)
     if title is None:
         title = "Overlap: " + " vs ".join(labels) + f" ({counts.get('shared', 0)} edges shared by all)"
-    return _finish(fig, pos, title)
+    return _finish(fig, pos, title, inside)
 
 
 def circuits_across_checkpoints_figure(
@@ -398,7 +443,8 @@ def circuits_across_checkpoints_figure(
     last = set(circuits[-1].edges)
     similarity = [jaccard(c.edges, last) for c in circuits]
     labels = [str(s) for s in steps]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04,
+                        specs=[[{}], [{"secondary_y": True}]])  # the Jaccard on its own 0-1 axis
     fig.add_trace(go.Heatmap(
         z=z, x=labels, y=[f"{w} → {r}" for w, r in rows], colorscale="Viridis", zmin=0, zmax=1,
         colorbar={"title": "score", "len": 0.7, "y": 0.62}, hoverongaps=False,
@@ -406,12 +452,16 @@ def circuits_across_checkpoints_figure(
     ), row=1, col=1)  # fmt: skip
     fig.add_trace(go.Scatter(x=labels, y=[len(c.edges) for c in circuits], name="edges kept",
                              mode="lines+markers"), row=2, col=1)  # fmt: skip
-    fig.add_trace(go.Scatter(x=labels, y=similarity, name="Jaccard with the last", mode="lines+markers",
-                             yaxis="y3"), row=2, col=1)  # fmt: skip
+    fig.add_trace(go.Scatter(x=labels, y=similarity, name="Jaccard with the last (right axis)",
+                             mode="lines+markers", line={"dash": "dash"}), row=2, col=1, secondary_y=True)  # fmt: skip
+    fig.update_yaxes(title_text="edges", rangemode="tozero", row=2, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="Jaccard", range=[0, 1.05], tickvals=[0, 0.5, 1], showgrid=False, row=2, col=1,
+                     secondary_y=True)
     target = circuits[-1].metadata.get("target", "?")
     fig.update_layout(
         title=title or f"Circuit for {target} across {len(circuits)} checkpoints",
-        height=int(min(1600, max(450, 18 * len(rows) + 250))), legend={"orientation": "h", "y": -0.08},
+        height=int(min(1600, max(450, 18 * len(rows) + 250))),
+        legend={"x": 1.1, "xanchor": "left", "y": 0.25, "yanchor": "top"},  # beside its panel and axis, under the colour bar
         xaxis2={"title": "checkpoint step", "type": "category"},
     )  # fmt: skip
     return fig

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import plotly.colors
 import plotly.graph_objects as go
+
+from mechlab.viz.figures import legend_below
 
 if TYPE_CHECKING:
     from mechlab.prune.curves import FaithfulnessCurve
 
 _COLOURS = {"interchange": "#1f77b4", "mean": "#2ca02c", "zero": "#d62728"}
-_OTHER = ("#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+_OTHER = plotly.colors.qualitative.D3  # ten colours: one per curve of several targets
 
 
 def faithfulness_curves_figure(
@@ -64,6 +67,5 @@ def faithfulness_curves_figure(
     fig.update_layout(
         title=title, xaxis_title="edge budget (% of edges, log scale)", xaxis_type="log",
         yaxis_title="faithfulness  1 - d(C, full) / d(empty, full)", hovermode="x unified",
-        legend={"orientation": "h", "y": -0.2},
     )  # fmt: skip
-    return fig
+    return legend_below(fig)

@@ -9,10 +9,101 @@ import plotly.graph_objects as go
 
 from mechlab.io import atomic_write_text
 
+PLOTLYJS = "plotly.min.js"  # the file name plotly's include_plotlyjs="directory" refers to
+PLOTLYJS_MODES = ("inline", "directory")
 
-def write_html(fig: go.Figure, path: str | Path) -> Path:
-    """Write a self-contained offline HTML page (plotly.js embedded), atomically."""
-    return atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
+# The CSS of mechlab's pages (the report, mechlab view) and of a circuit explorer in them.
+PAGE_STYLE = (
+    "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.45}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "th{background:#f4f4f4}td:first-child{text-align:left}"
+)
+EXPLORER_STYLE = (
+    ".mechlab-explorer{border:1px solid #ddd;padding:8px;margin:0.5em 0 1.5em}"
+    ".mx-controls{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;font-size:14px}"
+    ".mx-controls label{white-space:nowrap}"
+    ".mx-summary{font-size:14px;margin:6px 0;color:#333}"
+    ".mx-details{font-size:13px;background:#f8f8f8;border:1px solid #e4e4e4;padding:6px;"
+    "min-height:3em;font-family:monospace;white-space:pre-wrap}"
+)
+
+
+def _check_mode(plotlyjs: str) -> None:
+    if plotlyjs not in PLOTLYJS_MODES:
+        raise ValueError(f"plotlyjs must be one of {PLOTLYJS_MODES}, got {plotlyjs!r}")
+
+
+def plotly_script(plotlyjs: str = "inline") -> str:
+    """The ``<script>`` that loads plotly.js: inlined (``"inline"``, 4.8 MB) or the
+    ``plotly.min.js`` beside the page (``"directory"``; offline too)."""
+    from plotly.offline import get_plotlyjs
+
+    _check_mode(plotlyjs)
+    if plotlyjs == "directory":
+        return f"<script charset='utf-8' src='{PLOTLYJS}'></script>"
+    return f"<script type='text/javascript'>{get_plotlyjs()}</script>"
+
+
+def write_plotlyjs(folder: str | Path, writer: Any = None) -> Path:
+    """Write plotly.js as ``folder/plotly.min.js`` unless that file already holds it.
+
+    Every page of a folder written with ``plotlyjs="directory"`` loads this one copy, so
+    a folder of figures carries plotly.js once instead of once per page (4.8 MB each).
+
+    Args:
+        folder: The folder of the pages.
+        writer: ``writer(path, text)`` writes the file (default: an atomic write).
+
+    Returns:
+        The file's path.
+    """
+    from plotly.offline import get_plotlyjs
+
+    path = Path(folder) / PLOTLYJS
+    text = get_plotlyjs()
+    if path.is_file() and path.stat().st_size == len(text.encode()) and path.read_text() == text:
+        return path
+    return (writer or atomic_write_text)(path, text)
+
+
+def legend_below(fig: go.Figure, plot_height: int = 380, row_height: int = 26) -> go.Figure:
+    """Put the legend under the x axis title, one row per entry, and make the figure tall
+    enough to hold it, so that a long legend neither covers the axis title nor squeezes
+    the plot (at 800 px each entry takes a row; wider, several share one).
+
+    Args:
+        fig: The figure (changed in place).
+        plot_height: Pixels for the title, the plot and its axes.
+        row_height: Pixels per legend entry.
+
+    Returns:
+        ``fig``.
+    """
+    entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
+                      height=plot_height + row_height * entries)  # fmt: skip
+    return fig
+
+
+def figure_html(fig: go.Figure, plotlyjs: str = "inline") -> str:
+    """One figure as a whole offline page (plotly.js inlined, or beside the page)."""
+    _check_mode(plotlyjs)
+    return fig.to_html(include_plotlyjs=True if plotlyjs == "inline" else "directory", full_html=True)
+
+
+def write_html(fig: go.Figure, path: str | Path, plotlyjs: str = "inline") -> Path:
+    """Write an offline HTML page of one figure, atomically.
+
+    Args:
+        fig: The figure.
+        path: The ``.html`` file.
+        plotlyjs: ``"inline"`` (plotly.js inside the page: one file that opens anywhere)
+            or ``"directory"`` (``plotly.min.js`` written once beside the pages of a folder).
+    """
+    if plotlyjs == "directory":
+        write_plotlyjs(Path(path).parent)
+    return atomic_write_text(path, figure_html(fig, plotlyjs))
 
 
 def notebook_renderers(static: bool = True) -> str:
@@ -45,39 +136,44 @@ def notebook_renderers(static: bool = True) -> str:
     return pio.renderers.default
 
 
-_PAGE_STYLE = (
-    "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
-    "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-    "th{background:#f4f4f4}td:first-child{text-align:left}"
-)
-
-
-def page_html(title: str, sections: list[tuple[str, go.Figure | str]]) -> str:
-    """One self-contained HTML page: plotly.js once, then each section's heading and body.
+def page_html(
+    title: str, sections: list[tuple[str, Any]], plotlyjs: str = "inline", style: str = ""
+) -> str:
+    """One offline HTML page: plotly.js once, then each section's heading and body.
 
     Args:
         title: The page's heading.
-        sections: ``(heading, figure or HTML string)`` pairs, in order; an empty heading
-            adds none.
+        sections: ``(heading, body)`` pairs, in order: a body is a figure, an HTML
+            string, or an object with ``to_div()`` (a :class:`~mechlab.viz.explorer.CircuitExplorer`);
+            an empty heading adds none.
+        plotlyjs: ``"inline"`` (inside the page) or ``"directory"`` (``plotly.min.js``
+            beside it: :func:`write_plotlyjs`).
+        style: More CSS.
 
     Returns:
         The page (works offline: nothing is fetched).
     """
     import html
 
-    from plotly.offline import get_plotlyjs
-
     parts = [f"<h1>{html.escape(title)}</h1>"]
     for heading, body in sections:
         if heading:
             parts.append(f"<h2>{html.escape(heading)}</h2>")
-        parts.append(body if isinstance(body, str) else body.to_html(full_html=False, include_plotlyjs=False))
+        parts.append(body_html(body))
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{_PAGE_STYLE}</style><script type='text/javascript'>{get_plotlyjs()}</script>"
+        f"<style>{PAGE_STYLE}{EXPLORER_STYLE}{style}</style>{plotly_script(plotlyjs)}"
         f"</head><body>{''.join(parts)}</body></html>"
     )
+
+
+def body_html(body: Any) -> str:
+    """A section's body as HTML: a string as it is, an explorer's div, a figure's div."""
+    if isinstance(body, str):
+        return body
+    if hasattr(body, "to_div"):
+        return body.to_div()
+    return body.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True})
 
 
 def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:

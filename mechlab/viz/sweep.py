@@ -9,6 +9,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from mechlab.viz.figures import legend_below
+
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f")
 _DASH = {"outcome": "solid", "cot": "dash", "acot": "dot"}
 
@@ -66,9 +68,9 @@ def n_star_figure(rows: Rows, title: str | None = None) -> go.Figure:
     fig.update_layout(
         title=title or "N*: smallest training set at which a grid run reaches validation loss < epsilon",
         xaxis_title="L (longest length; for fixed, the length)", yaxis_title="N* (log scale)",
-        yaxis_type="log", legend={"orientation": "h", "y": -0.25},
+        yaxis_type="log",
     )  # fmt: skip
-    return fig
+    return legend_below(fig)
 
 
 def kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
@@ -104,9 +106,9 @@ def kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="kappa = 1")
     fig.update_layout(
         title=title or "kappa = sum_n N*_n / N*_joint (> 1: lengths share; < 1: interfere)",
-        barmode="group", yaxis_title="kappa", yaxis_type="log", legend={"orientation": "h", "y": -0.2},
+        barmode="group", yaxis_title="kappa", yaxis_type="log",
     )  # fmt: skip
-    return fig
+    return legend_below(fig)
 
 
 def ood_kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
@@ -137,6 +139,6 @@ def ood_kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
     fig.update_layout(
         title=title or "OOD accuracy at 2L (chance = 0) against kappa",
         xaxis_title="kappa (log scale)", xaxis_type="log", yaxis_title="OOD accuracy (chance-normalised)",
-        legend={"orientation": "h", "y": -0.2},
+       
     )  # fmt: skip
-    return fig
+    return legend_below(fig)

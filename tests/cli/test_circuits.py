@@ -87,3 +87,26 @@ def test_an_interrupted_joint_sweep_resumes_from_the_circuits_written(tiny_lds_c
     assert main([*args[:-4], "--steps", "6", *args[-4:]]) == 0  # other settings: pruned again
     assert calls[2:] == [0.0, float("inf")]
     capsys.readouterr()
+
+
+def test_the_budget_note_says_what_happened_and_what_to_do():
+    from pathlib import Path
+
+    from mechlab.cli.circuits import budget_note
+
+    meta = Circuit.from_json(Path("circuits/recall-cpu/1-after_seed0.json")).metadata
+    assert meta["sparsity_limited_by_open_edges"]
+    note = budget_note(meta, meta["n_edges_kept"])
+    assert note.startswith("kept 16 edges where sparsity 0.95 allows 25: the search closed every other edge")
+    assert "17 stayed open, 16 of them on complete paths" in note and "Not an error" in note
+    assert "--steps" in note
+
+
+def test_overlap_says_each_stage_as_it_starts(capsys):
+    files = [f"circuits/recall-cpu/{t}_seed{s}.json" for t in ("1-after", "2-after") for s in (0, 1)]
+    assert main(["overlap", *files, "--boot", "20", "--null", "20"]) == 0
+    err = capsys.readouterr().err
+    assert "bootstrap (20 resamples of each target's circuits) and null models (20 samples each)" in err
+    assert "degree null" in err  # its progress bar
+    assert main(["overlap", *files, "--boot", "20", "--null", "20", "--no-progress"]) == 0
+    assert "bootstrap" not in capsys.readouterr().err

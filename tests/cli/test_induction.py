@@ -55,21 +55,9 @@ def test_bad_induction_prune_input_is_one_line_exit_2(extra, message, tmp_path, 
 def test_prune_a_mechlab_checkpoint_on_token_id_pairs(tmp_path, capsys):
     """--ckpt with --pairs: the induction model on id pairs whose answer is the repeat's next
     token (position -2 predicts the last one); the trained model's logit difference is large."""
-    import json
+    from tests.cli.conftest import write_repeat_pairs
 
-    import torch
-
-    from mechlab.tasks.induction import InductionConfig, sample_sequences
-
-    cfg = InductionConfig()
-    gen = torch.Generator().manual_seed(0)
-    clean, corrupted = sample_sequences(cfg, 12, gen), sample_sequences(cfg, 12, gen)
-    lines = []
-    for x, y in zip(clean.tokens.tolist(), corrupted.tokens.tolist(), strict=True):
-        wrong = next(t for t in range(1, cfg.d_vocab) if t not in x)
-        lines.append(json.dumps({"clean": x, "corrupted": y, "answer": x[-1], "wrong": wrong, "position": -2}))
-    pairs = tmp_path / "repeats.jsonl"
-    pairs.write_text("\n".join(lines) + "\n")
+    pairs = write_repeat_pairs(tmp_path / "repeats.jsonl", 12)
     code = main(["prune", "--ckpt", str(BUNDLED), "--pairs", str(pairs), "--sparsity", "0.9", "--steps", "5",
                  "--no-progress", "--out", str(tmp_path / "c")])  # fmt: skip
     assert code == 0, capsys.readouterr().err

@@ -189,8 +189,9 @@ def test_train_from_a_yaml_file_then_eval_then_resume(capsys, tmp_path):
         assert f"{j}-after: median {s['median']:.4f}" in stdout
     html = (out / "eval" / "nih.html").read_text()
     assert "plotly" in html.lower()
-    assert not re.search(r"<script[^>]*\bsrc=", html)  # plotly.js embedded, nothing fetched
-    assert sorted(os.listdir(out / "eval")) == ["nih.html", "nih.json"]
+    # the folder's one plotly.js, beside the page: nothing fetched
+    assert re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html) == ["plotly.min.js"]
+    assert sorted(os.listdir(out / "eval")) == ["nih.html", "nih.json", "plotly.min.js"]
 
     # resume continues the run from last.pt to the new step count
     code, stdout, err = run(capsys, "train", "--resume", out, "--steps", "5", "--no-progress")
@@ -207,8 +208,8 @@ def test_eval_several_suites_into_a_chosen_directory(capsys, files, tmp_path):
     code, stdout, err = run(capsys, "eval", "--ckpt", files["good"], "--suite", "uninterleaved",
                             "--suite", "ood", "--traces", "8", "--out", tmp_path / "ev")
     assert code == 0, err
-    assert sorted(os.listdir(tmp_path / "ev")) == ["ood.html", "ood.json", "uninterleaved.html",
-                                                   "uninterleaved.json"]
+    assert sorted(os.listdir(tmp_path / "ev")) == ["ood.html", "ood.json", "plotly.min.js",
+                                                   "uninterleaved.html", "uninterleaved.json"]
     ood = json.loads((tmp_path / "ev" / "ood.json").read_text())
     assert set(ood["result"]["probes"]) == {"clean", "misdirect_incorrect", "sync_rotations",
                                             "misdirect_unseen", "misdirect_restart"}

@@ -8,36 +8,14 @@ import json
 
 import pytest
 import torch
-import transformers as T
 
 from mechlab.cli import main
 from mechlab.models.importers import from_pretrained
 from mechlab.pipelines import prune_prompts
 from mechlab.prune import Circuit
-from mechlab.tasks.prompts import load_pairs, load_tokenizer
-from tests.tasks.tokenizers import byte_bpe
+from mechlab.tasks.prompts import load_pairs
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def gpt2_folder(tmp_path_factory):
-    """A random 2-layer GPT-2 saved with a byte-level BPE tokenizer in one folder."""
-    folder = tmp_path_factory.mktemp("gpt2")
-    byte_bpe(folder, vocab_size=1000)
-    vocab = len(load_tokenizer(folder))
-    torch.manual_seed(0)
-    config = T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=48,
-                          bos_token_id=0, eos_token_id=0)  # fmt: skip
-    T.GPT2LMHeadModel(config).save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def ioi_file(gpt2_folder, tmp_path_factory):
-    path = tmp_path_factory.mktemp("pairs") / "ioi.jsonl"
-    assert main(["pairs", "ioi", "--tokenizer", str(gpt2_folder), "--out", str(path), "--n", "12"]) == 0
-    return path
+pytestmark = pytest.mark.usefixtures("one_thread")  # gpt2_folder, ioi_file: tests/cli/conftest.py
 
 
 def test_pairs_ioi_writes_a_pair_file_and_keeps_an_existing_one(ioi_file, gpt2_folder, capsys):
@@ -54,10 +32,19 @@ def test_prune_a_model_folder_on_prompt_pairs(gpt2_folder, ioi_file, tmp_path, c
     code = main(["prune", "--model", str(gpt2_folder), "--pairs", str(ioi_file), "--steps", "5",
                  "--sparsity", "0.9", "--no-progress", "--out", str(out), "--threads", "1"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "ioi_seed0: " in printed and "logit difference: full" in printed
     circuit = Circuit.from_json(out / "ioi_seed0.json")
     meta = circuit.metadata
+    assert meta["sparsity_limited_by_open_edges"] == ("the search closed every other edge" in captured.err)
+    # had fewer edges been open than the budget allows, the same words as for a task's circuits
+    from mechlab.cli.circuits import _print_prompt_circuit
+
+    meta.update(sparsity_limited_by_open_edges=True, n_edges_asked=circuit.n_edges + 5)
+    _print_prompt_circuit("ioi_seed0", circuit, out)
+    note = capsys.readouterr().err
+    assert f"ioi_seed0: kept {circuit.n_edges} edges where sparsity 0.9 allows {circuit.n_edges + 5}" in note
     assert meta["target"] == "all" and meta["metric"] == "logit-diff" and meta["model_kind"] == "hf-folder"
     assert meta["data"]["n_train"] == 6 and meta["data"]["n_test"] == 6
     for key in ("logit_diff_full", "logit_diff_circuit", "logit_diff_ablated", "logit_diff_recovered"):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("tracr")
-pytest.importorskip("haiku")
+pytest.importorskip("tracr", reason="Tracr is not installed: pip install -e '.[tracr]'")
+pytest.importorskip("haiku", reason="dm-haiku is not installed: pip install -e '.[tracr]'")
 
 from mechlab.models.tracr import (  # noqa: E402
     TRACR_PROGRAMS,

@@ -42,7 +42,9 @@ def test_plot_is_a_heatmap_of_the_grid():
     assert isinstance(fig, go.Figure)
     heatmap = fig.data[0]
     assert heatmap.type == "heatmap"
-    assert list(heatmap.y) == ["blocks.0.attn.hook_result[1]", "blocks.0.hook_mlp_out"]
+    # every row labelled, by its hook name and the pruning graph's name
+    assert list(heatmap.y) == ["blocks.0.attn.hook_result[1] · a0.h1", "blocks.0.hook_mlp_out · m0"]
+    assert list(fig.layout.yaxis.tickvals) == list(heatmap.y) and fig.layout.yaxis.tickmode == "array"
     assert [list(row) for row in heatmap.z] == [[0.0, 1.0], [0.5, -0.5]]
 
 

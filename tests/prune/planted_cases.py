@@ -1,6 +1,6 @@
 """The planted models of test_planted and test_planted_hard as cases of the methods table.
 
-``examples/bench_methods.py --planted tests.prune.planted_cases:cases`` (the default);
+``mechlab bench methods --planted tests.prune.planted_cases:cases`` (the default);
 a richer generator plugs in the same way: any ``module:function`` whose function takes
 the seeds and returns :class:`mechlab.bench.methods.PlantedCase` items.
 """

@@ -19,7 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("transformer_lens.tools.analysis.attribution_patching")
+pytest.importorskip("transformer_lens.tools.analysis.attribution_patching",
+                    reason="this transformer-lens has no attribution tools: pip install -U 'transformer-lens>=4'")
 
 from transformer_lens.tools.analysis.attribution_patching import (  # noqa: E402
     EdgeAttributionConfig,

@@ -116,10 +116,11 @@ def test_to_networkx_follows_paths():
 def test_plot_and_html(tmp_path):
     fig = circuit_figure(A)
     names = [t.name for t in fig.data]
-    assert {"→ v", "→ q", "→ k", "→ out", "edge (hover)", "in circuit", "pruned"} <= set(names)
+    assert {"→ v", "→ q", "→ k", "→ out", "edge (hover)", "component in the circuit",
+            "component not in the circuit", "q port (query input)"} <= set(names)  # every mark named
     hover = next(t for t in fig.data if t.name == "edge (hover)")
     assert len(hover.x) == A.n_edges and "score 1.000" in hover.hovertext[0]
-    pruned = next(t for t in fig.data if t.name == "pruned")
+    pruned = next(t for t in fig.data if t.name == "component not in the circuit")
     assert "m1" in pruned.hovertext[-1] or any("m1" in h for h in pruned.hovertext)
     path = write_html(circuit_figure(A), tmp_path / "a.html")
     text = path.read_text()
@@ -130,8 +131,11 @@ def test_recurrent_plot():
     c = Circuit.from_edges({("embed", "l0.in"): 1.0, ("l0", "out"): 0.5},
                            metadata={"graph": {"arch": "lstm", "n_layers": 2, "n_heads": 0}})  # fmt: skip
     fig = circuit_figure(c)
-    inside = next(t for t in fig.data if t.name == "in circuit")
-    assert list(inside.text) == ["embed", "l0", "out"]
+    inside = next(t for t in fig.data if t.name == "component in the circuit")
+    assert len(inside.x) == 3
+    # named on a white ground, so that edges passing under a label do not cross its text
+    labels = [a for a in fig.layout.annotations if a.name == "node label"]
+    assert [a.text for a in labels] == ["embed", "l0", "out"] and all(a.bgcolor for a in labels)
 
 
 def test_metrics_of_full_and_empty_circuits():

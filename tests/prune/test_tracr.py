@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-pytest.importorskip("tracr")
-pytest.importorskip("haiku")
+pytest.importorskip("tracr", reason="Tracr is not installed: pip install -e '.[tracr]'")
+pytest.importorskip("haiku", reason="dm-haiku is not installed: pip install -e '.[tracr]'")
 
 from mechlab.models.tracr import compile_program, load_tracr  # noqa: E402
 from mechlab.models.transformer import Transformer, TransformerConfig  # noqa: E402

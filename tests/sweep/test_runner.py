@@ -139,7 +139,7 @@ def test_an_unreachable_address_is_refused_at_once():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray = pytest.importorskip("ray")
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[sweep]'")
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from mechlab.models.names import hook_name
 from mechlab.prune import Circuit
 from mechlab.prune.graph import build_graph, transformer_graph, windowed_recurrent_graph
 from mechlab.viz.circuits import _curve, circuit_figure, node_positions, overlap_figure
@@ -53,7 +54,9 @@ def test_every_kept_edge_is_drawn_once_and_hoverable_with_its_score():
     assert len(curves(fig)) == len(EDGES)
     texts = hover_texts(fig)
     for (w, r), s in scores.items():
-        assert sum(f"{w} → {r}<br>score {s:.3f}" == t for t in texts) == 1
+        assert sum(t.startswith(f"{w} → {r}<br>") and t.endswith(f"<br>score {s:.3f}") for t in texts) == 1
+        # both names of each end: the graph's and the hook's
+        assert sum(hook_name(w) in t and hook_name(r) in t for t in texts if t.startswith(f"{w} → {r}<br>")) == 1
 
 
 def test_qkv_edges_end_at_three_distinct_ports_of_the_head():
@@ -95,7 +98,7 @@ def test_overlap_groups_count_shared_and_own_edges():
     assert len(curves(fig)) == 5 + 7 + 9
     texts = hover_texts(fig)
     w, r = a_edges[0]
-    assert f"{w} → {r}<br>in: A, B" in texts
+    assert sum(t.startswith(f"{w} → {r}<br>") and t.endswith("<br>in: A, B") for t in texts) == 1
     three = overlap_figure([a, b, a])
     assert any(t.name.startswith("in 2 of 3") for t in three.data if t.showlegend)
 
@@ -153,8 +156,9 @@ def test_cli_view_renders_committed_circuits_and_refuses_bad_input(tmp_path, cap
     out = tmp_path / "view.html"
     assert main(["view", *map(str, committed), "--out", str(out)]) == 0
     page = out.read_text()
-    assert page.count("* plotly.js v") == 1 and page.count("Plotly.newPlot(") == 3  # overlap + 2
-    assert "only 1-after (seed 0)" in page
+    # one file that opens anywhere: plotly.js inside, once, and the explorer of both circuits
+    assert page.count("* plotly.js v") == 1 and page.count("mechlabExplorer('") == 1
+    assert "1-after · prune · seed 0" in page and "2-after · prune · seed 0" in page
     assert main(["view", str(committed[0]), "--out", str(tmp_path / "x.png")]) == 2
     assert main(["view", str(committed[0]), "--label", "a", "--label", "b", "--out", str(out)]) == 2
     assert main(["view", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
@@ -174,6 +178,7 @@ def test_circuits_across_checkpoints_rows_scores_and_jaccard():
     counts, jaccard = fig.data[1], fig.data[2]
     assert list(counts.y) == [3, 4]
     assert list(jaccard.y) == [pytest.approx(1 / 6), 1.0]
+    assert jaccard.yaxis != counts.yaxis and fig.layout[jaccard.yaxis.replace("y", "yaxis")].range == (0, 1.05)
     with pytest.raises(ValueError, match="2 steps for 1"):
         circuits_across_checkpoints_figure([early], steps=[1, 2])
     with pytest.raises(ValueError, match="at least one"):

@@ -65,19 +65,22 @@ def replay(
     return search.result()
 
 
-def summarize(folder: Path = HERE) -> SweepResult:
-    """Replay the sweep in ``folder`` and write its tables and figures there.
+def assemble(
+    spec: SweepSpec, store: TrialStore, searches: dict[SearchKey, SearchResult], used: dict[str, None]
+) -> SweepResult:
+    """The sweep's result from its searches: kappa of each joint search (``open-`` when a
+    search it rests on is open) and OOD at each main search's N.
 
     Args:
-        folder: The sweep folder (``sweep.yaml`` and ``trials/``).
+        spec: The sweep.
+        store: Its finished trials.
+        searches: Each search's (possibly open) result.
+        used: Trial keys read so far (extended in place with the OOD trials); the
+            result's ``trials`` are these.
 
     Returns:
         The (possibly partial) :class:`SweepResult`.
     """
-    spec = SweepSpec.from_yaml(folder / "sweep.yaml")
-    store = TrialStore(folder / "trials")
-    used: dict[str, None] = {}
-    searches = {key: replay(spec, store, key, used) for key in spec.search_keys()}
     result = SweepResult(spec=spec, searches=searches)
     for key in spec.main_keys():
         if spec.kappa and key.lengths in JOINT:
@@ -93,6 +96,23 @@ def summarize(folder: Path = HERE) -> SweepResult:
                 used[trial_key(s)] = None
         result.ood[key] = ood_summary([r for r in ood_trials if r is not None])
     result.trials = [store.get_key(k) for k in used]
+    return result
+
+
+def summarize(folder: Path = HERE) -> SweepResult:
+    """Replay the sweep in ``folder`` and write its tables and figures there.
+
+    Args:
+        folder: The sweep folder (``sweep.yaml`` and ``trials/``).
+
+    Returns:
+        The (possibly partial) :class:`SweepResult`.
+    """
+    spec = SweepSpec.from_yaml(folder / "sweep.yaml")
+    store = TrialStore(folder / "trials")
+    used: dict[str, None] = {}
+    searches = {key: replay(spec, store, key, used) for key in spec.search_keys()}
+    result = assemble(spec, store, searches, used)
     write_outputs(result, folder, figures=False)
     write_figures(folder)
     return result

@@ -1,0 +1,87 @@
+"""`mechlab bench methods`: the methods table of docs/pruning.md, at a tiny size."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from mechlab.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY = ["--traces", "8", "--test-traces", "8", "--tracr-seeds", "none", "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture()
+def one_planted(tmp_path, monkeypatch):
+    """A planted generator module (one case: value-61, its data seed 1) importable by name."""
+    (tmp_path / "one_planted.py").write_text(textwrap.dedent("""
+        from mechlab.bench.methods import PlantedCase
+        from tests.prune.test_planted import PLANTED, planted_data
+
+        def cases(seeds):
+            model, truth = PLANTED["value-61"]()
+            return [PlantedCase(f"value-61 seed {s}", model, set(truth), planted_data(s), seed=s) for s in seeds]
+    """))  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "one_planted:cases"
+
+
+def test_bench_methods_writes_the_table_and_its_json(tiny_lds_checkpoint, one_planted, tmp_path, capsys):
+    import torch
+
+    from mechlab.pipelines import checkpoint_prune_data
+    from mechlab.prune.methods import find_circuit
+
+    out = tmp_path / "methods.json"
+    code = main(["bench", "methods", "--ckpt", str(tiny_lds_checkpoint), "--methods", "eap,exact",
+                 "--planted", one_planted, "--seeds", "1", "--out", str(out), *TINY])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert printed.startswith("| method | 1-after CPR | 1-after CMD | 1-after f (edges) |")
+    rows = {line.split(" | ")[0].strip("| "): line for line in printed.splitlines() if line.startswith("| e")}
+    assert set(rows) == {"eap", "exact"} and all(r.endswith("| 1/1 | - |") for r in rows.values())
+    table = json.loads(out.read_text())
+    assert table["methods"] == ["eap", "exact"] and table["targets"] == ["1-after", "2-after"]
+    info = table["info"]
+    assert info["checkpoint"] == str(tiny_lds_checkpoint) and info["n_train"] == 8 and info["torch_threads"] == 1
+    assert info["command"].startswith("mechlab bench methods --ckpt") and "--methods eap,exact" in info["command"]
+    assert len(info["loadavg_start"]) == 3 and info["planted_cases"] == ["value-61 seed 1"]
+    # each row is the circuit find_circuit returns on the same traces, at the same budget
+    torch.manual_seed(0)
+    ckpt, data = checkpoint_prune_data(tiny_lds_checkpoint, n_train=8, n_test=8)
+    for method in ("eap", "exact"):
+        for target in ("1-after", "2-after"):
+            meta = find_circuit(ckpt.model, data, target, method, 0.95).metadata
+            row = table["model"][method][target]
+            assert row["faithfulness"] == pytest.approx(meta["metrics"]["faithfulness"], abs=1e-9)
+            assert row["n_edges_kept"] == meta["n_edges_kept"] and 0 <= row["cpr"] <= 1.5
+            assert row["seconds"] > 0 and f"{row['faithfulness']:.3f} ({row['n_edges_kept']})" in rows[method]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--methods", "eap,magic"], "unknown method 'magic'"),
+        (["--targets", "9-after"], "9-after"),
+        (["--planted", "no_such_module_xyz:cases"], "cannot import 'no_such_module_xyz'"),
+        (["--planted", "justaname"], "--planted must be MODULE:FUNCTION or none"),
+        (["--seeds", "0,x"], "--seeds '0,x': not comma-separated integers or none"),
+        (["--sparsity", "1.5"], "--sparsity must be in (0, 1)"),
+    ],
+)
+def test_bad_bench_methods_input_is_one_line_exit_2(tiny_lds_checkpoint, tmp_path, capsys, extra, message):
+    out = tmp_path / "methods.json"
+    code = main(["bench", "methods", "--ckpt", str(tiny_lds_checkpoint), "--methods", "eap",
+                 "--planted", "none", *TINY, "--out", str(out), *extra])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_bench_methods_keeps_an_existing_table(tiny_lds_checkpoint, tmp_path, capsys):
+    out = tmp_path / "methods.json"
+    out.write_text("{}")
+    code = main(["bench", "methods", "--ckpt", str(tiny_lds_checkpoint), "--out", str(out), *TINY])
+    assert code == 2 and "exists; pass --force" in capsys.readouterr().err and out.read_text() == "{}"
