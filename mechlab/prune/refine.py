@@ -328,8 +328,8 @@ def select_edges(
         extra: Size of the pool beyond the quota, and of the fill's candidate list.
         min_effect: The smallest loss change that counts as an effect.
         rankings: Other ``[n_edges]`` rankings (a warm start's ``|score|``): their best
-            ``n_keep`` countable edges join the elimination's pool, and their own
-            complete paths are a candidate as the search's are.
+            ``n_keep`` countable edges of positive score join the elimination's pool, and
+            their own complete paths among those are a candidate as the search's are.
 
     Returns:
         The :class:`Selection`.
@@ -337,12 +337,13 @@ def select_edges(
     countable = countable.cpu().bool()
     la = log_alpha.detach().cpu()
     pool = ranked_pool(la, countable, n_keep + extra)
-    for other in rankings:
-        pool |= ranked_pool(other, countable, n_keep)
+    rankings = [r.detach().cpu() for r in rankings]
+    for other in rankings:  # only edges the other ranking gives some effect
+        pool |= ranked_pool(other, countable & (other > 0), n_keep)
     kept, loss, effects = halving_eliminate(graph, pool, n_keep, loss_of, ablation)
     n_pool = int(live_edges(graph, pool, ablation).sum())
-    for ranking in (la, *rankings):
-        ranked, _ = select_on_paths(graph, ranking.detach().cpu(), countable, n_keep, ablation)
+    for ranking, eligible in ((la, countable), *((r, countable & (r > 0)) for r in rankings)):
+        ranked, _ = select_on_paths(graph, ranking, eligible, n_keep, ablation)
         ranked_loss = loss_of(ranked)
         if ranked_loss < loss:  # greedy steps can go astray where only whole groups help
             kept, loss, effects = ranked, ranked_loss, {}
