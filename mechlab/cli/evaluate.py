@@ -78,7 +78,7 @@ def report(
     recall_traces: int = typer.Option(256, min=1, help="NiH traces of the recall verdicts."),
     components: bool = typer.Option(True, help="Patch each head / layer in the recall analysis."),
     recipe: str = typer.Option("default", help="Pruning recipe: default, uniform or study (see mechlab prune --help); its NiH construction is used everywhere."),
-    steps: int = typer.Option(300, min=1, help="Optimiser steps of each pruning run (mechlab prune: 500)."),
+    steps: int = typer.Option(300, min=1, help="Optimiser steps of each pruning run (mechlab prune: 200)."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu", help="Where every stage runs (cpu, cuda, ...)."),
     progress: bool = typer.Option(True, help="Show progress bars."),

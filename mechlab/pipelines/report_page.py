@@ -274,7 +274,7 @@ def caveats(report: Any) -> list[str]:
         f"{cfg.n_boot} resamples."
     )
     if cfg.steps is not None:
-        out.append(f"Each pruning ran {cfg.steps} optimiser steps (mechlab prune runs 500 by default).")
+        out.append(f"Each pruning ran {cfg.steps} optimiser steps (mechlab prune runs 200 by default).")
     warned = [line for found in report.circuits.values() for c in found for line in c.metadata.get("warnings", [])]
     if warned:
         out.append("Pruning warned: " + "; ".join(html.escape(w) for w in warned))
