@@ -473,8 +473,8 @@ def test_normalized_loss_divides_by_the_fully_ablated_loss():
 def test_the_default_on_the_bundled_checkpoint_fills_its_budget_and_beats_attribution(target, best_attribution):
     """At the defaults the circuit has the 25 edges asked (or names those without effect)
     and is at least as faithful on held-out traces as the best attribution method's at the
-    same size (exact single-edge ablation, docs/pruning.md "Methods side by side"); ~10 min
-    per target on one loaded core."""
+    same size (exact single-edge ablation, docs/pruning.md "Methods side by side"); 70-90 s
+    per target on one thread at load 1-2 (~10 min at load 9)."""
     from mechlab.pipelines import checkpoint_prune_data
 
     torch.set_num_threads(1)
