@@ -414,8 +414,6 @@ def test_issue_19_hostile_train_config_files_are_one_line(capsys, tmp_path, text
     assert phrase in line and not (tmp_path / "r").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py reads sweep YAML with yaml.safe_load itself; the CLI side is to "
-                   "call mechlab.sweep.spec.read_settings (safe loader), then this passes: remove the mark")  # fmt: skip
 @pytest.mark.parametrize(
     "text", ["steps: !!python/object/apply:os.system ['echo pwned']\n", "a: " + "[" * 3000 + "]" * 3000 + "\n"],
     ids=["python-tag", "deep-3000"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,16 +17,25 @@ MIXED_WARNING = "comparing circuits of different checkpoints"  # the engine's wa
 
 
 def load_circuits(paths: Sequence[str | Path]) -> list[Circuit]:
-    """Every circuit file, each checked (one line naming the file or the field) before any work."""
+    """Every circuit file, each checked (one line naming the file or the field) before any
+    work; a file given twice (by any path, or a copy of the same bytes) is refused: a
+    circuit compared with itself would read as perfect agreement."""
+    seen: dict[str, str] = {}
     loaded = []
     for path in paths:
         if not Path(path).is_file():
             raise ValueError(f"circuit {str(path)!r} not found")
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        if digest in seen:
+            same = "the same file" if Path(path).resolve() == Path(seen[digest]).resolve() else "identical files"
+            raise ValueError(f"{seen[digest]!r} and {str(path)!r} are {same}; give each circuit once")
+        seen[digest] = str(path)
         loaded.append(Circuit.from_json(path))
     return loaded
 
 
-def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] = ()) -> Path:
+def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] = (), *,
+                  force: bool = False) -> Path:  # fmt: skip
     """``mechlab view``: one page drawing each circuit, with the overlap view of two or more
     on one layout first.
 
@@ -33,6 +43,7 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
         paths: Circuit JSON files.
         out: The ``.html`` file to write.
         labels: A name per circuit (default: target and seed).
+        force: Replace ``out`` if it exists (never one of the circuits, nor a checkpoint).
 
     Returns:
         The page's path.
@@ -42,8 +53,7 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
 
     if labels and len(labels) != len(paths):
         raise ValueError(f"give one --label per circuit: {len(labels)} labels for {len(paths)} circuits")
-    if Path(out).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out must be an .html file, got {str(out)!r}")
+    outputs.check_output_file(out, force=force, inputs=paths, suffixes=(".html", ".htm"))
     loaded = load_circuits(paths)
     names = list(labels) or [f"{c.metadata.get('target', Path(p).stem)} (seed {c.metadata.get('seed', '?')})"
                              for c, p in zip(loaded, paths, strict=True)]  # fmt: skip
@@ -88,6 +98,7 @@ def overlap_circuits(
     device: str | None = None,
     mixed_checkpoints: bool = False,
     json_out: str | Path | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """``mechlab overlap``: the circuits' pairwise overlaps, Jaccard with bootstrap intervals
     over seeds, the uniform and degree-preserving null models and, with ``ckpt``, each
@@ -100,11 +111,14 @@ def overlap_circuits(
         n_boot: Bootstrap resamples.
         n_null: Samples of each null model.
         level: Coverage of the bootstrap intervals, in (0, 1).
-        exclude_writers: Writers whose edges leave the null models' edge pool.
+        exclude_writers: Writers whose edges leave the null models' edge pool (each must be
+            a writer of the circuits' graph).
         seed: Seed of the bootstrap and the null models.
         device: Where the cross-evaluation runs.
         mixed_checkpoints: Compare circuits of different checkpoints (with a warning).
-        json_out: Write the result here as JSON.
+        json_out: Write the result here as JSON (a new file, checked before any work;
+            never one of the inputs or a checkpoint).
+        force: Replace ``json_out`` if it exists.
 
     Returns:
         ``circuits``, ``pairs`` (one :meth:`~mechlab.prune.circuit.Overlap.to_dict` per pair,
@@ -118,7 +132,16 @@ def overlap_circuits(
         raise ValueError("give at least two circuit files")
     if not 0 < level < 1:
         raise ValueError(f"--level must be in (0, 1), got {level}")
+    if json_out is not None:
+        inputs = [*paths, *([source_path(ckpt)] if ckpt is not None else [])]
+        outputs.check_output_file(json_out, force=force, inputs=inputs, option="--json")
     loaded = load_circuits(paths)
+    writers = {e[0] for e in graph_edges(loaded[0])} if exclude_writers else set()
+    unknown = [w for w in exclude_writers if w not in writers]
+    if unknown:
+        listed = ", ".join(sorted(writers)[:12]) + (", ..." if len(writers) > 12 else "")
+        raise ValueError(f"--exclude-writer {unknown[0]!r} is not a writer of the circuits' graph "
+                         f"(its writers: {listed}); give one of them")  # fmt: skip
     opened = None if ckpt is None else open_checkpoint(ckpt, device)
     _check_one_checkpoint(loaded, paths, None if opened is None else opened.sha256, ckpt, mixed_checkpoints)
     with warnings.catch_warnings():

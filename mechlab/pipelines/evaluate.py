@@ -25,7 +25,7 @@ from mechlab.pipelines.checkpoints import (
 )
 from mechlab.pipelines.data import haystack
 from mechlab.progress import tqdm
-from mechlab.tasks.lds import make_libraries
+from mechlab.tasks.lds import check_batch, make_libraries
 from mechlab.tasks.lds_evals import nih_protocol
 
 
@@ -67,10 +67,7 @@ def run_suite(
     n_haystack, seg_len = haystack(ckpt, n_haystack, seg_len)
     path = source_path(source)
     if suite == "dynamics":
-        run_dir = path.resolve().parent
-        if run_dir.name == "checkpoints":
-            run_dir = run_dir.parent
-        result = eval_dynamics(run_dir, min(n_traces, 500), n_haystack, seg_len, seed,
+        result = eval_dynamics(_run_dir(path), min(n_traces, 500), n_haystack, seg_len, seed,
                                protocol=protocol, device=device)  # fmt: skip
     else:
         result = evaluate_model(ckpt.model, cfg, make_libraries(cfg)[1], suite, n_traces, n_haystack,
@@ -131,15 +128,21 @@ def evaluate_checkpoint(
     out: str | Path | None = None,
     *,
     on_suite: Callable[[str, dict[str, Any], Path, Path], None] | None = None,
+    force: bool = False,
     **settings: Any,
 ) -> dict[str, dict[str, Any]]:
     """``mechlab eval``: each suite's JSON and figure (``<suite>.json``, ``<suite>.html``).
 
+    Every setting, the output folder (claimed: locked, and none of the files in it yet,
+    unless ``force``) and, for ``dynamics``, the run's checkpoints are checked before the
+    first suite runs.
+
     Args:
         source: A checkpoint of the lds task, or its file (opened once).
         suites: Suites (``["all"]``: every one).
-        out: Folder (default: ``eval/`` beside the checkpoint).
+        out: Folder (default: ``mechlab-out/<run>/eval``).
         on_suite: Called with ``(suite, report, json_path, html_path)`` after each write.
+        force: Replace the suites' files if they exist (and write into a folder git tracks).
         **settings: :func:`run_suite`'s (``n_traces``, ``n_haystack``, ``seg_len``,
             ``seed``, ``protocol``, ``trials`` (nih and ood only), ``device``).
 
@@ -152,18 +155,40 @@ def evaluate_checkpoint(
     for name in suites:
         if name not in SUITES:
             raise ValueError(f"unknown suite {name!r}; choose from {list(SUITES)} or all")
+    if len(set(suites)) != len(suites):
+        raise ValueError(f"suites must not repeat, got {suites}")
     nih_protocol(settings.get("protocol", "study"))
-    device = settings.pop("device", None)
-    ckpt = open_checkpoint(source, device)
-    folder = Path(out) if out is not None else outputs.beside(source_path(source), "eval")
     trials = settings.pop("trials", None)
+    if trials is not None and not any(name in ("nih", "ood") for name in suites):
+        raise ValueError(f"trials (per-example aggregation) applies to the nih and ood suites, not {suites}")
+    device = settings.pop("device", None)
+    path = source_path(source)
+    folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(path, "eval"), "eval",
+                                  force=force, inputs=[path])  # fmt: skip
+    folder.check_fresh([f"{name}.{ext}" for name in suites for ext in ("json", "html")])
     reports = {}
-    for name in suites:
-        report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
-                           **settings)  # fmt: skip
-        reports[name] = report
-        json_path = outputs.write_json(folder / f"{name}.json", report)
-        html_path = outputs.write_figure(figure_for_suite(report), folder / f"{name}.html")
-        if on_suite is not None:
-            on_suite(name, report, json_path, html_path)
+    with folder:
+        ckpt = open_checkpoint(source, device)
+        cfg = lds_config(ckpt)
+        n = settings.get("n_traces", 1000)
+        check_batch(cfg, n, "n_traces")  # every suite's size, before the first runs
+        if trials is not None:
+            check_batch(cfg, n * trials, f"n_traces ({n} examples x {trials} trials)")
+        if "dynamics" in suites and not any(_run_dir(path).glob("checkpoints/step_*.pt")):
+            raise ValueError(f"the dynamics suite needs the run's checkpoints/step_*.pt; there are none under "
+                             f"{str(_run_dir(path))!r}")  # fmt: skip
+        for name in suites:
+            report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
+                               **settings)  # fmt: skip
+            reports[name] = report
+            json_path = folder.write_json(f"{name}.json", report)
+            html_path = folder.write_figure(figure_for_suite(report), f"{name}.html")
+            if on_suite is not None:
+                on_suite(name, report, json_path, html_path)
     return reports
+
+
+def _run_dir(path: Path) -> Path:
+    """The run directory of a checkpoint file (``DIR/last.pt``, ``DIR/checkpoints/step_*.pt``)."""
+    run_dir = path.resolve().parent
+    return run_dir.parent if run_dir.name == "checkpoints" else run_dir

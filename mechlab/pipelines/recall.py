@@ -13,8 +13,15 @@ from typing import Any
 
 from mechlab.label_vs_observation import recall_analysis
 from mechlab.pipelines import outputs
-from mechlab.pipelines.checkpoints import Source, open_checkpoint, run_checkpoints, source_path
+from mechlab.pipelines.checkpoints import (
+    Source,
+    lds_config,
+    open_checkpoint,
+    run_checkpoints,
+    source_path,
+)
 from mechlab.progress import tqdm
+from mechlab.tasks.lds import check_batch
 
 
 def recall_checkpoint(source: Source, device: str = "cpu", **kwargs: Any) -> dict[str, Any]:
@@ -85,6 +92,7 @@ def recall_and_write(
     components: bool = True,
     progress: bool = True,
     on_file: Callable[[str, Path, Path], None] | None = None,
+    force: bool = False,
     **settings: Any,
 ) -> RecallFiles:
     """``mechlab recall``: ``recall.json``/``.html`` of a checkpoint and, for a run,
@@ -94,10 +102,12 @@ def recall_and_write(
     Args:
         ckpt: A checkpoint (or its file).
         checkpoints: A run directory (its ``checkpoints/step_*.pt``).
-        out: Folder (default: ``recall/`` beside the checkpoint, or in the run directory).
+        out: Folder (default: ``mechlab-out/<run>/recall``). Its ``recall*.json``/``.html``
+            must not exist yet (``force``: they are replaced).
         components: Also patch each head / layer (``ckpt`` only).
         progress: Show progress bars.
         on_file: Called with ``(stem, json_path, html_path)`` after each write.
+        force: Replace the files if they exist (and write into a folder git tracks).
         **settings: :func:`recall_analysis` settings and ``device``.
     """
     from mechlab.viz import recall_dynamics_figure, recall_figure
@@ -106,21 +116,32 @@ def recall_and_write(
         raise ValueError("give --ckpt PATH (a checkpoint), --checkpoints DIR (a run directory), or both")
     if checkpoints is not None and not Path(checkpoints).is_dir():
         raise ValueError(f"run directory {str(checkpoints)!r} not found")
-    opened = None if ckpt is None else open_checkpoint(ckpt)
-    where = source_path(ckpt).resolve().parent if ckpt is not None else Path(checkpoints).resolve()
-    folder = Path(out) if out is not None else where / "recall"
-    computed: dict[str, tuple[dict[str, Any], Any]] = {}
-    if opened is not None:
-        report = recall_checkpoint(opened, components=components, progress=progress, **settings)
-        computed["recall"] = (report, recall_figure(report))
-    if checkpoints is not None:
-        dyn = recall_dynamics(checkpoints, progress=progress, **settings)
-        computed["recall_dynamics"] = (dyn, recall_dynamics_figure(dyn))
-    files = RecallFiles(folder)
-    for stem, (data, figure) in computed.items():
-        json_path = outputs.write_json(folder / f"{stem}.json", data)
-        html_path = outputs.write_figure(figure, folder / f"{stem}.html")
-        files.written[stem] = (data, json_path, html_path)
-        if on_file is not None:
-            on_file(stem, json_path, html_path)
+    if checkpoints is not None and not any(Path(checkpoints).glob("checkpoints/step_*.pt")):
+        raise ValueError(f"no checkpoints/step_*.pt under {str(checkpoints)!r}; is it a training run directory?")
+    offsets = settings.get("offsets")
+    if offsets is not None and len(set(offsets)) != len(offsets):
+        raise ValueError(f"offsets must not repeat, got {list(offsets)}")
+    where = source_path(ckpt) if ckpt is not None else Path(checkpoints) / "last.pt"
+    folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(where, "recall"), "recall",
+                                  force=force, inputs=[p for p in (ckpt, checkpoints) if isinstance(p, (str, Path))])  # fmt: skip
+    stems = (["recall"] if ckpt is not None else []) + (["recall_dynamics"] if checkpoints is not None else [])
+    folder.check_fresh([f"{stem}.{ext}" for stem in stems for ext in ("json", "html")])
+    files = RecallFiles(folder.path)
+    with folder:
+        opened = None if ckpt is None else open_checkpoint(ckpt)
+        if opened is not None and "n_traces" in settings:
+            check_batch(lds_config(opened), settings["n_traces"], "n_traces")  # before any patching
+        computed: dict[str, tuple[dict[str, Any], Any]] = {}
+        if opened is not None:
+            report = recall_checkpoint(opened, components=components, progress=progress, **settings)
+            computed["recall"] = (report, recall_figure(report))
+        if checkpoints is not None:
+            dyn = recall_dynamics(checkpoints, progress=progress, **settings)
+            computed["recall_dynamics"] = (dyn, recall_dynamics_figure(dyn))
+        for stem, (data, figure) in computed.items():
+            json_path = folder.write_json(f"{stem}.json", data)
+            html_path = folder.write_figure(figure, f"{stem}.html")
+            files.written[stem] = (data, json_path, html_path)
+            if on_file is not None:
+                on_file(stem, json_path, html_path)
     return files
