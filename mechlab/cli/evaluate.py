@@ -32,7 +32,7 @@ def eval_(
     trials: int | None = typer.Option(None, min=1, help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
-    force: bool = force_option("Replace the suites' files if --out holds them (refused otherwise), and write into a folder git tracks."),
+    force: bool = force_option("Recompute and replace suites of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
@@ -45,7 +45,10 @@ def eval_(
         typer.echo(f"{name}: {json_path}, {html_path}")
         _print_report(report)
 
-    evaluate_checkpoint(ckpt, suite, out, on_suite=show, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
+    def reused(name: str, path: Path) -> None:
+        typer.echo(f"{name}: read back {path} (same settings; --force and other settings recompute)")
+
+    evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_reuse=reused, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
                         seed=seed, protocol=nih, trials=trials, device=device, force=force)  # fmt: skip
 
 
@@ -125,7 +128,7 @@ def recall(
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
-    force: bool = force_option("Replace the recall files if --out holds them (refused otherwise), and write into a folder git tracks."),
+    force: bool = force_option("Recompute and replace reports of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
@@ -136,6 +139,7 @@ def recall(
     files = recall_and_write(
         ckpt, checkpoints, out, components=components, progress=progress,
         on_file=lambda stem, j, h: typer.echo(f"{stem}: {j}, {h}"), n_traces=traces, n_haystack=haystack,
+        on_reuse=lambda stem, j: typer.echo(f"{stem}: read back {j} (same settings)"),
         seg_len=seg_len, seed=seed, protocol=nih, offsets=tuple(offset) or None, device=device, force=force,
     )  # fmt: skip
     if "recall" in files.written:

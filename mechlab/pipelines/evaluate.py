@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from mechlab.checkpoint import Checkpoint
 from mechlab.evals.suites import SUITES, evaluate_model, nih_errors, summarize
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import (
@@ -122,27 +123,49 @@ def eval_dynamics(
     return out
 
 
+def suite_settings(ckpt: Checkpoint, path: Path, suite: str, *, n_traces: int = 1000,
+                   n_haystack: int | None = None, seg_len: int | None = None, seed: int = 0,
+                   protocol: str = "study", trials: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every setting that shapes a suite's report (the run's haystack resolved; for
+    ``dynamics`` the digest of each of the run's checkpoints): what ``<suite>.json``
+    records, and a rerun compares."""
+    n, s = haystack(ckpt, n_haystack, seg_len)
+    out: dict[str, Any] = {"analysis": "eval", "checkpoint_sha256": ckpt.sha256, "suite": suite,
+                           "n_traces": n_traces, "n_haystack": n, "seg_len": s, "seed": seed,
+                           "protocol": protocol, "trials": trials}  # fmt: skip
+    if suite == "dynamics":
+        run_dir = _run_dir(path)
+        out["n_traces"] = min(n_traces, 500)
+        out["run_checkpoints"] = {p.name: outputs.file_sha256(p) for p in sorted(run_dir.glob("checkpoints/step_*.pt"))}
+    return out
+
+
 def evaluate_checkpoint(
     source: Source,
     suites: Sequence[str] = ("nih",),
     out: str | Path | None = None,
     *,
     on_suite: Callable[[str, dict[str, Any], Path, Path], None] | None = None,
+    on_reuse: Callable[[str, Path], None] | None = None,
     force: bool = False,
     **settings: Any,
 ) -> dict[str, dict[str, Any]]:
     """``mechlab eval``: each suite's JSON and figure (``<suite>.json``, ``<suite>.html``).
 
-    Every setting, the output folder (claimed: locked, and none of the files in it yet,
-    unless ``force``) and, for ``dynamics``, the run's checkpoints are checked before the
-    first suite runs.
+    Every setting, the output folder (claimed: locked, nothing of other settings in it)
+    and, for ``dynamics``, the run's checkpoints are checked before the first suite runs.
+    Each ``<suite>.json`` records its settings (:func:`suite_settings`); a rerun reads back
+    a suite of the same settings instead of running it again, and refuses one of other
+    settings, naming them (replaced with ``force``).
 
     Args:
         source: A checkpoint of the lds task, or its file (opened once).
         suites: Suites (``["all"]``: every one).
         out: Folder (default: ``mechlab-out/<run>/eval``).
-        on_suite: Called with ``(suite, report, json_path, html_path)`` after each write.
-        force: Replace the suites' files if they exist (and write into a folder git tracks).
+        on_suite: Called with ``(suite, report, json_path, html_path)`` after each write
+            (or read back).
+        on_reuse: Called with ``(suite, json_path)`` for a suite read back.
+        force: Replace suites of other settings (and write into a folder git tracks).
         **settings: :func:`run_suite`'s (``n_traces``, ``n_haystack``, ``seg_len``,
             ``seed``, ``protocol``, ``trials`` (nih and ood only), ``device``).
 
@@ -165,7 +188,6 @@ def evaluate_checkpoint(
     path = source_path(source)
     folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(path, "eval"), "eval",
                                   force=force, inputs=[path])  # fmt: skip
-    folder.check_fresh([f"{name}.{ext}" for name in suites for ext in ("json", "html")])
     reports = {}
     with folder:
         ckpt = open_checkpoint(source, device)
@@ -177,12 +199,28 @@ def evaluate_checkpoint(
         if "dynamics" in suites and not any(_run_dir(path).glob("checkpoints/step_*.pt")):
             raise ValueError(f"the dynamics suite needs the run's checkpoints/step_*.pt; there are none under "
                              f"{str(_run_dir(path))!r}")  # fmt: skip
+        records = {name: suite_settings(ckpt, path, name, trials=trials if name in ("nih", "ood") else None,
+                                        **{k: v for k, v in settings.items() if k != "n_traces"}, n_traces=n)
+                   for name in suites}  # fmt: skip
         for name in suites:
-            report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
-                               **settings)  # fmt: skip
+            folder.check_path(f"{name}.html")
+        status = folder.plan({f"{name}.json": records[name] for name in suites})
+        for name in suites:
+            json_name, html_name = f"{name}.json", f"{name}.html"
+            if status[json_name] == "same":
+                report = {k: v for k, v in outputs.read_json(folder.file(json_name)).items()
+                          if k not in ("settings", "settings_sha256")}  # fmt: skip
+                if on_reuse is not None:
+                    on_reuse(name, folder.file(json_name))
+                if not folder.file(html_name).is_file():
+                    folder.write_figure(figure_for_suite(report), html_name)
+                json_path, html_path = folder.file(json_name), folder.file(html_name)
+            else:
+                report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
+                                   **settings)  # fmt: skip
+                json_path = folder.write_json(json_name, {**report, **outputs.settings_record(records[name])})
+                html_path = folder.write_figure(figure_for_suite(report), html_name)
             reports[name] = report
-            json_path = folder.write_json(f"{name}.json", report)
-            html_path = folder.write_figure(figure_for_suite(report), f"{name}.html")
             if on_suite is not None:
                 on_suite(name, report, json_path, html_path)
     return reports

@@ -37,6 +37,7 @@ made for itself are removed again when nothing was written into them).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -125,12 +126,35 @@ def canonical(settings: Mapping[str, Any]) -> str:
             return str(value)  # inf (a tied share) -> "inf": JSON has no infinity
         if isinstance(value, Path):
             return str(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {"type": type(value).__name__, **plain(dataclasses.asdict(value))}
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         raise TypeError(f"setting of type {type(value).__name__} cannot be recorded: {value!r}")
 
     kept = {k: v for k, v in settings.items() if k not in _NOT_SETTINGS}
     return json.dumps(plain(kept), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def with_defaults(fn: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` with ``fn``'s defaults for every keyword-only argument it does not set (so
+    a setting left to its default and the same value given explicitly record alike);
+    device, threads, progress and the checkpoint's own digest are left out."""
+    import inspect
+
+    skip = (*_NOT_SETTINGS, "checkpoint_sha256")
+    filled = {name: p.default for name, p in inspect.signature(fn).parameters.items()
+              if p.kind is p.KEYWORD_ONLY and name not in skip and p.default is not p.empty}  # fmt: skip
+    return {**filled, **{k: v for k, v in given.items() if k not in skip}}
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (read in chunks)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def settings_record(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -280,7 +304,7 @@ def check_output_file(
     path = Path(path)
     shown = str(path)
     for given in inputs:
-        if _same_file(path, Path(given)) or path.absolute() == Path(given).absolute():
+        if _same_file(path, Path(given)) or os.path.abspath(path) == os.path.abspath(given):
             raise ValueError(f"{option} {shown!r} is one of the inputs; write the output elsewhere")
     _refuse_checkpoint(path)
     if suffixes and path.suffix.lower() not in suffixes:
@@ -471,24 +495,35 @@ class OutputFolder:
         return path
 
     def write_text(self, name: str | Path, text: str) -> Path:
-        """Write a file of the folder (atomically)."""
-        return self._wrote(write_text(self._target(name), text))
+        """Write a file of the folder (atomically); a file that already holds exactly ``text``
+        is left as it is (a rerun rewrites nothing it would not change)."""
+        path = self._target(name)
+        data = text.encode("utf-8")
+        try:
+            if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+                return self._wrote(path)
+        except OSError:
+            pass
+        return self._wrote(write_text(path, text))
 
-    def write_json(self, name: str | Path, data: Any, **kwargs: Any) -> Path:
-        """Write JSON into the folder (:func:`write_json`)."""
-        return self._wrote(write_json(self._target(name), data, **kwargs))
+    def write_json(self, name: str | Path, data: Any, *, newline: bool = False, default: Any = None) -> Path:
+        """Write JSON into the folder (as :func:`write_json` writes it)."""
+        text = json.dumps(data, indent=1, default=default)
+        return self.write_text(name, text + "\n" if newline else text)
 
     def write_figure(self, figure: Any, name: str | Path) -> Path:
         """Write a plotly figure into the folder as offline HTML."""
-        return self._wrote(write_figure(figure, self._target(name)))
+        return self.write_text(name, figure.to_html(include_plotlyjs=True, full_html=True))
 
     def write_circuit(self, circuit: Any, name: str | Path) -> Path:
         """Write a circuit's JSON into the folder."""
-        return self._wrote(write_circuit(circuit, self._target(name)))
+        return self.write_json(name, circuit.to_dict())
 
     def write_circuit_figure(self, circuit: Any, name: str | Path, title: str | None = None) -> Path:
         """Write a circuit's graph into the folder as offline HTML."""
-        return self._wrote(write_circuit_figure(circuit, self._target(name), title))
+        from mechlab.viz.circuits import circuit_figure
+
+        return self.write_figure(circuit_figure(circuit, title), name)
 
     def remove(self, name: str | Path) -> None:
         """Remove a file of the folder that this command replaces (``--force``), if present."""

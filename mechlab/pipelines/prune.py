@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -82,20 +81,6 @@ def _recipe(recipe: str, kwargs: dict[str, Any], where: str) -> str:
     return kwargs.pop("protocol")
 
 
-# prune()'s and joint_prune()'s keywords that are not settings of the result.
-_NOT_SETTINGS = ("progress", "checkpoint_sha256", "device")
-
-
-def _engine_defaults(fn: Callable[..., Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` with ``fn``'s defaults for every keyword it does not set (so a setting left
-    to its default and the same value given explicitly record alike)."""
-    filled = {}
-    for name, p in inspect.signature(fn).parameters.items():
-        if p.kind is p.KEYWORD_ONLY and name not in _NOT_SETTINGS and p.default is not p.empty:
-            filled[name] = p.default
-    return {**filled, **{k: v for k, v in given.items() if k not in _NOT_SETTINGS}}
-
-
 def prune_settings(
     ckpt: Any,
     target: Target,
@@ -121,7 +106,7 @@ def prune_settings(
         return None
     settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
-    settings = _engine_defaults(prune, settings)
+    settings = outputs.with_defaults(prune, settings)
     data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
                             "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
     if ckpt.task == "state_tracking":
@@ -429,7 +414,7 @@ def joint_prune_checkpoint(
         common = {"analysis": "joint-prune", "checkpoint_sha256": ckpt.sha256, "targets": names,
                   "recipe": recipe, "nih": nih, "sparsity": sparsity, "n_train": n_train, "n_test": n_test,
                   "n_haystack": n, "seg_len": s, "corruption": corruption,
-                  **_engine_defaults(joint_prune, settings)}  # fmt: skip
+                  **outputs.with_defaults(joint_prune, settings)}  # fmt: skip
 
         def record(share: float, seed: int, name: str) -> dict[str, Any]:
             return {**common, "target": name, "share": share, "seed": seed, "data_seed": seed}

@@ -183,7 +183,7 @@ def test_train_from_a_yaml_file_then_eval_then_resume(capsys, tmp_path, monkeypa
     assert not (out / "eval").exists()
     evals = tmp_path / "mechlab-out" / "run" / "eval"
     report = json.loads((evals / "nih.json").read_text())
-    assert set(report) == {"suite", "checkpoint", "sha256", "step", "seed", "result"}
+    assert set(report) == {"suite", "checkpoint", "sha256", "step", "seed", "result", "settings", "settings_sha256"}
     assert report["suite"] == "nih" and report["step"] == 3
     assert set(report["result"]) == {"n_haystack", "seg_len", "n_traces", "offsets", "protocol"}
     assert report["result"]["n_traces"] == 20 and report["result"]["n_haystack"] == 2
