@@ -422,3 +422,273 @@ def test_issue_19_hostile_sweep_config_files_are_one_line_through_the_cli(capsys
     config = tmp_path / "s.yaml"
     config.write_text(text)
     fast_refusal(capsys, "sweep", "--config", config, "--out", tmp_path / "s", "--local")
+
+
+# --------------------------------------------------------------------------- issue 19, CLI side
+# The output policy (mechlab/pipelines/outputs.py), resume keyed by settings, and checks
+# before work, through the command line; one test per case of docs/reliability.md's rows
+# marked cli. The policy's own tests: tests/pipelines/test_outputs.py.
+
+
+def digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def two_circuits(capsys, run_dir, tmp_path):
+    """Two circuits (seeds 0 and 1) of the run's checkpoint, under tmp_path/c."""
+    code, _, err = cli(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--seed", "0", "--seed", "1",
+                       "--out", tmp_path / "c")  # fmt: skip
+    assert code == 0, err
+    return tmp_path / "c" / "1-after_seed0.json", tmp_path / "c" / "1-after_seed1.json"
+
+
+def test_issue_19_overlap_json_never_replaces_a_checkpoint_or_an_input(capsys, run_dir, tmp_path, two_circuits):
+    a, b = two_circuits
+    ckpt = shutil.copy(run_dir / "last.pt", tmp_path / "last.pt")
+    before = {p: digest(p) for p in (ckpt, a, b)}
+    fast = ["--boot", "5", "--null", "5"]
+    for force in ([], ["--force"]):  # not even with --force
+        line = refused(capsys, "overlap", a, b, *fast, "--json", ckpt, *force)
+        assert "is a checkpoint; mechlab never writes an output over one" in line
+        line = refused(capsys, "overlap", a, b, *fast, "--json", a, *force)
+        assert "--json" in line and "is one of the inputs" in line
+    assert {p: digest(p) for p in before} == before
+
+
+def test_issue_19_view_out_never_overwrites_without_force(capsys, tmp_path, two_circuits):
+    a, b = two_circuits
+    page = tmp_path / "existing.html"
+    page.write_text("mine")
+    line = refused(capsys, "view", a, "--out", page)
+    assert "exists; pass --force to replace it" in line and page.read_text() == "mine"
+    assert "is one of the inputs" in refused(capsys, "view", a, "--out", a, "--force")
+    code, _, err = cli(capsys, "view", a, b, "--out", page, "--force")
+    assert code == 0, err
+    assert page.read_text() != "mine"
+
+
+def test_issue_19_prune_into_a_folder_git_tracks_is_refused(capsys, run_dir, tmp_path):
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    (repo / "circuits").mkdir(parents=True)
+    (repo / "circuits" / "1-after_seed0.json").write_text("committed")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(repo)]
+    for step in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *step], check=True)
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--out", repo / "circuits")
+    assert "holds files git tracks (circuits/1-after_seed0.json); pass --force" in line
+    assert (repo / "circuits" / "1-after_seed0.json").read_text() == "committed"
+    assert sorted(os.listdir(repo / "circuits")) == ["1-after_seed0.json"]
+    line = refused(capsys, "train", "--config", tmp_path / "none.yaml", "--out", repo / "circuits")
+    assert "holds files git tracks" in line  # the trainer too
+
+
+def test_issue_19_eval_and_recall_default_outside_the_checkpoints_folder(capsys, run_dir, tmp_path, monkeypatch):
+    run = copy_run(run_dir, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(capsys, "eval", "--ckpt", run / "last.pt", "--traces", "8")
+    assert code == 0, err
+    code, _, err = cli(capsys, "recall", "--ckpt", run / "last.pt", "--traces", "8", "--offset", "1",
+                       "--no-components", "--no-progress")  # fmt: skip
+    assert code == 0, err
+    assert sorted(os.listdir(tmp_path / "mechlab-out" / "run")) == ["eval", "recall"]
+    assert not (run / "eval").exists() and not (run / "recall").exists()
+    # the same command again reads back (the README runs recall twice), and changes nothing
+    before = digest(tmp_path / "mechlab-out" / "run" / "recall" / "recall.json")
+    code, out, err = cli(capsys, "recall", "--ckpt", run / "last.pt", "--traces", "8", "--offset", "1",
+                         "--no-components", "--no-progress")  # fmt: skip
+    assert code == 0 and "read back" in out, err
+    assert digest(tmp_path / "mechlab-out" / "run" / "recall" / "recall.json") == before
+    line = refused(capsys, "recall", "--ckpt", run / "last.pt", "--traces", "9", "--offset", "1", "--no-components")
+    assert "n_traces 8 (now 9)" in line and "--force" in line
+
+
+def _hold_lock(folder: Path) -> tuple[int, int]:
+    """A child process holding the lock of ``folder`` until the returned pipe closes."""
+    from mechlab.pipelines.outputs import _Lock
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            lock = _Lock(folder, "prune", "--out")
+            lock.acquire()
+            os.write(ready_w, b"1")
+            os.read(go_r, 1)
+            lock.release()
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(go_r)
+    assert os.read(ready_r, 1) == b"1"
+    return pid, go_w
+
+
+def test_issue_19_two_prunes_into_one_out_cannot_interleave(capsys, run_dir, tmp_path):
+    pid, go = _hold_lock(tmp_path / "p")
+    try:
+        line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--sparsity", "0.5",
+                       "--out", tmp_path / "p")  # fmt: skip
+        assert f"another mechlab run (pid {pid}, mechlab prune" in line and "wait for it to finish" in line
+        assert sorted(os.listdir(tmp_path / "p")) == [".mechlab.lock"]  # the other's lock only
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+    code, out, err = cli(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--sparsity", "0.5",
+                         "--out", tmp_path / "p")  # fmt: skip
+    assert code == 0, err
+    edges = int(out.split("1-after_seed0: ")[1].split(" edges")[0])
+    assert len(Circuit.from_json(tmp_path / "p" / "1-after_seed0.json").edges) == edges  # printed = stored
+
+
+@pytest.mark.parametrize("change, phrase", [(["--traces", "9"], "n_train 8 (now 9)"),
+                                            (["--haystack", "1"], "n_haystack 2 (now 1)"),
+                                            (["--corruption", "shuffle"], "corruption misdirect_incorrect (now shuffle)")],
+                         ids=["traces", "haystack", "corruption"])  # fmt: skip
+def test_issue_19_a_finished_joint_prune_rerun_with_other_settings_is_refused(capsys, run_dir, tmp_path, change, phrase):
+    args = ["prune", "--ckpt", run_dir / "last.pt", "--target", "1-after", "--target", "2-after", "--share", "0",
+            *PRUNE_FAST, "--out", tmp_path / "j"]  # fmt: skip
+    code, _, err = cli(capsys, *args)
+    assert code == 0, err
+    circuit = tmp_path / "j" / "joint" / "share-0" / "1-after_seed0.json"
+    before = digest(circuit)
+    line = refused(capsys, *args, *change)
+    assert phrase in line and "--force" in line and digest(circuit) == before
+    code, _, err = cli(capsys, *args, *change, "--force")  # asked: recomputed, the file records the new settings
+    assert code == 0, err
+    settings = Circuit.from_json(circuit).metadata["settings"]
+    key, value = phrase.split(" (now ")[0].split(" ")[0], phrase.split("(now ")[1].rstrip(")")
+    assert str(settings[key]) == value
+
+
+REPORT_FAST = ["--eval-traces", "8", "--prune-traces", "8", "--recall-traces", "8", "--steps", "2",
+               "--no-components", "--no-progress", "--target", "1-after"]  # fmt: skip
+
+
+def test_issue_19_a_second_report_into_one_out_never_mixes_circuits(capsys, run_dir, tmp_path):
+    out = tmp_path / "r"
+    code, _, err = cli(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST,
+                       "--seed", "0", "--seed", "1")  # fmt: skip
+    assert code == 0, err
+    code, stdout, err = cli(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST,
+                            "--seed", "0", "--seed", "1")  # fmt: skip
+    assert code == 0 and "read back: the report in --out was finished with the same settings" in stdout, err
+    line = refused(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST, "--seed", "2",
+                   "--seed", "3")  # fmt: skip
+    assert "report.json' was made with other settings: seeds [0, 1] (now [2, 3])" in line
+    code, _, err = cli(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST, "--seed", "2",
+                       "--seed", "3", "--force")  # fmt: skip
+    assert code == 0, err
+    assert sorted(p.name for p in (out / "circuits").glob("*.json")) == ["1-after_seed2.json", "1-after_seed3.json"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["finished"] is True and report["settings"]["seeds"] == [2, 3]
+
+
+@pytest.mark.parametrize("case", ["file", "proc", "recall-traces", "circuits-a-file"])
+def test_issue_19_report_options_and_out_are_checked_before_the_first_stage(capsys, run_dir, tmp_path, case):
+    out, extra = tmp_path / "rpart", []
+    if case == "file":
+        out.write_text("a file")
+    elif case == "proc":
+        out = Path("/proc/mechlab-x")
+    elif case == "recall-traces":
+        extra = ["--recall-traces", TRILLION]
+    else:
+        out.mkdir()
+        (out / "circuits").write_text("a file")
+    before = sorted(os.listdir(tmp_path))
+    line = fast_refusal(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST, *extra,
+                        seconds=2.0)  # fmt: skip
+    phrase = {"file": "is a file, not a folder", "proc": "cannot be made", "recall-traces": "would hold",
+              "circuits-a-file": "circuits' is a file where mechlab writes a folder"}[case]  # fmt: skip
+    assert phrase in line
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written (no rpart/, no eval/)
+    if case == "circuits-a-file":
+        assert sorted(os.listdir(out)) == ["circuits"]
+
+
+def test_issue_19_duplicate_circuits_unknown_writers_and_huge_shares_are_refused(capsys, run_dir, tmp_path,
+                                                                               two_circuits):  # fmt: skip
+    a, b = two_circuits
+    copy = shutil.copy(a, tmp_path / "copy.json")
+    fast = ["--boot", "5", "--null", "5"]
+    assert "are the same file; give each circuit once" in refused(capsys, "overlap", a, a, *fast)
+    assert "are identical files; give each circuit once" in refused(capsys, "overlap", a, copy, *fast)
+    assert "the same file" in refused(capsys, "view", a, a.parent / "." / a.name, "--out", tmp_path / "v.html")
+    line = refused(capsys, "overlap", a, b, *fast, "--exclude-writer", "bogus")
+    assert "--exclude-writer 'bogus' is not a writer of the circuits' graph (its writers: a0.h0" in line
+    code, _, err = cli(capsys, "overlap", a, b, *fast, "--exclude-writer", "pos")
+    assert code == 0, err
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", "--target", "1-after", "--target", "2-after",
+                   "--share", "1e400", "--out", tmp_path / "s")  # fmt: skip
+    assert "--share '1e400' is not a finite number" in line and not (tmp_path / "s").exists()
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--seed", "0", "--seed", "0",
+                   "--out", tmp_path / "d")  # fmt: skip
+    assert "must not repeat" in line and not (tmp_path / "d").exists()
+
+
+def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(capsys, run_dir, tmp_path,
+                                                                             monkeypatch):  # fmt: skip
+    """kill -9 while seed 0's figure is half written: the rerun reads seed 0 back (its
+    figure redrawn), prunes only seed 1, and removes the temporary file."""
+    import signal
+
+    import mechlab.pipelines.outputs as outputs
+    import mechlab.pipelines.prune as pipeline
+    from mechlab.io import atomic_write
+
+    args = ["prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--seed", "0", "--seed", "1", "--out", tmp_path / "k"]
+    pid = os.fork()
+    if pid == 0:  # the run that is killed
+        try:
+            def dying(path, text):
+                if Path(path).name == "1-after_seed0.html":
+                    atomic_write(path, lambda f: (f.write(text[:1000].encode()), f.flush(),
+                                                  os.kill(os.getpid(), signal.SIGKILL)))  # fmt: skip
+                return atomic_write_text(path, text)
+
+            outputs.atomic_write_text = dying
+            main([str(a) for a in args])
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    left = sorted(os.listdir(tmp_path / "k"))
+    assert "1-after_seed0.json" in left and any(n.startswith(".1-after_seed0.html.") for n in left)
+    pruned = []
+    real = pipeline.prune_checkpoint
+    monkeypatch.setattr(pipeline, "prune_checkpoint", lambda *a, **k: pruned.append(k["seed"]) or real(*a, **k))
+    code, out, err = cli(capsys, *args)
+    assert code == 0, err
+    assert pruned == [1] and "read back 1 circuit(s) found before with the same settings: 1-after_seed0" in out
+    assert sorted(os.listdir(tmp_path / "k")) == ["1-after_seed0.html", "1-after_seed0.json", "1-after_seed1.html",
+                                                  "1-after_seed1.json"]  # fmt: skip
+    assert "plotly" in (tmp_path / "k" / "1-after_seed0.html").read_text()
+
+
+def test_issue_19_eval_checks_every_suite_before_the_first(capsys, run_dir, tmp_path):
+    ckpt = shutil.copy(run_dir / "last.pt", tmp_path / "alone.pt")  # no checkpoints/ beside it
+    line = refused(capsys, "eval", "--ckpt", ckpt, "--suite", "nih", "--suite", "dynamics", "--traces", "8",
+                   "--out", tmp_path / "e")  # fmt: skip
+    assert "the dynamics suite needs the run's checkpoints/step_*.pt" in line
+    assert not (tmp_path / "e").exists()  # nih did not run first
+
+
+def test_issue_19_a_curve_rerun_reads_back_or_refuses_by_settings(capsys, run_dir, tmp_path):
+    args = ["curve", "--ckpt", run_dir / "last.pt", "--steps", "2", "--traces", "8", "--test-traces", "8",
+            "--budgets", "0.1,0.5", "--no-progress", "--out", tmp_path / "cv"]  # fmt: skip
+    assert cli(capsys, *args)[0] == 0
+    before = digest(tmp_path / "cv" / "curve_1-after.json")
+    code, out, err = cli(capsys, *args)
+    assert code == 0 and "read back: same settings" in out, err
+    assert digest(tmp_path / "cv" / "curve_1-after.json") == before
+    assert "budgets [0.1, 0.5, 1.0] (now [0.2, 0.5, 1.0])" in refused(capsys, *args[:-8], "--budgets", "0.2,0.5",
+                                                                      *args[-3:])  # fmt: skip
