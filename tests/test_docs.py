@@ -58,3 +58,12 @@ def test_every_block_of_the_models_page_runs_pasted_alone(tmp_path, monkeypatch)
             exec(compile(block, "docs/models.md", "exec"), {})
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_induction_page_runs_and_prints_what_it_says(in_tmp_with_examples, capsys):
+    blocks = python_blocks("induction.md")
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "docs/induction.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "0 3 [3]"  # the page's comment
+    assert float(lines[1]) > 0.8

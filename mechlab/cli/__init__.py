@@ -9,15 +9,17 @@ line each (``mechlab: warning: ...``).
 
 Modules, one per command group: :mod:`~mechlab.cli.train` (``info``, ``train``),
 :mod:`~mechlab.cli.evaluate` (``eval``, ``report``, ``recall``),
-:mod:`~mechlab.cli.circuits` (``prune``, ``view``, ``overlap``, ``curve``),
+:mod:`~mechlab.cli.circuits` (``prune``, ``view``, ``overlap``, ``curve``, ``pairs ioi``),
 :mod:`~mechlab.cli.sweep` (``sweep``), :mod:`~mechlab.cli.bench` (``bench ...``); the
 application and what they share: :mod:`~mechlab.cli.app`, :mod:`~mechlab.cli.main`.
 The commands import the pipelines (and torch) only when they run, so ``--help`` is fast.
 """
 
+import typer
+
 from mechlab.cli import bench as _bench  # noqa: F401  (registers the bench commands)
 from mechlab.cli.app import UsageProblem, app, bench_app
-from mechlab.cli.circuits import curve, overlap_, prune, view
+from mechlab.cli.circuits import curve, overlap_, pairs_ioi, prune, view
 from mechlab.cli.evaluate import eval_, recall, report
 from mechlab.cli.main import main
 from mechlab.cli.sweep import sweep_
@@ -34,5 +36,9 @@ app.command()(view)
 app.command("overlap")(overlap_)
 app.command("curve")(curve)
 app.command("sweep")(sweep_)
+pairs_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Prompt pairs for mechlab prune --pairs.")  # fmt: skip
+pairs_app.command("ioi")(pairs_ioi)
+app.add_typer(pairs_app, name="pairs")
 
 __all__ = ["UsageProblem", "app", "bench_app", "main"]

@@ -7,6 +7,12 @@ from pathlib import Path
 import typer
 
 from mechlab.cli.app import UsageProblem, bench_app, echo_table, use_threads
+from mechlab.limits import check_elements
+
+
+def _check_batch(batch: int, n_pos: int) -> None:
+    """Refuse a batch whose inputs alone are above the size limit, before any model is built."""
+    check_elements("the benchmark's input batch", {"batch": batch, "positions": n_pos}, lower="--batch or --pos")
 
 
 @bench_app.command("prune")
@@ -25,6 +31,7 @@ def bench_prune_(
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
     from mechlab.bench.commands import check_transformer_presets, prune_rows
 
+    _check_batch(batch, n_pos)
     names = [p.strip() for p in presets.split(",") if p.strip()]
     check_transformer_presets(names)
     if reference is not None:
@@ -76,6 +83,7 @@ def bench_hooks(
     if threads is not None:
         torch.set_num_threads(threads)
 
+    _check_batch(batch, n_pos)
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in BENCH_MODELS]
     if unknown:
@@ -113,6 +121,7 @@ def bench_scan_(
 
     from mechlab.bench.scan import SCAN_FAMILIES, bench_scan
 
+    _check_batch(batch, n_pos)
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in SCAN_FAMILIES]
     if unknown:

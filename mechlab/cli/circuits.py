@@ -26,8 +26,8 @@ RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (
 
 def prune(
     ctx: typer.Context,
-    ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task (or state_tracking: see --length)."),
-    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable (state tracking: final, changed or all)."),
+    ckpt: Path | None = typer.Option(None, help="Checkpoint of a run trained on the lds task (or state_tracking: see --length; induction: target all)."),
+    target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable (state tracking: final, changed or all; induction: all)."),
     sparsity: float = typer.Option(0.95, help="Fraction of edges removed, in (0, 1)."),
     ablation: str = typer.Option("interchange", help="interchange, mean or zero."),
     corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation: misdirect_incorrect (query label swapped with another haystack system's), another probe, or shuffle (state tracking: random, the default there, or x<k>)."),
@@ -42,19 +42,49 @@ def prune(
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
     length: int | None = typer.Option(None, help="State-tracking checkpoints: elements per sequence (default the run's L; targets final, changed, all; corruption random or x<k>)."),
-    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: mechlab-out/<run>/circuits; state tracking: <target>_n<length>_seed<k>). A rerun resumes: circuits of the same settings are read back."),
+    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: mechlab-out/<run>/circuits; state tracking: <target>_n<length>_seed<k>; --pairs: <pairs>_seed<k> in mechlab-out/<model>-<pairs>/circuits). A rerun resumes: circuits of the same settings are read back."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     recipe: str = typer.Option("default", help=RECIPE_HELP),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: raw; with --share, normalising weighs targets of different loss scales equally)."),
     share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
-    force: bool = force_option("Recompute and replace circuits of other settings found in --out (refused otherwise), and write into a folder git tracks."),
+        model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Mamba), pruned on --pairs."),
+    pairs: Path | None = typer.Option(None, help="JSONL clean/corrupted prompt pairs (text or token ids; docs/models.md) to prune --model (or a token --ckpt) on."),
+    tokenizer: Path | None = typer.Option(None, help="With --pairs of text: the tokenizer folder (default: the --model folder)."),
+    metric: str = typer.Option("logit-diff", help="With --pairs: logit-diff (answer minus wrong token, reported beside the KL faithfulness) or kl."),
+    position: int = typer.Option(-1, help="With --pairs: the explained position of pairs that give none (negative: from the prompt's end)."),
+    test_fraction: float = typer.Option(0.5, help="With --pairs: share of the pairs held out to score each circuit."),
+force: bool = force_option("Recompute and replace circuits of other settings found in --out (refused otherwise), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Find circuits by edge pruning on needle-in-a-haystack traces (state tracking: traces that
-    change one element): JSON + offline HTML per circuit."""
+    change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
+    JSON + offline HTML per circuit."""
     from mechlab.pipelines import PRUNE_PROTOCOLS, joint_prune_targets, prune_targets
+
+    if (ckpt is None) == (model is None):
+        raise UsageProblem("give exactly one of --ckpt PATH (a mechlab checkpoint) or --model FOLDER (a model you bring)")
+    given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
+    if model is not None and pairs is None:
+        raise UsageProblem("--model prunes on prompt pairs: give --pairs pairs.jsonl")
+    prompt_only = {"tokenizer", "metric", "position", "test_fraction"} & given
+    if pairs is None and prompt_only:
+        raise UsageProblem(f"--{sorted(prompt_only)[0].replace('_', '-')} applies with --pairs only")
+    if pairs is not None:
+        refused = sorted({"target", "corruption", "haystack", "seg_len", "length", "share", "recipe",
+                          "protocol", "traces", "test_traces"} & given)  # fmt: skip
+        if refused:
+            raise UsageProblem(
+                f"--{refused[0].replace('_', '-')} does not apply with --pairs: the pairs give the "
+                "prompts, their corruptions and the position explained (--test-fraction splits them)"
+            )
+        _prune_pairs(ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
+                     metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
+                     ablation=ablation, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
+                     normalize_loss=normalize_loss, node_sparsity=node_sparsity, device=device,
+                     progress=progress, threads=threads, force=force)  # fmt: skip
+        return
 
     recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
     if recipe not in PRUNE_PROTOCOLS:
@@ -99,6 +129,38 @@ def prune(
         typer.echo(result.stability.summary())
 
 
+def _prune_pairs(source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
+                 threads: int | None, **settings) -> None:  # fmt: skip
+    """``mechlab prune --model/--ckpt ... --pairs``: the prompt pipeline, one circuit per seed."""
+    from mechlab.pipelines import prune_prompts
+
+    use_threads(threads)
+    run = prune_prompts(source, pairs, seeds, out, on_circuit=_print_prompt_circuit, **settings)
+    if run.reused:
+        typer.echo(f"read back {len(run.reused)} circuit(s) found before with the same settings: "
+                   f"{', '.join(run.reused)}")  # fmt: skip
+    if run.replaced:
+        typer.echo(f"recomputed {len(run.replaced)} circuit(s) of other settings (--force): "
+                   f"{', '.join(run.replaced)}")  # fmt: skip
+    if run.stability is not None:
+        typer.echo(run.stability.summary())
+
+
+def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
+    m, meta = circuit.metadata["metrics"], circuit.metadata
+    typer.echo(f"{stem}: {circuit.n_edges} edges, {circuit.n_nodes} nodes, sparsity asked "
+               f"{meta['sparsity_asked']:.4f} reached {meta['sparsity_reached']:.4f} -> {out / stem}.json/.html")  # fmt: skip
+    typer.echo(f"  faithfulness {m['faithfulness']:.3f} (KL to full {m['circuit_vs_full']:.4f}, all "
+               f"ablated {m['ablated_vs_full']:.4f}), complement {m['complement_faithfulness']:.3f}, "
+               f"on {m['n_traces']} held-out pairs")  # fmt: skip
+    if "logit_diff_full" in m:
+        typer.echo(f"  logit difference: full {m['logit_diff_full']:.3f}  circuit {m['logit_diff_circuit']:.3f}  "
+                   f"all ablated {m['logit_diff_ablated']:.3f}  complement {m['logit_diff_complement']:.3f}  "
+                   f"(recovered {m['logit_diff_recovered']:.3f})")  # fmt: skip
+    for line in meta["warnings"]:
+        warn(f"{stem}: {line}")
+
+
 def _share(value: str) -> float:
     """A ``--share`` value as a float (``tied``: inf); a number too large for a float
     (``1e400``) is refused, not taken as tied."""
@@ -132,6 +194,21 @@ def _print_circuit(stem: str, circuit, out: Path) -> None:
                    f"of the {meta['n_edges_asked']} the sparsity asks", err=True)  # fmt: skip
     for line in meta["warnings"]:
         warn(f"{stem}: {line}")
+
+
+def pairs_ioi(
+    tokenizer: Path = typer.Option(..., help="The model's tokenizer folder (save_pretrained): names must be single tokens under it."),
+    out: Path = typer.Option(..., help="The JSONL pair file to write."),
+    n: int = typer.Option(200, min=1, help="Pairs."),
+    seed: int = typer.Option(0, help="Seed of the templates, names, places and objects."),
+    force: bool = force_option("Replace --out if it exists."),
+) -> None:
+    """Write IOI-style prompt pairs (Wang et al. 2023; the ABC corruption) for a tokenizer,
+    for mechlab prune --model FOLDER --pairs FILE."""
+    from mechlab.pipelines import write_ioi_pairs
+
+    path, found = write_ioi_pairs(tokenizer, out, n=n, seed=seed, force=force)
+    typer.echo(f"wrote {len(found)} pairs ({int(found.lengths.min())}-{int(found.lengths.max())} tokens) to {path}")
 
 
 def view(

@@ -22,7 +22,8 @@ _ABORT = (click.exceptions.Abort, typer.Abort)
 _CLICK_ERROR = (click.exceptions.ClickException, _typer_click.ClickException)
 
 # Options naming a file or folder: an empty value would silently mean the current folder.
-_PATH_OPTIONS = ("--out", "--json", "--ckpt", "--checkpoints", "--config", "--resume")
+_PATH_OPTIONS = ("--out", "--json", "--ckpt", "--checkpoints", "--config", "--resume", "--model",
+                 "--pairs", "--tokenizer")  # fmt: skip
 
 
 def _one_line(exc: BaseException) -> str:

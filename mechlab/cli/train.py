@@ -30,7 +30,7 @@ def info(
 
 
 def train(
-    task: str | None = typer.Option(None, help="Task: lds (interleaved linear systems; the default) or state_tracking (Z_m / S_5; see docs/state_tracking.md)."),
+    task: str | None = typer.Option(None, help="Task: lds (interleaved linear systems; the default), state_tracking (Z_m / S_5; see docs/state_tracking.md) or induction (repeated random tokens; docs/induction.md)."),
     preset: str | None = typer.Option(None, help="Training preset: tiny, small, medium, big, or a bundled one."),
     out: Path | None = typer.Option(None, help="Run directory (metrics, checkpoints)."),
     steps: int | None = typer.Option(None, help="Optimiser steps."),

@@ -11,6 +11,7 @@ writes goes through :mod:`mechlab.pipelines.outputs`.
 Modules: :mod:`~mechlab.pipelines.checkpoints` (opening), :mod:`~mechlab.pipelines.data`
 (a checkpoint's traces), :mod:`~mechlab.pipelines.prune`, :mod:`~mechlab.pipelines.curves`,
 :mod:`~mechlab.pipelines.circuits` (view, overlap), :mod:`~mechlab.pipelines.evaluate`,
+:mod:`~mechlab.pipelines.prompts` (prompt pairs of models you bring),
 :mod:`~mechlab.pipelines.recall`, :mod:`~mechlab.pipelines.report`,
 :mod:`~mechlab.pipelines.train`, :mod:`~mechlab.pipelines.sweep`,
 :mod:`~mechlab.pipelines.outputs` (writing).
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.pipelines.curves import curve_checkpoint
     from mechlab.pipelines.data import check_prune_targets, checkpoint_prune_data, circuit_data
     from mechlab.pipelines.evaluate import eval_dynamics, evaluate_checkpoint, run_suite
+    from mechlab.pipelines.prompts import prune_prompts, write_ioi_pairs
     from mechlab.pipelines.prune import (
         PRUNE_PROTOCOLS,
         joint_prune_checkpoint,
@@ -66,6 +68,7 @@ _LAZY = {
     "prune_protocol": "mechlab.pipelines.prune",
     "PRUNE_PROTOCOLS": "mechlab.pipelines.prune",
     "prune_targets": "mechlab.pipelines.prune",
+    "prune_prompts": "mechlab.pipelines.prompts",
     "recall_and_write": "mechlab.pipelines.recall",
     "recall_checkpoint": "mechlab.pipelines.recall",
     "recall_dynamics": "mechlab.pipelines.recall",
@@ -79,6 +82,7 @@ _LAZY = {
     "sweep_spec": "mechlab.pipelines.sweep",
     "train_run": "mechlab.pipelines.train",
     "view_circuits": "mechlab.pipelines.circuits",
+    "write_ioi_pairs": "mechlab.pipelines.prompts",
     "write_outputs": "mechlab.pipelines.sweep",
 }
 
@@ -113,6 +117,7 @@ __all__ = [
     "open_checkpoint",
     "overlap_circuits",
     "prune_checkpoint",
+    "prune_prompts",
     "prune_protocol",
     "prune_targets",
     "recall_and_write",
@@ -124,5 +129,6 @@ __all__ = [
     "sweep_spec",
     "train_run",
     "view_circuits",
+    "write_ioi_pairs",
     "write_outputs",
 ]

@@ -48,14 +48,20 @@ def source_path(source: Source) -> Path:
     return source.path if isinstance(source, Checkpoint) else Path(source)
 
 
-def lds_config(ckpt: Checkpoint, length: int | None = None) -> LDSConfig:
-    """The checkpoint's task config; a one-line ValueError unless it is the lds task's
-    (or when a sequence ``length``, which only state tracking takes, is given)."""
+def refuse_length(ckpt: Checkpoint, length: int | None) -> None:
+    """A one-line ValueError when a sequence ``length`` is given for a checkpoint whose task
+    takes none (only state tracking does)."""
     if length is not None:
         raise ValueError(
             f"a length applies to state-tracking checkpoints; {str(ckpt.path)!r} was trained on "
             f"task {ckpt.task!r}"
         )
+
+
+def lds_config(ckpt: Checkpoint, length: int | None = None) -> LDSConfig:
+    """The checkpoint's task config; a one-line ValueError unless it is the lds task's
+    (or when a sequence ``length``, which only state tracking takes, is given)."""
+    refuse_length(ckpt, length)
     cfg = ckpt.task_config
     if not isinstance(cfg, LDSConfig):
         raise ValueError(

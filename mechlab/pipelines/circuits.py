@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechlab.limits import check_elements
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import circuit_data
@@ -132,6 +133,8 @@ def overlap_circuits(
         raise ValueError("give at least two circuit files")
     if not 0 < level < 1:
         raise ValueError(f"--level must be in (0, 1), got {level}")
+    check_elements("the bootstrap's resamples", {"n_boot": n_boot}, lower="--boot")
+    check_elements("each null model's samples", {"n_null": n_null}, lower="--null")
     if json_out is not None:
         inputs = [*paths, *([source_path(ckpt)] if ckpt is not None else [])]
         outputs.check_output_file(json_out, force=force, inputs=inputs, option="--json")

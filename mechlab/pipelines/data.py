@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from mechlab.checkpoint import Checkpoint
-from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint
+from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, refuse_length
 from mechlab.tasks import state_tracking_prune as st_prune
+from mechlab.tasks.induction_prune import induction_prune_data
 from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION, nih_prune_data
 from mechlab.tasks.nih import default_haystack
 from mechlab.traces import PruneData, Target, check_target
@@ -67,6 +68,29 @@ def state_tracking_data(
         seed=data_seed, n_ctx=ckpt.model.cfg.n_ctx,
     )  # fmt: skip
     return data, st_prune.resolve_target(target, data)
+
+
+def induction_data(
+    ckpt: Checkpoint,
+    target: Target,
+    *,
+    n_train: int,
+    n_test: int,
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int = 0,
+) -> PruneData:
+    """Pruning traces of an induction checkpoint (:mod:`mechlab.tasks.induction_prune`); the
+    recall default corruption means ``resample``, and the one target is ``all`` (the
+    predictable positions of the repeat)."""
+    if corruption == DEFAULT_CORRUPTION:
+        corruption = "resample"
+    if target != "all":
+        raise ValueError(
+            f"target {target!r} is not one of the induction task's; use all (the predictable "
+            "positions of the repeat)"
+        )
+    return induction_prune_data(ckpt.task_config, n_train=n_train, n_test=n_test,
+                                corruption=corruption, seed=data_seed)  # fmt: skip
 
 
 def checkpoint_prune_data(
@@ -141,6 +165,11 @@ def check_targets(
     if ckpt.task == "state_tracking":
         for target in targets:
             state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+        return
+    if ckpt.task == "induction":
+        refuse_length(ckpt, length)
+        for target in targets:
+            induction_data(ckpt, target, n_train=1, n_test=1, corruption=corruption)
         return
     lds_config(ckpt, length)
     data = nih_data(ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len, protocol=protocol)

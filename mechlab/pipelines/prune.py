@@ -20,8 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.pipelines import outputs
-from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, source_path
-from mechlab.pipelines.data import check_targets, haystack, nih_data, state_tracking_data
+from mechlab.pipelines.checkpoints import (
+    Source,
+    lds_config,
+    open_checkpoint,
+    refuse_length,
+    source_path,
+)
+from mechlab.pipelines.data import (
+    check_targets,
+    haystack,
+    induction_data,
+    nih_data,
+    state_tracking_data,
+)
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.joint import (
@@ -112,6 +124,8 @@ def prune_settings(
     if ckpt.task == "state_tracking":
         name = _state_tracking_name(ckpt, target, length, corruption)
         data["length"] = length
+    elif ckpt.task == "induction":
+        name = target_name(target)
     else:
         name = target_name(target)
         n, s = haystack(ckpt, n_haystack, seg_len)
@@ -173,7 +187,9 @@ def prune_checkpoint(
     A state-tracking checkpoint (``metadata["task"] == "state_tracking"``) is pruned on
     :func:`mechlab.tasks.state_tracking_prune.state_tracking_prune_data` traces instead
     (targets ``final``, ``changed``, ``all``; ``corruption`` ``random`` (what the default
-    means there) or ``x<k>``); the NiH settings are ignored.
+    means there) or ``x<k>``); the NiH settings are ignored. An induction checkpoint is
+    pruned on :func:`mechlab.tasks.induction_prune.induction_prune_data` traces (target
+    ``all``; corruption ``resample``, what the default means there).
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`; its metadata records the
@@ -193,6 +209,10 @@ def prune_checkpoint(
     if ckpt.task == "state_tracking":
         data, target = state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
                                            corruption=corruption, data_seed=data_seed)  # fmt: skip
+    elif ckpt.task == "induction":
+        refuse_length(ckpt, length)
+        data = induction_data(ckpt, target, n_train=n_train, n_test=n_test, corruption=corruption,
+                              data_seed=data_seed)  # fmt: skip
     else:
         lds_config(ckpt, length)
         data = nih_data(

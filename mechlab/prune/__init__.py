@@ -45,7 +45,7 @@ from mechlab.prune.circuit import (
 )
 from mechlab.prune.curves import FaithfulnessCurve, faithfulness_curve
 from mechlab.prune.engine import prune, prune_seeds
-from mechlab.prune.evaluate import evaluate_circuit, evaluate_masks
+from mechlab.prune.evaluate import evaluate_circuit, evaluate_masks, target_outputs
 from mechlab.prune.forward import ABLATIONS, make_ablation, masked_forward, writer_outputs
 from mechlab.prune.graph import (
     EdgeGraph,
@@ -102,6 +102,7 @@ __all__ = [
     "seed_stability",
     "share_sweep",
     "target_mask",
+    "target_outputs",
     "transformer_edge_count",
     "writer_outputs",
 ]

@@ -14,6 +14,7 @@ Metrics (:func:`evaluate_masks`), on held-out traces at the target positions, wi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,6 +45,51 @@ def circuit_edge_mask(circuit: Circuit, graph: EdgeGraph) -> Tensor:
 
 def _mean(values: Tensor) -> float:
     return float(values.double().mean())
+
+
+def _variants(edges: Tensor, nodes: Tensor | None, device: torch.device) -> dict[str, tuple]:
+    """The masks of the circuit, the fully ablated model and the complement."""
+    edge_on = edges.to(device=device, dtype=torch.float32)
+    node_on = None if nodes is None else nodes.to(device=device, dtype=torch.float32)
+    return {
+        "circuit": (edge_on, node_on),
+        "ablated": (torch.zeros_like(edge_on), None),
+        "complement": (1.0 - edge_on, None),
+    }
+
+
+def _variant_runs(
+    model: nn.Module,
+    graph: EdgeGraph,
+    traces: Traces,
+    positions: Tensor,
+    ablation: str,
+    edges: Tensor,
+    nodes: Tensor | None,
+    mean_reference: Tensor | None,
+    batch_size: int,
+) -> Iterator[tuple[Traces, Tensor, dict[str, Tensor]]]:
+    """Per chunk of traces: the chunk, its target mask, and the outputs of the full model
+    and of each variant (:func:`_variants`), ``[chunk, pos, d_output]`` each."""
+    device = next(model.parameters()).device
+    variants = _variants(edges, nodes, device)
+    mean_ablation = None
+    if ablation == "mean":
+        reference = traces.inputs if mean_reference is None else mean_reference.to(device)
+        mean_ablation = make_ablation(model, "mean", traces, reference=reference, graph=graph)
+    with frozen_eval(model):
+        for start in range(0, len(traces), batch_size):
+            chunk = traces.subset(torch.arange(start, min(start + batch_size, len(traces))))
+            mask = positions[start : start + len(chunk)]
+            ablated = (
+                mean_ablation
+                if mean_ablation is not None
+                else make_ablation(model, ablation, chunk, graph=graph)
+            )
+            outs = {"full": predict_in_chunks(model, chunk.inputs)}
+            for name, (edge_mask, node_mask) in variants.items():
+                outs[name] = masked_forward(model, graph, chunk.inputs, ablated, edge_mask, node_mask)
+            yield chunk, mask, outs
 
 
 @torch.no_grad()
@@ -80,36 +126,18 @@ def evaluate_masks(
     device = next(model.parameters()).device
     traces = traces.to(device)
     positions = target_mask(target, traces)
-    edge_on = edges.to(device=device, dtype=torch.float32)
-    node_on = None if nodes is None else nodes.to(device=device, dtype=torch.float32)
-    variants = {
-        "circuit": (edge_on, node_on),
-        "ablated": (torch.zeros_like(edge_on), None),
-        "complement": (1.0 - edge_on, None),
-    }
-    mean_ablation = None
-    if ablation == "mean":
-        reference = traces.inputs if mean_reference is None else mean_reference.to(device)
-        mean_ablation = make_ablation(model, "mean", traces, reference=reference, graph=graph)
+    variants = ("circuit", "ablated", "complement")
     dist: dict[str, list[Tensor]] = {name: [] for name in variants}
     err: dict[str, list[Tensor]] = {name: [] for name in (*variants, "full")}
-    with frozen_eval(model):
-        for start in range(0, len(traces), batch_size):
-            chunk = traces.subset(torch.arange(start, min(start + batch_size, len(traces))))
-            mask = positions[start : start + len(chunk)]
-            ablated = (
-                mean_ablation
-                if mean_ablation is not None
-                else make_ablation(model, ablation, chunk, graph=graph)
-            )
-            full = predict_in_chunks(model, chunk.inputs)
-            if chunk.truth is not None:
-                err["full"].append(truth_error(full[mask], chunk.truth[mask], io))
-            for name, (edge_mask, node_mask) in variants.items():
-                out = masked_forward(model, graph, chunk.inputs, ablated, edge_mask, node_mask)
+    runs = _variant_runs(model, graph, traces, positions, ablation, edges, nodes, mean_reference,
+                         batch_size)  # fmt: skip
+    for chunk, mask, outs in runs:
+        full = outs["full"]
+        for name, out in outs.items():
+            if name != "full":
                 dist[name].append(divergence(out[mask], full[mask], io))
-                if chunk.truth is not None:
-                    err[name].append(truth_error(out[mask], chunk.truth[mask], io))
+            if chunk.truth is not None:
+                err[name].append(truth_error(out[mask], chunk.truth[mask], io))
     d = {name: torch.cat(v) for name, v in dist.items()}
     gap = _mean(d["ablated"])
     metrics: dict[str, Any] = {
@@ -124,11 +152,67 @@ def evaluate_masks(
         "complement_faithfulness": 1.0 - _mean(d["complement"]) / gap if gap > 0 else float("nan"),
     }
     if traces.truth is not None:
-        for name, values in err.items():
-            e = torch.cat(values).double()
+        for name in (*variants, "full"):
+            e = torch.cat(err[name]).double()
             metrics[f"error_{name}"] = float(e.mean())
             metrics[f"error_{name}_median"] = float(e.median())
     return metrics
+
+
+@torch.no_grad()
+def target_outputs(
+    model: nn.Module,
+    data: PruneData,
+    circuit: Circuit,
+    target: Target | None = None,
+    ablation: str | None = None,
+    batch_size: int = 128,
+) -> dict[str, Tensor]:
+    """The outputs at the target positions of ``data``'s held-out traces, for a metric of
+    your own: the full model's, the circuit's, the fully ablated model's and the complement's.
+
+    The traces, target, ablation and graph are those :func:`evaluate_circuit` scores; a
+    metric such as a logit difference of answer tokens is then a function of these
+    outputs (e.g. :func:`mechlab.tasks.prompts.logit_diff_metrics`).
+
+    Args:
+        model: The model the circuit was pruned from.
+        data: Traces (the held-out set is run; the training set is a ``mean`` ablation's
+            reference).
+        circuit: The circuit.
+        target: Target positions (default: the circuit's own).
+        ablation: Ablation (default: the circuit's own).
+        batch_size: Traces per pass.
+
+    Returns:
+        ``full``, ``circuit``, ``ablated``, ``complement``: ``[n_positions, d_output]`` each,
+        the target positions in order, trace by trace (one row per trace for a target of
+        one position per trace), on the CPU.
+    """
+    graph, edges, target, ablation = _circuit_setting(model, data, circuit, target, ablation)
+    device = next(model.parameters()).device
+    traces = data.test.to(device)
+    positions = target_mask(target, traces)
+    reference = data.train.inputs if ablation == "mean" else None
+    outs: dict[str, list[Tensor]] = {}
+    for _, mask, chunk_outs in _variant_runs(model, graph, traces, positions, ablation, edges,
+                                             None, reference, batch_size):  # fmt: skip
+        for name, out in chunk_outs.items():
+            outs.setdefault(name, []).append(out[mask].cpu())
+    return {name: torch.cat(values) for name, values in outs.items()}
+
+
+def _circuit_setting(
+    model: nn.Module, data: PruneData, circuit: Circuit, target: Target | None, ablation: str | None
+) -> tuple[EdgeGraph, Tensor, Target, str]:
+    """The graph, edge mask, target and ablation a circuit is scored with on ``data``."""
+    target = circuit.metadata.get("target") if target is None else target
+    ablation = circuit.metadata.get("ablation", "interchange") if ablation is None else ablation
+    if target is None:
+        raise ValueError("the circuit records no target; pass target=")
+    windowed = "windows" in circuit.metadata.get("graph", {})
+    graph = pruning_graph(model, data.test.windows, position_aware=windowed)
+    return graph, circuit_edge_mask(circuit, graph), target, ablation
 
 
 def evaluate_circuit(
@@ -157,13 +241,7 @@ def evaluate_circuit(
     Returns:
         The metrics of :func:`evaluate_masks`.
     """
-    target = circuit.metadata.get("target") if target is None else target
-    ablation = circuit.metadata.get("ablation", "interchange") if ablation is None else ablation
-    if target is None:
-        raise ValueError("the circuit records no target; pass target=")
-    windowed = "windows" in circuit.metadata.get("graph", {})
-    graph = pruning_graph(model, data.test.windows, position_aware=windowed)
-    edges = circuit_edge_mask(circuit, graph)
+    graph, edges, target, ablation = _circuit_setting(model, data, circuit, target, ablation)
     reference = data.train.inputs if ablation == "mean" else None
     return evaluate_masks(
         model, graph, data.test, target, ablation, edges, mean_reference=reference

@@ -1,6 +1,8 @@
 """Data for mechlab's studies: the interleaved linear-systems recall task (``lds``), its
 evaluation traces (``lds_evals``) and its analysis-ready needle-in-a-haystack traces
-(``nih``); state tracking on Z_m and S_5 (``state_tracking``).
+(``nih``); state tracking on Z_m and S_5 (``state_tracking``); induction on repeated random
+tokens (``induction``); clean/corrupted prompt pairs of token models (``prompts``) and
+IOI-style prompts (``ioi``).
 
 A checkpoint names its task in ``metadata["task"]`` and stores the task's config in
 ``metadata["task_cfg"]``; :func:`task_config` turns them back into the config object.
@@ -9,6 +11,9 @@ A checkpoint names its task in ``metadata["task"]`` and stores the task's config
 from pathlib import Path
 from typing import Any
 
+from mechlab.tasks.induction import InductionConfig, Sequences, sample_sequences
+from mechlab.tasks.induction_prune import induction_prune_data
+from mechlab.tasks.ioi import ioi_records
 from mechlab.tasks.lds import (
     CLOSE,
     OBS,
@@ -31,6 +36,13 @@ from mechlab.tasks.lds_evals import (
     uninterleaved,
 )
 from mechlab.tasks.nih import NiH, default_haystack, nih
+from mechlab.tasks.prompts import (
+    PromptPairs,
+    load_pairs,
+    load_tokenizer,
+    logit_diff_metrics,
+    pairs_from_records,
+)
 from mechlab.tasks.state_tracking import (
     S5_PERMUTATIONS,
     SequenceSet,
@@ -43,7 +55,9 @@ from mechlab.tasks.state_tracking import (
 )
 
 # task name -> its config class (a dataclass with from_dict/to_dict)
-TASK_CONFIGS: dict[str, type] = {"lds": LDSConfig, "state_tracking": StateTrackingConfig}
+TASK_CONFIGS: dict[str, type] = {
+    "lds": LDSConfig, "state_tracking": StateTrackingConfig, "induction": InductionConfig,
+}  # fmt: skip
 
 
 def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> Any:
@@ -80,6 +94,16 @@ def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> An
 
 __all__ = [
     "CLOSE",
+    "InductionConfig",
+    "PromptPairs",
+    "Sequences",
+    "induction_prune_data",
+    "ioi_records",
+    "load_pairs",
+    "load_tokenizer",
+    "logit_diff_metrics",
+    "pairs_from_records",
+    "sample_sequences",
     "TASK_CONFIGS",
     "NiH",
     "default_haystack",

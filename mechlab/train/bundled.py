@@ -16,6 +16,17 @@ from __future__ import annotations
 from typing import Any
 
 BUNDLED_PRESETS: dict[str, dict[str, Any]] = {
+    # Induction (docs/induction.md): a 2-layer attention-only transformer on 33 tokens,
+    # random ones (of 63) and a repeat of 4-16 of them; the induction circuit forms within a
+    # few thousand steps.
+    "induction-cpu": {
+        "task": "induction",
+        "task_cfg": {"d_vocab": 64, "n_ctx": 33, "min_repeat": 4, "max_repeat": 16},
+        "model": {"arch": "transformer", "d_model": 64, "n_layers": 2, "n_heads": 4,
+                  "attn_only": True},
+        "batch_size": 64, "lr": 1e-3, "weight_decay": 0.0, "steps": 3000, "warmup_steps": 100,
+        "eval_every": 250, "eval_traces": 256, "n_checkpoints": 0, "save_every": 500,
+    },
     "recall-cpu": {
         "task_cfg": {
             "d_state": 3, "n_pairs": 8, "n_ctx": 64, "zipf_a": 0.0, "min_systems": 2, "max_systems": 4,

@@ -14,7 +14,7 @@ from pydantic import StrictFloat, StrictInt, StrictStr
 from mechlab.limits import check_elements
 from mechlab.schema import load_yaml, parse_yaml, validate
 
-TASKS = ("lds", "state_tracking")
+TASKS = ("lds", "state_tracking", "induction")
 LR_SCHEDULES = ("constant", "cosine")
 LOSS_REDUCTIONS = ("sum", "mean")
 _INT_FIELDS = (
@@ -29,7 +29,8 @@ class TrainConfig:
     """Everything a training run needs; saved beside the run and in every checkpoint.
 
     Args:
-        task: Task name (``"lds"``: interleaved linear systems; ``"state_tracking"``: Z_m / S_5).
+        task: Task name (``"lds"``: interleaved linear systems; ``"state_tracking"``: Z_m / S_5;
+            ``"induction"``: repeated random tokens).
         task_cfg: Fields of the task's config (e.g. ``LDSConfig``) that differ from its defaults.
         model: Model config for :func:`mechlab.build_model` (``{"preset": "tiny"}``,
             ``{"arch": "lstm", "d_model": 64}``, ...). ``d_in``, ``d_out`` and ``n_ctx`` are

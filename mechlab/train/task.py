@@ -12,6 +12,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from mechlab.models.base import predict_in_chunks
+from mechlab.tasks import induction
 from mechlab.tasks.lds import LDSConfig, make_libraries, sample_batch
 from mechlab.tasks.state_tracking import (
     StateTrackingConfig,
@@ -109,7 +111,18 @@ class LDSTask:
         return out
 
 
-class StateTrackingTask:
+class TokenTask:
+    """What the token tasks share: the loss is the cross-entropy per scored token."""
+
+    def loss(
+        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
+        n_scored: Tensor | None = None,
+    ) -> Tensor:
+        """Cross-entropy per scored token (``reduction`` is for the continuous task; unused)."""
+        return masked_cross_entropy(pred, targets, mask, n_scored)
+
+
+class StateTrackingTask(TokenTask):
     """State tracking on Z_m or S_5 (the induction-bias study): token cross-entropy on the
     scored positions of the task's format (:mod:`mechlab.tasks.state_tracking`)."""
 
@@ -127,13 +140,6 @@ class StateTrackingTask:
     def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
         return self.data.batch(batch_size, generator)
 
-    def loss(
-        self, pred: Tensor, targets: Tensor, mask: Tensor, reduction: str = "mean",
-        n_scored: Tensor | None = None,
-    ) -> Tensor:
-        """Cross-entropy per scored token (``reduction`` is for the continuous task; unused)."""
-        return masked_cross_entropy(pred, targets, mask, n_scored)
-
     def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
         """Validation loss (teacher forcing) and accuracy on the whole validation set, and
         accuracy on the first ``cfg.eval_traces`` sequences of the OOD set."""
@@ -146,7 +152,47 @@ class StateTrackingTask:
         return out
 
 
-TASK_CLASSES = {"lds": LDSTask, "state_tracking": StateTrackingTask}
+class InductionTask(TokenTask):
+    """Induction on repeated random tokens (:mod:`mechlab.tasks.induction`): token
+    cross-entropy on the predictable positions of the repeat."""
+
+    def __init__(self, overrides: dict[str, Any]):
+        self.cfg = induction.InductionConfig.from_dict(overrides)
+        self.val = induction.validation_set(self.cfg)
+
+    def model_fields(self) -> dict[str, Any]:
+        V = self.cfg.d_vocab
+        return {"io": "tokens", "d_vocab": V, "d_vocab_out": V, "n_ctx": self.cfg.n_ctx}
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.cfg.to_dict()
+
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        return induction.batch(self.cfg, batch_size, generator)
+
+    def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
+        """Loss and accuracy on the fixed validation set; for a transformer, the best
+        previous-token score in layer 0 and induction score in the last layer
+        (:mod:`mechlab.evals.induction`, on ``cfg.eval_traces`` validation sequences)."""
+        device = next(model.parameters()).device
+        inputs, targets, mask = (t.to(device) for t in (self.val.tokens, self.val.targets, self.val.scored))
+        logits = predict_in_chunks(model, inputs)
+        out = {
+            "val_loss": float(masked_cross_entropy(logits, targets, mask)),
+            "val_accuracy": float((logits.argmax(-1) == targets)[mask].float().mean()),
+        }
+        if getattr(model.cfg, "arch", None) == "transformer" and model.cfg.n_layers >= 2:
+            from mechlab.evals.induction import head_scores
+            from mechlab.tasks.induction import Sequences
+
+            few = Sequences(self.val.tokens[: int(cfg.eval_traces)], self.val.first_len[: int(cfg.eval_traces)])
+            scores = head_scores(model, self.cfg, sequences=few)
+            out["previous_token_score"] = scores.top("previous_token", 0)[1]
+            out["induction_score"] = scores.top("induction", model.cfg.n_layers - 1)[1]
+        return out
+
+
+TASK_CLASSES = {"lds": LDSTask, "state_tracking": StateTrackingTask, "induction": InductionTask}
 
 
 def make_task(name: str, overrides: dict[str, Any]) -> Task:

@@ -1,0 +1,267 @@
+"""Pruning a model on prompt pairs (``mechlab prune --model FOLDER --pairs pairs.jsonl``).
+
+The model is a Hugging Face ``save_pretrained`` folder (imported once with
+:func:`mechlab.from_pretrained`) or a mechlab token checkpoint; the pairs a JSONL file of
+text (tokenized with ``tokenizer``, by default the model folder's own) or token ids
+(:mod:`mechlab.tasks.prompts`). Everything is checked before the first pruning step: the
+settings, the pairs and the tokenizer (read before the weights), the model (its size from
+``config.json`` before any weight), and the pairs against the model (vocabulary, context).
+Each seed splits the pairs into pruning and held-out ones (its own shuffle), prunes with
+the engine's loss (KL to the full model at the explained position), scores the circuit
+on the held-out pairs and, for the logit-difference metric, adds the logit differences
+(:func:`mechlab.tasks.prompts.logit_diff_metrics`) to its metrics. Circuits are written as
+``<pairs-stem>_seed<k>.json`` and ``.html``.
+
+:func:`write_ioi_pairs` writes IOI-style pairs for a tokenizer (``mechlab pairs ioi``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mechlab.limits import check_elements
+from mechlab.pipelines import outputs
+from mechlab.pipelines.checkpoints import open_checkpoint
+from mechlab.prune.circuit import Circuit, Stability, seed_stability
+from mechlab.prune.engine import check_prune_args, prune
+from mechlab.prune.evaluate import target_outputs
+from mechlab.tasks import ioi
+from mechlab.tasks.prompts import (
+    METRICS,
+    TARGET,
+    PromptPairs,
+    load_tokenizer,
+    logit_diff_metrics,
+    pairs_from_records,
+    read_jsonl,
+)
+
+FAITHFULNESS_WARNING = "circuit for"  # the engine's warning, kept in metadata["warnings"]
+
+
+def open_model(source: str | Path, device: str | None = None) -> tuple[Any, str]:
+    """The model a prompt command runs on, opened once, and what it is.
+
+    Args:
+        source: A ``save_pretrained`` folder (imported with :func:`mechlab.from_pretrained`)
+            or a mechlab checkpoint file.
+        device: Where the model goes (default: the CPU).
+
+    Returns:
+        ``(model, kind)``: the model in eval mode and ``"hf-folder"`` or ``"checkpoint"``.
+
+    Raises:
+        ValueError: A path that is neither; an unsupported architecture, a folder without
+            weights, a model above the size limit (one line each).
+    """
+    path = Path(source)
+    if path.is_dir():
+        from mechlab.models.importers import from_pretrained
+
+        model = from_pretrained(path)
+        return (model.to(device) if device else model).eval(), "hf-folder"
+    if path.is_file():
+        return open_checkpoint(path, device).model.eval(), "checkpoint"
+    raise ValueError(f"model {str(path)!r} not found; give a save_pretrained folder or a mechlab checkpoint")
+
+
+def prompt_pairs(
+    pairs: str | Path,
+    model_source: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    metric: str = "logit-diff",
+    position: int = -1,
+) -> PromptPairs:
+    """The pairs of a file, tokenized with ``tokenizer`` (default: the model folder's own
+    tokenizer when the pairs are text; token-id pairs need none)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    records = read_jsonl(pairs)
+    is_text = any(isinstance(r, dict) and isinstance(r.get("clean"), str) for r in records)
+    tok = None
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    elif is_text:
+        if model_source is None or not Path(model_source).is_dir():
+            raise ValueError(
+                f"{str(pairs)!r} holds text; give --tokenizer FOLDER (a mechlab checkpoint has no "
+                "tokenizer), or token ids"
+            )
+        tok = load_tokenizer(model_source)
+    return pairs_from_records(records, tok, metric, position, source=str(pairs))
+
+
+@dataclass
+class PromptRun:
+    """What :func:`prune_prompts` found and wrote.
+
+    Attributes:
+        out: The folder written into.
+        circuits: One circuit per seed, in order.
+        files: Circuit stem -> ``(json, html)`` paths.
+        stability: Seed-to-seed agreement (two or more seeds), or None.
+        reused: Stems whose circuit was read back: found before with the same settings.
+        replaced: Stems whose file of other settings was recomputed (``force``).
+    """
+
+    out: Path
+    circuits: list[Circuit] = field(default_factory=list)
+    files: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    stability: Stability | None = None
+    reused: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+
+
+def default_prompt_out(model_source: str | Path, pairs: str | Path) -> Path:
+    """``mechlab-out/<model>-<pairs stem>/circuits``: the default folder of a prompt prune
+    (the model folder's name, or a checkpoint's run name)."""
+    model = Path(model_source)
+    name = outputs.run_name(model) if model.is_file() else (model.absolute().name or "model")
+    return Path(outputs.DEFAULT_ROOT) / f"{name}-{Path(pairs).stem}" / "circuits"
+
+
+def source_digest(path: str | Path | None) -> str | None:
+    """The SHA-256 of what a model or tokenizer source holds: a file's bytes, or a folder's
+    files (names and bytes, hidden files and subfolders left out); None for None."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_file():
+        return outputs.file_sha256(path)
+    digest = hashlib.sha256()
+    for item in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
+        digest.update(f"{item.name}\0{outputs.file_sha256(item)}\0".encode())
+    return digest.hexdigest()
+
+
+def prune_prompts(
+    model_source: str | Path,
+    pairs: str | Path,
+    seeds: Sequence[int] = (0,),
+    out: str | Path | None = None,
+    *,
+    tokenizer: str | Path | None = None,
+    metric: str = "logit-diff",
+    position: int = -1,
+    test_fraction: float = 0.5,
+    sparsity: float = 0.95,
+    device: str | None = None,
+    on_circuit: Callable[[str, Circuit, Path], None] | None = None,
+    force: bool = False,
+    **prune_kwargs: Any,
+) -> PromptRun:
+    """Prune a model on prompt pairs, one circuit per seed (module docstring).
+
+    The output folder is claimed under the output policy
+    (:class:`~mechlab.pipelines.outputs.OutputFolder`) before the model is opened; a circuit
+    file that records the same settings (the model's and the pairs' SHA-256, the tokenizer,
+    metric, position, split, seed and every pruning setting) is read back instead of pruned
+    again, so an interrupted run resumes; a file of other settings is refused before any
+    work (recomputed with ``force``).
+
+    Args:
+        model_source: A ``save_pretrained`` folder or a mechlab checkpoint (opened once).
+        pairs: The JSONL pair file.
+        seeds: Pruning seeds; seed ``k`` also shuffles the pairs' split (``data_seed``).
+        out: Folder of the circuits (default: :func:`default_prompt_out`).
+        tokenizer: Tokenizer folder for text pairs (default: the model folder).
+        metric: ``logit-diff`` (reported beside the engine's metrics) or ``kl``.
+        position: Explained position of pairs that give none (default -1: the last token).
+        test_fraction: Share of the pairs held out to score each circuit.
+        sparsity: Edge sparsity in (0, 1).
+        device: Where to run (default: the CPU).
+        on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written (or
+            read back).
+        force: Recompute and replace circuit files of other settings, and write into a
+            folder git tracks.
+        **prune_kwargs: :func:`mechlab.prune.prune`'s settings (``steps``, ``ablation``,
+            ``loss``, ...).
+
+    Returns:
+        The :class:`PromptRun`.
+
+    Raises:
+        ValueError: Any bad setting, pair, tokenizer, model or output folder (one line),
+            before any work.
+    """
+    check_prune_args(sparsity, **prune_kwargs)
+    if not seeds:
+        raise ValueError("give at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError("seeds must not repeat")
+    inputs = [Path(model_source), Path(pairs), *([Path(tokenizer)] if tokenizer is not None else [])]
+    run = PromptRun(Path(out) if out is not None else default_prompt_out(model_source, pairs))
+    folder = outputs.OutputFolder(run.out, "prune --pairs", force=force, inputs=inputs)
+    found = prompt_pairs(pairs, model_source, tokenizer, metric, position)
+    found.split(test_fraction, 0)  # checks test_fraction
+    base = {"analysis": "prune-pairs", "model_sha256": source_digest(model_source),
+            "pairs_sha256": outputs.file_sha256(pairs), "tokenizer_sha256": source_digest(tokenizer),
+            "metric": metric, "position": position, "test_fraction": test_fraction, "sparsity": sparsity}  # fmt: skip
+    stem_base = Path(pairs).stem
+    planned = {f"{stem_base}_seed{s}": {**base, **outputs.with_defaults(prune, {**prune_kwargs, "seed": s})}
+               for s in seeds}  # fmt: skip
+    with folder:
+        status = folder.plan({f"{stem}.json": record for stem, record in planned.items()})
+        model, kind = open_model(model_source, device)
+        found.check_model(model)
+        for s, (stem, record) in zip(seeds, planned.items(), strict=True):
+            json_name, html_name = f"{stem}.json", f"{stem}.html"
+            if status[json_name] == "same":
+                circuit = Circuit.from_json(folder.file(json_name))
+                run.reused.append(stem)
+                if not folder.file(html_name).is_file():  # an interrupted run wrote the JSON only
+                    folder.write_circuit_figure(circuit, html_name)
+            else:
+                data = found.prune_data(test_fraction, seed=s)
+                with warnings.catch_warnings():  # the metadata keeps them (callers print them)
+                    warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                    circuit = prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs)
+                meta = circuit.metadata
+                meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)
+                if metric == "logit-diff":
+                    _, test = found.split(test_fraction, seed=s)
+                    meta["metrics"].update(logit_diff_metrics(target_outputs(model, data, circuit), test))
+                meta.update(outputs.settings_record(record))
+                if status[json_name] == "redo":
+                    run.replaced.append(stem)
+                folder.write_circuit(circuit, json_name)
+                folder.write_circuit_figure(circuit, html_name)
+            run.circuits.append(circuit)
+            run.files[stem] = (folder.file(json_name), folder.file(html_name))
+            if on_circuit is not None:
+                on_circuit(stem, circuit, run.out)
+    if len(seeds) >= 2:
+        run.stability = seed_stability({"prompts": run.circuits})
+    return run
+
+
+def write_ioi_pairs(
+    tokenizer: str | Path,
+    out: str | Path,
+    n: int = 200,
+    seed: int = 0,
+    force: bool = False,
+    **options: Any,
+) -> tuple[Path, PromptPairs]:
+    """Write ``n`` IOI-style pairs (:func:`mechlab.tasks.ioi.ioi_records`) for a tokenizer
+    folder as a pair file, after checking that they read back (equal lengths, single-token
+    answers); the file is checked under the output policy first
+    (:func:`~mechlab.pipelines.outputs.check_output_file`: an existing or git-tracked file is
+    kept unless ``force``; a checkpoint or the tokenizer never written).
+
+    Returns:
+        ``(path, pairs)``: the file and the pairs as the prune command will read them.
+    """
+    check_elements("the IOI pairs' records", {"n": n}, lower="--n")
+    path = outputs.check_output_file(out, force=force, inputs=[tokenizer])
+    tok = load_tokenizer(tokenizer)
+    records = ioi.ioi_records(tok, n=n, seed=seed, **options)
+    pairs = pairs_from_records(records, tok, source=str(path))
+    outputs.write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+    return path, pairs

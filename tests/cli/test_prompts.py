@@ -1,0 +1,145 @@
+"""`mechlab pairs ioi` and `mechlab prune --model FOLDER --pairs FILE`: a model you bring
+(a save_pretrained GPT-2 folder with its tokenizer) pruned on prompt pairs, and the issue's
+bad input, each one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as T
+
+from mechlab.cli import main
+from mechlab.models.importers import from_pretrained
+from mechlab.pipelines import prune_prompts
+from mechlab.prune import Circuit
+from mechlab.tasks.prompts import load_pairs, load_tokenizer
+from tests.tasks.tokenizers import byte_bpe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    """A random 2-layer GPT-2 saved with a byte-level BPE tokenizer in one folder."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    byte_bpe(folder, vocab_size=1000)
+    vocab = len(load_tokenizer(folder))
+    torch.manual_seed(0)
+    config = T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=48,
+                          bos_token_id=0, eos_token_id=0)  # fmt: skip
+    T.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ioi_file(gpt2_folder, tmp_path_factory):
+    path = tmp_path_factory.mktemp("pairs") / "ioi.jsonl"
+    assert main(["pairs", "ioi", "--tokenizer", str(gpt2_folder), "--out", str(path), "--n", "12"]) == 0
+    return path
+
+
+def test_pairs_ioi_writes_a_pair_file_and_keeps_an_existing_one(ioi_file, gpt2_folder, capsys):
+    lines = ioi_file.read_text().splitlines()
+    assert len(lines) == 12 and all({"clean", "corrupted", "answer", "wrong"} == set(json.loads(x)) for x in lines)
+    before = ioi_file.read_text()
+    code = main(["pairs", "ioi", "--tokenizer", str(gpt2_folder), "--out", str(ioi_file), "--n", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "exists; pass --force" in err and ioi_file.read_text() == before
+
+
+def test_prune_a_model_folder_on_prompt_pairs(gpt2_folder, ioi_file, tmp_path, capsys):
+    out = tmp_path / "c"
+    code = main(["prune", "--model", str(gpt2_folder), "--pairs", str(ioi_file), "--steps", "5",
+                 "--sparsity", "0.9", "--no-progress", "--out", str(out), "--threads", "1"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "ioi_seed0: " in printed and "logit difference: full" in printed
+    circuit = Circuit.from_json(out / "ioi_seed0.json")
+    meta = circuit.metadata
+    assert meta["target"] == "all" and meta["metric"] == "logit-diff" and meta["model_kind"] == "hf-folder"
+    assert meta["data"]["n_train"] == 6 and meta["data"]["n_test"] == 6
+    for key in ("logit_diff_full", "logit_diff_circuit", "logit_diff_ablated", "logit_diff_recovered"):
+        assert key in meta["metrics"]
+    assert (out / "ioi_seed0.html").is_file()
+
+    # the same in Python, and the full model's logit difference against a direct run
+    run = prune_prompts(gpt2_folder, ioi_file, seeds=[0], out=tmp_path / "py", steps=5, sparsity=0.9,
+                        progress=False)  # fmt: skip
+    pairs = load_pairs(ioi_file, gpt2_folder)
+    _, test = pairs.split(0.5, seed=0)
+    model = from_pretrained(gpt2_folder)
+    with torch.no_grad():
+        logits = model(test.clean)[torch.arange(len(test)), test.position]
+    direct = float(test.logit_difference(logits).mean())
+    assert run.circuits[0].metadata["metrics"]["logit_diff_full"] == pytest.approx(direct, abs=1e-5)
+    assert meta["metrics"]["logit_diff_full"] == pytest.approx(direct, abs=1e-5)
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("unsupported", "(BertForMaskedLM): mechlab imports GPT2LMHeadModel"),
+        ("no-weights", "has a config.json but no weights"),
+        ("no-tokenizer", "has no tokenizer"),
+        ("too-large", "MECHLAB_MAX_ELEMENTS"),
+        ("lengths", "line 2: the clean prompt has 3 tokens and the corrupted 4; the prompts of a pair must have equal token lengths"),
+        ("answer", "line 1: 'answer' ' Mary Lucy' is 2 tokens"),
+        ("no-model", "give exactly one of --ckpt PATH"),
+        ("no-pairs", "--model prunes on prompt pairs: give --pairs"),
+        ("target", "--target does not apply with --pairs"),
+        ("metric", "unknown metric 'accuracy'"),
+        ("sparsity", "sparsity must be in (0, 1)"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, message, gpt2_folder, ioi_file, tmp_path,
+                                                         capsys, monkeypatch):  # fmt: skip
+    model, pairs, extra = gpt2_folder, ioi_file, []
+    if case == "unsupported":
+        model = tmp_path / "bert"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
+        extra = ["--tokenizer", str(gpt2_folder)]
+    elif case == "no-weights":
+        model = tmp_path / "empty"
+        model.mkdir()
+        (model / "config.json").write_text((gpt2_folder / "config.json").read_text())
+        extra = ["--tokenizer", str(gpt2_folder)]
+    elif case == "no-tokenizer":
+        model = tmp_path / "weights-only"
+        model.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            (model / name).write_bytes((gpt2_folder / name).read_bytes())
+    elif case == "too-large":
+        monkeypatch.setenv("MECHLAB_MAX_ELEMENTS", "1000")
+    elif case == "lengths":
+        pairs = _write(tmp_path / "p.jsonl", [{"clean": "Mary and John", "corrupted": "Lucy and Tom",
+                                               "answer": " Mary", "wrong": " John"},
+                                              {"clean": "Then, Mary", "corrupted": "Then, Mary and",
+                                               "answer": " Mary", "wrong": " John"}])  # fmt: skip
+    elif case == "answer":
+        pairs = _write(tmp_path / "p.jsonl", [{"clean": "Mary and John", "corrupted": "Lucy and Tom",
+                                               "answer": " Mary Lucy", "wrong": " John"}] * 2)  # fmt: skip
+    args = ["prune", "--model", str(model), "--pairs", str(pairs), *extra]
+    if case == "no-model":
+        args = ["prune", "--pairs", str(pairs)]
+    elif case == "no-pairs":
+        args = ["prune", "--model", str(model)]
+    elif case == "target":
+        args += ["--target", "1-after"]
+    elif case == "metric":
+        args += ["--metric", "accuracy"]
+    elif case == "sparsity":
+        args += ["--sparsity", "1.5"]
+    out = tmp_path / "out"
+    code = main([*args, "--steps", "1", "--no-progress", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("mechlab: error: ") and message in err[0], err
+    assert not out.exists()
