@@ -708,16 +708,16 @@ def test_issue_19_a_curve_rerun_reads_back_or_refuses_by_settings(capsys, run_di
 # checkpoints may; new files appear only under the output place (or mechlab-out/ when
 # none is given); the outcome is exit 0, or exit 2 with one line.
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-POLICY_EXAMPLES = 24 * int(os.environ.get("MECHLAB_PROPERTY_EXAMPLES", "1"))
+POLICY_EXAMPLES = 6 * int(os.environ.get("MECHLAB_PROPERTY_EXAMPLES", "1"))
 PLACES = ["fresh", "checkpoint", "circuit", "page", "old-prune", "run-folder", "committed", "under-a-file",
           "default"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def policy_template(run_dir, tmp_path_factory, request):
+def policy_template(run_dir, tmp_path_factory):
     """The tree each example copies (built once)."""
     import subprocess
 
@@ -727,10 +727,9 @@ def policy_template(run_dir, tmp_path_factory, request):
         pytest.skip("git is not installed")
     root = tmp_path_factory.mktemp("policy") / "tree"
     shutil.copytree(run_dir, root / "run")
-    capsys = request.getfixturevalue("capsys")
     for seed, folder in ((["--seed", "0", "--seed", "1"], root / "committed"), (["--sparsity", "0.5"], root / "old")):
-        code, _, err = cli(capsys, "prune", "--ckpt", root / "run" / "last.pt", *PRUNE_FAST, *seed, "--out", folder)
-        assert code == 0, err
+        code = main([str(a) for a in ("prune", "--ckpt", root / "run" / "last.pt", *PRUNE_FAST, *seed, "--out", folder)])
+        assert code == 0
     (root / "page.html").write_text("<p>mine</p>")
     (root / "afile").write_text("a file")
     config = {**SMALL, "steps": 1}
@@ -773,6 +772,22 @@ def policy_command(root: Path, command: str, place: str) -> tuple[list, Path | N
     return args, target
 
 
+# Every place where something is in the way, with each kind of command, is always tried.
+CRITICAL = [("view", "page", False), ("view", "circuit", True), ("overlap", "checkpoint", True),
+            ("overlap", "circuit", True), ("overlap", "page", False), ("prune", "old-prune", False),
+            ("prune", "committed", False), ("prune", "committed", True), ("prune", "checkpoint", True),
+            ("joint", "old-prune", False), ("eval", "run-folder", False), ("recall", "run-folder", False),
+            ("curve", "old-prune", False), ("train", "run-folder", False), ("train", "committed", True),
+            ("eval", "default", False)]  # fmt: skip
+
+
+def critical_examples(test):
+    for command, place, force in reversed(CRITICAL):
+        test = example(command=command, place=place, force=force)(test)
+    return test
+
+
+@critical_examples
 @settings(max_examples=POLICY_EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 @given(command=st.sampled_from(["view", "overlap", "prune", "joint", "eval", "recall", "curve", "train"]),
