@@ -346,6 +346,23 @@ def test_issue_19_counts_of_a_trillion_are_refused_before_allocating(capsys, run
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "command, phrase",
+    [(["overlap", "C0", "C1", "--boot", TRILLION], "n_boot 1e+12"), (["overlap", "C0", "C1", "--null", TRILLION], "n_null 1e+12"),
+     (["pairs", "ioi", "--tokenizer", "TOK", "--out", "OUT", "--n", TRILLION], "n 1e+12"),
+     (["bench", "hooks", "--batch", TRILLION], "batch 1e+12"), (["bench", "scan", "--pos", TRILLION], "positions 1e+12"),
+     (["bench", "prune", "--batch", TRILLION], "batch 1e+12")],
+    ids=["overlap-boot", "overlap-null", "pairs-n", "bench-hooks-batch", "bench-scan-pos", "bench-prune-batch"],
+)  # fmt: skip
+def test_issue_19_other_counts_of_a_trillion_are_refused_before_allocating(capsys, tmp_path, command, phrase):
+    committed = Path(__file__).resolve().parents[1] / "circuits" / "recall-cpu"
+    names = {"C0": committed / "1-after_seed0.json", "C1": committed / "1-after_seed1.json", "TOK": tmp_path,
+             "OUT": tmp_path / "p.jsonl"}  # fmt: skip
+    line = fast_refusal(capsys, *[names.get(a, a) for a in command])
+    assert "would hold" in line and phrase in line and "MECHLAB_MAX_ELEMENTS" in line
+    assert not (tmp_path / "p.jsonl").exists()
+
+
 def test_issue_19_an_old_checkpoints_task_config_too_big_to_allocate(capsys, run_dir, tmp_path):
     payload = torch.load(run_dir / "last.pt", weights_only=True)
     payload.pop("checksum")  # an old-format file: its metadata can be edited unnoticed

@@ -15,7 +15,8 @@ or resumes where resuming is its promise, or refuses with one line naming ``--fo
   one made with other settings, naming them (:meth:`OutputFolder.plan`).
 
 **Never, even with --force**: a command writes over one of its inputs (a checkpoint, a
-circuit, a config) or over a file that looks like a checkpoint.
+circuit, a config, a file of an input folder such as a model's or tokenizer's) or over a
+file that looks like a checkpoint.
 
 **Nothing committed.** A file or folder that holds files git tracks is refused unless
 ``--force`` (so ``prune --out circuits/recall-cpu`` does not rewrite committed circuits),
@@ -267,6 +268,18 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _input_holding(path: Path, inputs: Iterable[Path]) -> Path | None:
+    """The input folder an existing file lies in (a model or tokenizer folder: its files
+    are part of that input), or None."""
+    if not path.exists():
+        return None
+    real = Path(os.path.realpath(path))
+    for given in inputs:
+        if given.is_dir() and Path(os.path.realpath(given)) in real.parents:
+            return given
+    return None
+
+
 def run_name(source: str | Path) -> str:
     """The name of a checkpoint's run: its folder's name (``runs/x/last.pt`` -> ``x``),
     with the file's stem unless it is ``last`` (``runs/x/checkpoints/step_0000040.pt`` ->
@@ -306,6 +319,9 @@ def check_output_file(
     for given in inputs:
         if _same_file(path, Path(given)) or os.path.abspath(path) == os.path.abspath(given):
             raise ValueError(f"{option} {shown!r} is one of the inputs; write the output elsewhere")
+    holder = _input_holding(path, [Path(p) for p in inputs])
+    if holder is not None:
+        raise ValueError(f"{option} {shown!r} is a file of the input folder {str(holder)!r}; write the output elsewhere")
     _refuse_checkpoint(path)
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{option} must be a {' or '.join(suffixes)} file, got {shown!r}")
@@ -482,6 +498,9 @@ class OutputFolder:
     def _check_target(self, path: Path) -> None:
         if any(_same_file(path, p) for p in self.inputs):
             raise ValueError(f"{str(path)!r} is one of the inputs; choose another {self.option}")
+        holder = _input_holding(path, self.inputs)
+        if holder is not None:
+            raise ValueError(f"{str(path)!r} is a file of the input folder {str(holder)!r}; choose another {self.option}")
         _refuse_checkpoint(path)
         if path.is_dir():
             raise ValueError(f"{str(path)!r} is a folder where mechlab writes a file; choose another {self.option}")
