@@ -528,28 +528,10 @@ def test_issue_19_eval_and_recall_default_outside_the_checkpoints_folder(capsys,
 
 def _hold_lock(folder: Path) -> tuple[int, int]:
     """A child process holding the lock of ``folder`` until the returned pipe closes."""
-    from mechlab.pipelines.outputs import _Lock
+    from tests.pipelines.test_outputs import _fork_holding
 
     folder.mkdir(parents=True, exist_ok=True)
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(ready_r)
-            os.close(go_w)  # else the child holds the pipe open itself and never sees it close
-            lock = _Lock(folder, "prune", "--out")
-            lock.acquire()
-            os.write(ready_w, b"1")
-            os.read(go_r, 1)
-            lock.release()
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    os.close(go_r)
-    assert os.read(ready_r, 1) == b"1"
-    os.close(ready_r)
-    return pid, go_w
+    return _fork_holding(folder, "wait")
 
 
 def test_issue_19_two_prunes_into_one_out_cannot_interleave(capsys, run_dir, tmp_path):
@@ -838,3 +820,21 @@ def test_issue_19_no_command_changes_a_file_it_did_not_create(policy_template, t
     new = [n for n in after if n not in before]
     assert all(under(n) for n in new), f"{' '.join(map(str, args))}: wrote {new} outside {where}"
     assert not any(n.endswith((".tmp", ".mechlab.lock")) for n in new)
+
+
+def test_issue_19_a_sweep_rerun_is_keyed_by_its_settings(capsys, tmp_path):
+    """The same sweep resumes (every trial reused); other settings say which changed, reuse
+    the trials whose own specs match and make the tables anew; another trial function is
+    refused (its results would be taken as this one's) unless --force."""
+    oracle = ["--trial", "mechlab.sweep.oracle:oracle_trial"]
+    args = ["sweep", "--out", tmp_path / "s", "--local", "--no-progress", "--models", "st_lstm_small", "--formats",
+            "acot", "--m", "3", "--L", "3", "--lrs", "1e-3", "--n-val", "5", "--lengths", "fixed", "--no-kappa"]  # fmt: skip
+    code, out, err = cli(capsys, *args, "--seeds", "10", *oracle)
+    assert code == 0, err
+    code, out, err = cli(capsys, *args, "--seeds", "10", *oracle)
+    assert code == 0 and "(same settings): finished trials are reused" in out + err and " 0 run," in out, err
+    code, out, err = cli(capsys, *args, "--seeds", "10,20", *oracle)
+    assert code == 0 and "ran other settings (seeds [10] (now [10, 20]))" in out + err, err
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["seeds"] == [10, 20]
+    line = refused(capsys, *args, "--seeds", "10,20", "--trial", "mechlab.sweep.oracle:oracle_key")
+    assert "holds trials of trial function" in line and "oracle_key" in line and "--force" in line

@@ -112,12 +112,7 @@ force: bool = force_option("Recompute and replace circuits of other settings fou
     use_threads(threads)
     result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, force=force,
                            **common)  # fmt: skip
-    if result.reused:
-        typer.echo(f"read back {len(result.reused)} circuit(s) found before with the same settings: "
-                   f"{', '.join(result.reused)}")  # fmt: skip
-    if result.replaced:
-        typer.echo(f"recomputed {len(result.replaced)} circuit(s) of other settings (--force): "
-                   f"{', '.join(result.replaced)}")  # fmt: skip
+    _print_resumed(result.reused, result.replaced)
     for a, b, o in result.overlaps:
         if o.n_edges_a == 0 or o.n_edges_b == 0:
             typer.echo(f"overlap {a} vs {b}: not defined, a circuit is empty "
@@ -136,12 +131,7 @@ def _prune_pairs(source: Path, pairs: Path, seeds: list[int], out: Path | None, 
 
     use_threads(threads)
     run = prune_prompts(source, pairs, seeds, out, on_circuit=_print_prompt_circuit, **settings)
-    if run.reused:
-        typer.echo(f"read back {len(run.reused)} circuit(s) found before with the same settings: "
-                   f"{', '.join(run.reused)}")  # fmt: skip
-    if run.replaced:
-        typer.echo(f"recomputed {len(run.replaced)} circuit(s) of other settings (--force): "
-                   f"{', '.join(run.replaced)}")  # fmt: skip
+    _print_resumed(run.reused, run.replaced)
     if run.stability is not None:
         typer.echo(run.stability.summary())
 
@@ -159,6 +149,14 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
                    f"(recovered {m['logit_diff_recovered']:.3f})")  # fmt: skip
     for line in meta["warnings"]:
         warn(f"{stem}: {line}")
+
+
+def _print_resumed(reused: list[str], replaced: list[str]) -> None:
+    """Say which circuits a resumed prune read back and which it recomputed (--force)."""
+    if reused:
+        typer.echo(f"read back {len(reused)} circuit(s) found before with the same settings: {', '.join(reused)}")
+    if replaced:
+        typer.echo(f"recomputed {len(replaced)} circuit(s) of other settings (--force): {', '.join(replaced)}")
 
 
 def _share(value: str) -> float:

@@ -191,7 +191,7 @@ def read_json(path: str | Path) -> Any:
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 4) -> str:
     """The settings that differ, as ``name old (now new)``, at most ``limit`` of them."""
-    new = json.loads(canonical(new))
+    old, new = json.loads(canonical(old)), json.loads(canonical(new))  # device etc. are no settings
     keys = sorted(set(old) | set(new), key=lambda k: (k != "checkpoint_sha256", k))
     changed = []
     for key in keys:

@@ -124,6 +124,25 @@ def test_no_write_replaces_an_input_or_a_checkpoint(tmp_path):
     assert config.read_text() == "a: 1"
 
 
+def test_a_file_of_an_input_folder_is_an_input(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    for force in (False, True):
+        with pytest.raises(ValueError, match="is a file of the input folder"):
+            check_output_file(model / "config.json", force=force, inputs=[model])
+    assert check_output_file(model / "pairs.jsonl", inputs=[model]) == model / "pairs.jsonl"  # a new file is fine
+    with OutputFolder(model, "prune", force=True, inputs=[tmp_path / "p.jsonl"]) as folder:
+        folder.plan({"x.json": {"a": 1}})
+    with OutputFolder(tmp_path / "out", "prune", force=True, inputs=[model]) as folder:
+        assert folder.check_path("config.json") == tmp_path / "out" / "config.json"
+    assert (model / "config.json").read_text() == "{}"
+
+
+def test_differences_leave_out_what_is_no_setting():
+    assert outputs.differences({"device": "cpu", "steps": 2}, {"steps": 3}) == "steps 2 (now 3)"
+
+
 def test_plan_reuses_only_results_of_the_same_settings(tmp_path):
     settings = {"analysis": "prune", "checkpoint_sha256": "ab" * 32, "sparsity": 0.95, "steps": 2, "device": "cpu"}
     with OutputFolder(tmp_path / "o", "prune") as folder:
