@@ -642,27 +642,31 @@ def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(cap
     """kill -9 while seed 0's figure is half written: the rerun reads seed 0 back (its
     figure redrawn), prunes only seed 1, and removes the temporary file."""
     import signal
+    import subprocess
+    import sys
 
-    import mechlab.pipelines.outputs as outputs
     import mechlab.pipelines.prune as pipeline
-    from mechlab.io import atomic_write
 
     args = ["prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--seed", "0", "--seed", "1", "--out", tmp_path / "k"]
-    pid = os.fork()
-    if pid == 0:  # the run that is killed
-        try:
-            def dying(path, text):
-                if Path(path).name == "1-after_seed0.html":
-                    atomic_write(path, lambda f: (f.write(text[:1000].encode()), f.flush(),
-                                                  os.kill(os.getpid(), signal.SIGKILL)))  # fmt: skip
-                return atomic_write_text(path, text)
-
-            outputs.atomic_write_text = dying
-            main([str(a) for a in args])
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    # the run that is killed: a fresh interpreter (a fork of this torch-using process can hang)
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "import mechlab.pipelines.outputs as outputs\n"
+        "from mechlab.io import atomic_write, atomic_write_text\n"
+        "def dying(path, text):\n"
+        "    if Path(path).name == '1-after_seed0.html':\n"
+        "        atomic_write(path, lambda f: (f.write(text[:1000].encode()), f.flush(),\n"
+        "                                      os.kill(os.getpid(), signal.SIGKILL)))\n"
+        "    return atomic_write_text(path, text)\n"
+        "outputs.atomic_write_text = dying\n"
+        "from mechlab.cli import main\n"
+        "main(sys.argv[1:])\n"
+        "sys.exit(3)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, timeout=300, env=env)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     left = sorted(os.listdir(tmp_path / "k"))
     assert "1-after_seed0.json" in left and any(n.startswith(".1-after_seed0.html.") for n in left)
     pruned = []
