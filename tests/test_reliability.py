@@ -346,6 +346,23 @@ def test_issue_19_counts_of_a_trillion_are_refused_before_allocating(capsys, run
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "command, phrase",
+    [(["overlap", "C0", "C1", "--boot", TRILLION], "n_boot 1e+12"), (["overlap", "C0", "C1", "--null", TRILLION], "n_null 1e+12"),
+     (["pairs", "ioi", "--tokenizer", "TOK", "--out", "OUT", "--n", TRILLION], "n 1e+12"),
+     (["bench", "hooks", "--batch", TRILLION], "batch 1e+12"), (["bench", "scan", "--pos", TRILLION], "positions 1e+12"),
+     (["bench", "prune", "--batch", TRILLION], "batch 1e+12")],
+    ids=["overlap-boot", "overlap-null", "pairs-n", "bench-hooks-batch", "bench-scan-pos", "bench-prune-batch"],
+)  # fmt: skip
+def test_issue_19_other_counts_of_a_trillion_are_refused_before_allocating(capsys, tmp_path, command, phrase):
+    committed = Path(__file__).resolve().parents[1] / "circuits" / "recall-cpu"
+    names = {"C0": committed / "1-after_seed0.json", "C1": committed / "1-after_seed1.json", "TOK": tmp_path,
+             "OUT": tmp_path / "p.jsonl"}  # fmt: skip
+    line = fast_refusal(capsys, *[names.get(a, a) for a in command])
+    assert "would hold" in line and phrase in line and "MECHLAB_MAX_ELEMENTS" in line
+    assert not (tmp_path / "p.jsonl").exists()
+
+
 def test_issue_19_an_old_checkpoints_task_config_too_big_to_allocate(capsys, run_dir, tmp_path):
     payload = torch.load(run_dir / "last.pt", weights_only=True)
     payload.pop("checksum")  # an old-format file: its metadata can be edited unnoticed
@@ -414,8 +431,6 @@ def test_issue_19_hostile_train_config_files_are_one_line(capsys, tmp_path, text
     assert phrase in line and not (tmp_path / "r").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py reads sweep YAML with yaml.safe_load itself; the CLI side is to "
-                   "call mechlab.sweep.spec.read_settings (safe loader), then this passes: remove the mark")  # fmt: skip
 @pytest.mark.parametrize(
     "text", ["steps: !!python/object/apply:os.system ['echo pwned']\n", "a: " + "[" * 3000 + "]" * 3000 + "\n"],
     ids=["python-tag", "deep-3000"],
@@ -424,3 +439,406 @@ def test_issue_19_hostile_sweep_config_files_are_one_line_through_the_cli(capsys
     config = tmp_path / "s.yaml"
     config.write_text(text)
     fast_refusal(capsys, "sweep", "--config", config, "--out", tmp_path / "s", "--local")
+
+
+# --------------------------------------------------------------------------- issue 19, CLI side
+# The output policy (mechlab/pipelines/outputs.py), resume keyed by settings, and checks
+# before work, through the command line; one test per case of docs/reliability.md's rows
+# marked cli. The policy's own tests: tests/pipelines/test_outputs.py.
+
+
+def digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def two_circuits(capsys, run_dir, tmp_path):
+    """Two circuits (seeds 0 and 1) of the run's checkpoint, under tmp_path/c."""
+    code, _, err = cli(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--seed", "0", "--seed", "1",
+                       "--out", tmp_path / "c")  # fmt: skip
+    assert code == 0, err
+    return tmp_path / "c" / "1-after_seed0.json", tmp_path / "c" / "1-after_seed1.json"
+
+
+def test_issue_19_overlap_json_never_replaces_a_checkpoint_or_an_input(capsys, run_dir, tmp_path, two_circuits):
+    a, b = two_circuits
+    ckpt = shutil.copy(run_dir / "last.pt", tmp_path / "last.pt")
+    before = {p: digest(p) for p in (ckpt, a, b)}
+    fast = ["--boot", "5", "--null", "5"]
+    for force in ([], ["--force"]):  # not even with --force
+        line = refused(capsys, "overlap", a, b, *fast, "--json", ckpt, *force)
+        assert "is a checkpoint; mechlab never writes an output over one" in line
+        line = refused(capsys, "overlap", a, b, *fast, "--json", a, *force)
+        assert "--json" in line and "is one of the inputs" in line
+    assert {p: digest(p) for p in before} == before
+
+
+def test_issue_19_view_out_never_overwrites_without_force(capsys, tmp_path, two_circuits):
+    a, b = two_circuits
+    page = tmp_path / "existing.html"
+    page.write_text("mine")
+    line = refused(capsys, "view", a, "--out", page)
+    assert "exists; pass --force to replace it" in line and page.read_text() == "mine"
+    assert "is one of the inputs" in refused(capsys, "view", a, "--out", a, "--force")
+    code, _, err = cli(capsys, "view", a, b, "--out", page, "--force")
+    assert code == 0, err
+    assert page.read_text() != "mine"
+
+
+def test_issue_19_prune_into_a_folder_git_tracks_is_refused(capsys, run_dir, tmp_path):
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    (repo / "circuits").mkdir(parents=True)
+    (repo / "circuits" / "1-after_seed0.json").write_text("committed")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(repo)]
+    for step in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *step], check=True)
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--out", repo / "circuits")
+    assert "holds files git tracks (circuits/1-after_seed0.json); pass --force" in line
+    assert (repo / "circuits" / "1-after_seed0.json").read_text() == "committed"
+    assert sorted(os.listdir(repo / "circuits")) == ["1-after_seed0.json"]
+    line = refused(capsys, "train", "--config", tmp_path / "none.yaml", "--out", repo / "circuits")
+    assert "holds files git tracks" in line  # the trainer too
+
+
+def test_issue_19_eval_and_recall_default_outside_the_checkpoints_folder(capsys, run_dir, tmp_path, monkeypatch):
+    run = copy_run(run_dir, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(capsys, "eval", "--ckpt", run / "last.pt", "--traces", "8")
+    assert code == 0, err
+    code, _, err = cli(capsys, "recall", "--ckpt", run / "last.pt", "--traces", "8", "--offset", "1",
+                       "--no-components", "--no-progress")  # fmt: skip
+    assert code == 0, err
+    assert sorted(os.listdir(tmp_path / "mechlab-out" / "run")) == ["eval", "recall"]
+    assert not (run / "eval").exists() and not (run / "recall").exists()
+    # the same command again reads back (the README runs recall twice), and changes nothing
+    before = digest(tmp_path / "mechlab-out" / "run" / "recall" / "recall.json")
+    code, out, err = cli(capsys, "recall", "--ckpt", run / "last.pt", "--traces", "8", "--offset", "1",
+                         "--no-components", "--no-progress")  # fmt: skip
+    assert code == 0 and "read back" in out, err
+    assert digest(tmp_path / "mechlab-out" / "run" / "recall" / "recall.json") == before
+    line = refused(capsys, "recall", "--ckpt", run / "last.pt", "--traces", "9", "--offset", "1", "--no-components")
+    assert "n_traces 8 (now 9)" in line and "--force" in line
+
+
+def _hold_lock(folder: Path) -> tuple[int, int]:
+    """A child process holding the lock of ``folder`` until the returned pipe closes."""
+    from tests.pipelines.test_outputs import _fork_holding
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return _fork_holding(folder, "wait")
+
+
+def test_issue_19_two_prunes_into_one_out_cannot_interleave(capsys, run_dir, tmp_path):
+    pid, go = _hold_lock(tmp_path / "p")
+    try:
+        line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--sparsity", "0.5",
+                       "--out", tmp_path / "p")  # fmt: skip
+        assert f"another mechlab run (pid {pid}, mechlab prune" in line and "wait for it to finish" in line
+        assert sorted(os.listdir(tmp_path / "p")) == [".mechlab.lock"]  # the other's lock only
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+    code, out, err = cli(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--sparsity", "0.5",
+                         "--out", tmp_path / "p")  # fmt: skip
+    assert code == 0, err
+    edges = int(out.split("1-after_seed0: ")[1].split(" edges")[0])
+    assert len(Circuit.from_json(tmp_path / "p" / "1-after_seed0.json").edges) == edges  # printed = stored
+
+
+@pytest.mark.parametrize("change, phrase", [(["--traces", "9"], "n_train 8 (now 9)"),
+                                            (["--haystack", "3", "--seg-len", "3"], "n_haystack 2 (now 3)"),
+                                            (["--corruption", "shuffle"], "corruption misdirect_incorrect (now shuffle)")],
+                         ids=["traces", "haystack", "corruption"])  # fmt: skip
+def test_issue_19_a_finished_joint_prune_rerun_with_other_settings_is_refused(capsys, run_dir, tmp_path, change, phrase):
+    args = ["prune", "--ckpt", run_dir / "last.pt", "--target", "1-after", "--target", "2-after", "--share", "0",
+            *PRUNE_FAST, "--out", tmp_path / "j"]  # fmt: skip
+    code, _, err = cli(capsys, *args)
+    assert code == 0, err
+    circuit = tmp_path / "j" / "joint" / "share-0" / "1-after_seed0.json"
+    before = digest(circuit)
+    line = refused(capsys, *args, *change)
+    assert phrase in line and "--force" in line and digest(circuit) == before
+    code, _, err = cli(capsys, *args, *change, "--force")  # asked: recomputed, the file records the new settings
+    assert code == 0, err
+    settings = Circuit.from_json(circuit).metadata["settings"]
+    key, value = phrase.split(" (now ")[0].split(" ")[0], phrase.split("(now ")[1].rstrip(")")
+    assert str(settings[key]) == value
+
+
+REPORT_FAST = ["--eval-traces", "8", "--prune-traces", "8", "--recall-traces", "8", "--steps", "2",
+               "--no-components", "--no-progress", "--target", "1-after"]  # fmt: skip
+
+
+def test_issue_19_a_second_report_into_one_out_never_mixes_circuits(capsys, run_dir, tmp_path):
+    out = tmp_path / "r"
+    code, _, err = cli(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST,
+                       "--seed", "0", "--seed", "1")  # fmt: skip
+    assert code == 0, err
+    code, stdout, err = cli(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST,
+                            "--seed", "0", "--seed", "1")  # fmt: skip
+    assert code == 0 and "read back: the report in --out was finished with the same settings" in stdout, err
+    line = refused(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST, "--seed", "2",
+                   "--seed", "3")  # fmt: skip
+    assert "report.json' was made with other settings: seeds [0, 1] (now [2, 3])" in line
+    code, _, err = cli(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST, "--seed", "2",
+                       "--seed", "3", "--force")  # fmt: skip
+    assert code == 0, err
+    assert sorted(p.name for p in (out / "circuits").glob("*.json")) == ["1-after_seed2.json", "1-after_seed3.json"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["finished"] is True and report["settings"]["seeds"] == [2, 3]
+
+
+@pytest.mark.parametrize("case", ["file", "proc", "recall-traces", "circuits-a-file"])
+def test_issue_19_report_options_and_out_are_checked_before_the_first_stage(capsys, run_dir, tmp_path, case):
+    out, extra = tmp_path / "rpart", []
+    if case == "file":
+        out.write_text("a file")
+    elif case == "proc":
+        out = Path("/proc/mechlab-x")
+    elif case == "recall-traces":
+        extra = ["--recall-traces", TRILLION]
+    else:
+        out.mkdir()
+        (out / "circuits").write_text("a file")
+    before = sorted(os.listdir(tmp_path))
+    line = fast_refusal(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST, *extra,
+                        seconds=2.0)  # fmt: skip
+    phrase = {"file": "is a file, not a folder", "proc": "cannot be made", "recall-traces": "would hold",
+              "circuits-a-file": "circuits' is a file where mechlab writes a folder"}[case]  # fmt: skip
+    assert phrase in line
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written (no rpart/, no eval/)
+    if case == "circuits-a-file":
+        assert sorted(os.listdir(out)) == ["circuits"]
+
+
+def test_issue_19_duplicate_circuits_unknown_writers_and_huge_shares_are_refused(capsys, run_dir, tmp_path,
+                                                                               two_circuits):  # fmt: skip
+    a, b = two_circuits
+    copy = shutil.copy(a, tmp_path / "copy.json")
+    fast = ["--boot", "5", "--null", "5"]
+    assert "are the same file; give each circuit once" in refused(capsys, "overlap", a, a, *fast)
+    assert "are identical files; give each circuit once" in refused(capsys, "overlap", a, copy, *fast)
+    assert "the same file" in refused(capsys, "view", a, a.parent / "." / a.name, "--out", tmp_path / "v.html")
+    line = refused(capsys, "overlap", a, b, *fast, "--exclude-writer", "bogus")
+    assert "--exclude-writer 'bogus' is not a writer of the circuits' graph (its writers: a0.h0" in line
+    code, _, err = cli(capsys, "overlap", a, b, *fast, "--exclude-writer", "pos")
+    assert code == 0, err
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", "--target", "1-after", "--target", "2-after",
+                   "--share", "1e400", "--out", tmp_path / "s")  # fmt: skip
+    assert "--share '1e400' is not a finite number" in line and not (tmp_path / "s").exists()
+    line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--seed", "0", "--seed", "0",
+                   "--out", tmp_path / "d")  # fmt: skip
+    assert "must not repeat" in line and not (tmp_path / "d").exists()
+
+
+def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(capsys, run_dir, tmp_path,
+                                                                             monkeypatch):  # fmt: skip
+    """kill -9 while seed 0's figure is half written: the rerun reads seed 0 back (its
+    figure redrawn), prunes only seed 1, and removes the temporary file."""
+    import signal
+    import subprocess
+    import sys
+
+    import mechlab.pipelines.prune as pipeline
+
+    args = ["prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--seed", "0", "--seed", "1", "--out", tmp_path / "k"]
+    # the run that is killed: a fresh interpreter (a fork of this torch-using process can hang)
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "import mechlab.pipelines.outputs as outputs\n"
+        "from mechlab.io import atomic_write, atomic_write_text\n"
+        "def dying(path, text):\n"
+        "    if Path(path).name == '1-after_seed0.html':\n"
+        "        atomic_write(path, lambda f: (f.write(text[:1000].encode()), f.flush(),\n"
+        "                                      os.kill(os.getpid(), signal.SIGKILL)))\n"
+        "    return atomic_write_text(path, text)\n"
+        "outputs.atomic_write_text = dying\n"
+        "from mechlab.cli import main\n"
+        "main(sys.argv[1:])\n"
+        "sys.exit(3)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, timeout=300, env=env)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    left = sorted(os.listdir(tmp_path / "k"))
+    assert "1-after_seed0.json" in left and any(n.startswith(".1-after_seed0.html.") for n in left)
+    pruned = []
+    real = pipeline.prune_checkpoint
+    monkeypatch.setattr(pipeline, "prune_checkpoint", lambda *a, **k: pruned.append(k["seed"]) or real(*a, **k))
+    code, out, err = cli(capsys, *args)
+    assert code == 0, err
+    assert pruned == [1] and "read back 1 circuit(s) found before with the same settings: 1-after_seed0" in out
+    assert sorted(os.listdir(tmp_path / "k")) == ["1-after_seed0.html", "1-after_seed0.json", "1-after_seed1.html",
+                                                  "1-after_seed1.json", "plotly.min.js"]  # fmt: skip
+    assert "plotly" in (tmp_path / "k" / "1-after_seed0.html").read_text()
+
+
+def test_issue_19_eval_checks_every_suite_before_the_first(capsys, run_dir, tmp_path):
+    ckpt = shutil.copy(run_dir / "last.pt", tmp_path / "alone.pt")  # no checkpoints/ beside it
+    line = refused(capsys, "eval", "--ckpt", ckpt, "--suite", "nih", "--suite", "dynamics", "--traces", "8",
+                   "--out", tmp_path / "e")  # fmt: skip
+    assert "the dynamics suite needs the run's checkpoints/step_*.pt" in line
+    assert not (tmp_path / "e").exists()  # nih did not run first
+
+
+def test_issue_19_a_curve_rerun_reads_back_or_refuses_by_settings(capsys, run_dir, tmp_path):
+    args = ["curve", "--ckpt", run_dir / "last.pt", "--steps", "2", "--traces", "8", "--test-traces", "8",
+            "--budgets", "0.1,0.5", "--no-progress", "--out", tmp_path / "cv"]  # fmt: skip
+    assert cli(capsys, *args)[0] == 0
+    before = digest(tmp_path / "cv" / "curve_1-after.json")
+    code, out, err = cli(capsys, *args)
+    assert code == 0 and "read back: same settings" in out, err
+    assert digest(tmp_path / "cv" / "curve_1-after.json") == before
+    other = [a if a != "0.1,0.5" else "0.2,0.5" for a in args]
+    assert "budgets [0.1, 0.5, 1.0] (now [0.2, 0.5, 1.0])" in refused(capsys, *other)
+    assert digest(tmp_path / "cv" / "curve_1-after.json") == before
+
+
+# --------------------------------------------------------------------------- issue 19: the property
+# No command changes a file it did not create in this run. A tree holds what a user has
+# lying around (a git repository with a committed run and circuits, an untracked page, a
+# folder of an earlier prune with other settings, a file where a folder would go); each
+# example runs one command with one choice of output place, with or without --force, and
+# hashes every file before and after. Without --force nothing that existed changes or
+# disappears; with --force only files under the output place that are neither inputs nor
+# checkpoints may; new files appear only under the output place (or mechlab-out/ when
+# none is given); the outcome is exit 0, or exit 2 with one line.
+
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+POLICY_EXAMPLES = 6 * int(os.environ.get("MECHLAB_PROPERTY_EXAMPLES", "1"))
+PLACES = ["fresh", "checkpoint", "circuit", "page", "old-prune", "run-folder", "committed", "under-a-file",
+          "default"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def policy_template(run_dir, tmp_path_factory):
+    """The tree each example copies (built once)."""
+    import subprocess
+
+    import yaml
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    root = tmp_path_factory.mktemp("policy") / "tree"
+    shutil.copytree(run_dir, root / "run")
+    for seed, folder in ((["--seed", "0", "--seed", "1"], root / "committed"), (["--sparsity", "0.5"], root / "old")):
+        code = main([str(a) for a in ("prune", "--ckpt", root / "run" / "last.pt", *PRUNE_FAST, *seed, "--out", folder)])
+        assert code == 0
+    (root / "page.html").write_text("<p>mine</p>")
+    (root / "afile").write_text("a file")
+    config = {**SMALL, "steps": 1}
+    (root / "train.yaml").write_text(yaml.safe_dump(config))
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(root)]
+    for step in (["init", "-q"], ["add", "run", "committed", "train.yaml"], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *step], check=True)
+    return root
+
+
+def tree_state(root: Path) -> dict[str, tuple[str, int]]:
+    return {str(p.relative_to(root)): (digest(p), p.stat().st_mode)
+            for p in root.rglob("*") if p.is_file() and not p.is_symlink()}  # fmt: skip
+
+
+def policy_command(root: Path, command: str, place: str) -> tuple[list, Path | None]:
+    """The command line of an example and the output place it names (None: the default)."""
+    ckpt, a, b = root / "run" / "last.pt", root / "committed" / "1-after_seed0.json", root / "committed" / "1-after_seed1.json"
+    target = {"fresh": root / "new" / ("out.html" if command == "view" else "out.json" if command == "overlap"
+                                       else "out"),
+              "checkpoint": ckpt, "circuit": a, "page": root / "page.html", "old-prune": root / "old",
+              "run-folder": root / "run", "committed": root / "committed", "under-a-file": root / "afile" / "x",
+              "default": None}[place]  # fmt: skip
+    fast_curve = ["--steps", "2", "--traces", "8", "--test-traces", "8", "--budgets", "0.5", "--no-progress"]
+    args = {
+        "view": ["view", a, b], "overlap": ["overlap", a, b, "--boot", "5", "--null", "5"],
+        "prune": ["prune", "--ckpt", ckpt, *PRUNE_FAST, "--seed", "0"],
+        "joint": ["prune", "--ckpt", ckpt, "--target", "1-after", "--target", "2-after", "--share", "0", *PRUNE_FAST],
+        "eval": ["eval", "--ckpt", ckpt, "--traces", "8"],
+        "recall": ["recall", "--ckpt", ckpt, "--traces", "8", "--offset", "1", "--no-components", "--no-progress"],
+        "curve": ["curve", "--ckpt", ckpt, *fast_curve],
+        "train": ["train", "--config", root / "train.yaml", "--no-progress"],
+    }[command]
+    option = "--json" if command == "overlap" else "--out"
+    if target is not None:
+        args += [option, target]
+    elif command == "view":  # --out is required: the default place is a fresh page in the tree
+        target = root / "view.html"
+        args += ["--out", target]
+    return args, target
+
+
+# Every place where something is in the way, with each kind of command, is always tried.
+CRITICAL = [("view", "page", False), ("view", "circuit", True), ("overlap", "checkpoint", True),
+            ("overlap", "circuit", True), ("overlap", "page", False), ("prune", "old-prune", False),
+            ("prune", "committed", False), ("prune", "committed", True), ("prune", "checkpoint", True),
+            ("joint", "old-prune", False), ("eval", "run-folder", False), ("recall", "run-folder", False),
+            ("curve", "old-prune", False), ("train", "run-folder", False), ("train", "committed", True),
+            ("eval", "default", False)]  # fmt: skip
+
+
+def critical_examples(test):
+    for command, place, force in reversed(CRITICAL):
+        test = example(command=command, place=place, force=force)(test)
+    return test
+
+
+@critical_examples
+@settings(max_examples=POLICY_EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@given(command=st.sampled_from(["view", "overlap", "prune", "joint", "eval", "recall", "curve", "train"]),
+       place=st.sampled_from(PLACES), force=st.booleans())  # fmt: skip
+def test_issue_19_no_command_changes_a_file_it_did_not_create(policy_template, tmp_path_factory, monkeypatch,
+                                                              capsys, command, place, force):  # fmt: skip
+    root = tmp_path_factory.mktemp("example") / "tree"
+    shutil.copytree(policy_template, root)
+    monkeypatch.chdir(root)
+    args, target = policy_command(root, command, place)
+    inputs = {root / "run" / "last.pt", root / "committed" / "1-after_seed0.json",
+              root / "committed" / "1-after_seed1.json", root / "train.yaml"}  # fmt: skip
+    before = tree_state(root)
+    code, _, err = cli(capsys, *args, *(["--force"] if force else []))
+    after = tree_state(root)
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err
+    assert code == 0 or (code == 2 and [x for x in lines if x.startswith("mechlab: error: ")] == lines[-1:]), err
+    where = target if target is not None else root / "mechlab-out"
+
+    def under(name: str) -> bool:
+        path = root / name
+        return path == where or where in path.parents
+
+    changed = [n for n in before if after.get(n) != before[n]]
+    for name in changed:
+        path = root / name
+        assert force and under(name) and path not in inputs and not name.endswith(".pt"), (
+            f"{' '.join(map(str, args))}: changed {name}"
+        )
+    new = [n for n in after if n not in before]
+    assert all(under(n) for n in new), f"{' '.join(map(str, args))}: wrote {new} outside {where}"
+    assert not any(n.endswith((".tmp", ".mechlab.lock")) for n in new)
+
+
+def test_issue_19_a_sweep_rerun_is_keyed_by_its_settings(capsys, tmp_path):
+    """The same sweep resumes (every trial reused); other settings say which changed, reuse
+    the trials whose own specs match and make the tables anew; another trial function is
+    refused (its results would be taken as this one's) unless --force."""
+    oracle = ["--trial", "mechlab.sweep.oracle:oracle_trial"]
+    args = ["sweep", "--out", tmp_path / "s", "--local", "--no-progress", "--models", "st_lstm_small", "--formats",
+            "acot", "--m", "3", "--L", "3", "--lrs", "1e-3", "--n-val", "5", "--lengths", "fixed", "--no-kappa"]  # fmt: skip
+    code, out, err = cli(capsys, *args, "--seeds", "10", *oracle)
+    assert code == 0, err
+    code, out, err = cli(capsys, *args, "--seeds", "10", *oracle)
+    assert code == 0 and "(same settings): finished trials are reused" in out + err and " 0 run," in out, err
+    code, out, err = cli(capsys, *args, "--seeds", "10,20", *oracle)
+    assert code == 0 and "ran other settings (seeds [10] (now [10, 20]))" in out + err, err
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["seeds"] == [10, 20]
+    line = refused(capsys, *args, "--seeds", "10,20", "--trial", "mechlab.sweep.oracle:oracle_key")
+    assert "holds trials of trial function" in line and "oracle_key" in line and "--force" in line

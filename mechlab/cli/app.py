@@ -59,3 +59,8 @@ def renamed_option(old_value: str | None, new_value: str, old: str, new: str) ->
 
 
 DEPRECATED_PROTOCOL = typer.Option(None, "--protocol", hidden=True, help="Deprecated spelling.")
+
+
+def force_option(what: str) -> bool:
+    """The ``--force`` option of a command that writes (``what``: what it replaces)."""
+    return typer.Option(False, "--force", help=f"{what} Never an input or a checkpoint.")

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from mechlab.cli.app import UsageProblem, bench_app, use_threads
+from mechlab.limits import check_elements
 
 JSON_HELP = "Also write the run's record (settings, machine, load, tables, raw times) here as JSON."
 FORCE_HELP = "Overwrite the --json file if it exists."
@@ -36,6 +37,11 @@ def _recorded(bench: str, settings: dict[str, Any], device: str, json_path: Path
     if json_path is not None:
         write_record(record, json_path, force=force)
         typer.echo(f"record written to {json_path}")
+
+
+def _check_batch(batch: int, n_pos: int) -> None:
+    """Refuse a batch whose inputs alone are above the size limit, before any model is built."""
+    check_elements("the benchmark's input batch", {"batch": batch, "positions": n_pos}, lower="--batch or --pos")
 
 
 @bench_app.command("prune")
@@ -61,6 +67,7 @@ def bench_prune_(
         reference_table,
     )
 
+    _check_batch(batch, n_pos)
     names = [p.strip() for p in presets.split(",") if p.strip()]
     (check_transformer_presets if reference is not None else check_model_presets)(names)
     if reference is not None:
@@ -109,6 +116,7 @@ def bench_hooks(
     """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
     from mechlab.bench.hooks import BENCH_MODELS, bench_family, hooks_table
 
+    _check_batch(batch, n_pos)
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in BENCH_MODELS]
     if unknown:
@@ -141,6 +149,7 @@ def bench_scan_(
     """The chunked scans vs the per-step loops: forward, forward+backward, and their differences."""
     from mechlab.bench.scan import SCAN_FAMILIES, bench_scan, scan_table
 
+    _check_batch(batch, n_pos)
     names = [f.strip() for f in families.split(",") if f.strip()]
     unknown = [f for f in names if f not in SCAN_FAMILIES]
     if unknown:

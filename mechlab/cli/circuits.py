@@ -11,6 +11,7 @@ from mechlab.cli.app import (
     DEPRECATED_PROTOCOL,
     UsageProblem,
     echo_table,
+    force_option,
     renamed_option,
     use_threads,
     warn,
@@ -48,14 +49,14 @@ def prune(
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
     length: int | None = typer.Option(None, help="State-tracking checkpoints: elements per sequence (default the run's L; targets final, changed, all; corruption random or x<k>)."),
-    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: beside the checkpoint, circuits/; state tracking: <target>_n<length>_seed<k>)."),
+    out: Path | None = typer.Option(None, help="Directory for <target>_seed<k>.json/.html (default: mechlab-out/<run>/circuits; state tracking: <target>_n<length>_seed<k>; --pairs: <pairs>_seed<k> in mechlab-out/<model>-<pairs>/circuits). A rerun resumes: circuits of the same settings are read back."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     recipe: str = typer.Option("default", help=RECIPE_HELP),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: raw; with --share, normalising weighs targets of different loss scales equally)."),
     share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
-    model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Mamba), pruned on --pairs."),
+        model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Mamba), pruned on --pairs."),
     pairs: Path | None = typer.Option(None, help="JSONL clean/corrupted prompt pairs (text or token ids; docs/models.md) to prune --model (or a token --ckpt) on."),
     tokenizer: Path | None = typer.Option(None, help="With --pairs of text: the tokenizer folder (default: the --model folder)."),
     metric: str = typer.Option("logit-diff", help="With --pairs: logit-diff (answer minus wrong token, reported beside the KL faithfulness) or kl."),
@@ -65,6 +66,7 @@ def prune(
     edges: int | None = typer.Option(None, help="Keep at most this many countable edges (instead of --sparsity)."),
     ig_steps: int | None = typer.Option(None, help="Integration points of eap-ig and eap-ig-inputs (default 10)."),
     acdc_max_edges: int | None = typer.Option(None, help="ACDC's limit on countable edges (default 400; each pass runs one forward per edge)."),
+    force: bool = force_option("Recompute and replace circuits of other settings found in --out (refused otherwise), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
@@ -92,7 +94,7 @@ def prune(
             )
         _prune_pairs(ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
-                     ablation=ablation, device=device, progress=progress, threads=threads, **chosen,
+                     ablation=ablation, device=device, progress=progress, threads=threads, force=force, **chosen,
                      **_prune_only(method, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
                                    normalize_loss=normalize_loss, node_sparsity=node_sparsity))  # fmt: skip
         return
@@ -116,7 +118,7 @@ def prune(
     if share:
         shares = [_share(v) for v in share]
         use_threads(threads)
-        run = joint_prune_targets(ckpt, target, shares, seed, out, **common)
+        run = joint_prune_targets(ckpt, target, shares, seed, out, force=force, **common)
         for stem, circuit in run.circuits.items():
             for line in circuit.metadata["warnings"]:
                 warn(f"joint {stem}: {line}")
@@ -124,7 +126,9 @@ def prune(
         typer.echo(f"wrote {run.table} and the circuits under {run.out}/share-*/")
         return
     use_threads(threads)
-    result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, **common)
+    result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, force=force,
+                           **common)  # fmt: skip
+    _print_resumed(result.reused, result.replaced)
     for a, b, o in result.overlaps:
         if o.n_edges_a == 0 or o.n_edges_b == 0:
             typer.echo(f"overlap {a} vs {b}: not defined, a circuit is empty "
@@ -168,6 +172,7 @@ def _prune_pairs(source: Path, pairs: Path, seeds: list[int], out: Path | None, 
 
     use_threads(threads)
     run = prune_prompts(source, pairs, seeds, out, on_circuit=_print_prompt_circuit, **settings)
+    _print_resumed(run.reused, run.replaced)
     if run.stability is not None:
         typer.echo(run.stability.summary())
 
@@ -190,12 +195,27 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
         warn(f"{stem}: {line}")
 
 
+def _print_resumed(reused: list[str], replaced: list[str]) -> None:
+    """Say which circuits a resumed prune read back and which it recomputed (--force)."""
+    if reused:
+        typer.echo(f"read back {len(reused)} circuit(s) found before with the same settings: {', '.join(reused)}")
+    if replaced:
+        typer.echo(f"recomputed {len(replaced)} circuit(s) of other settings (--force): {', '.join(replaced)}")
+
+
 def _share(value: str) -> float:
-    """A ``--share`` value as a float (``tied``: inf)."""
+    """A ``--share`` value as a float (``tied``: inf); a number too large for a float
+    (``1e400``) is refused, not taken as tied."""
+    if value.strip().lower() in ("tied", "inf"):
+        return math.inf
     try:
-        return float(value) if value.strip().lower() not in ("tied", "inf") else math.inf
+        share = float(value)
     except ValueError:
         raise UsageProblem(f"--share must be a number >= 0 or tied, got {value!r}") from None
+    if not math.isfinite(share):
+        raise UsageProblem(f"--share {value!r} is not a finite number; give a number >= 0, or tied for one "
+                           "circuit shared by every target")  # fmt: skip
+    return share
 
 
 def _print_circuit(stem: str, circuit, out: Path) -> None:
@@ -247,7 +267,7 @@ def pairs_ioi(
     out: Path = typer.Option(..., help="The JSONL pair file to write."),
     n: int = typer.Option(200, min=1, help="Pairs."),
     seed: int = typer.Option(0, help="Seed of the templates, names, places and objects."),
-    force: bool = typer.Option(False, help="Overwrite --out if it exists."),
+    force: bool = force_option("Replace --out if it exists."),
 ) -> None:
     """Write IOI-style prompt pairs (Wang et al. 2023; the ABC corruption) for a tokenizer,
     for mechlab prune --model FOLDER --pairs FILE."""
@@ -261,11 +281,12 @@ def view(
     circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
     out: Path = typer.Option(..., help="HTML file to write (self-contained, works offline)."),
     label: list[str] = typer.Option([], help="A name per circuit (default: target and seed)."),
+    force: bool = force_option("Replace --out if it exists."),
 ) -> None:
     """Render circuits: one file draws its graph; two or more add the overlap view on one layout."""
     from mechlab.pipelines import view_circuits
 
-    typer.echo(f"wrote {view_circuits(circuits, out, label)}")
+    typer.echo(f"wrote {view_circuits(circuits, out, label, force=force)}")
 
 
 def overlap_(
@@ -276,10 +297,11 @@ def overlap_(
     level: float = typer.Option(0.95, help="Coverage of the bootstrap intervals, in (0, 1)."),
     exclude_writer: list[str] = typer.Option([], help="Leave this writer's edges out of the null models' edge pool (e.g. pos); repeatable."),
     seed: int = typer.Option(0, help="Seed of the bootstrap and the null models."),
-    json_out: Path | None = typer.Option(None, "--json", help="Write everything as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write everything as JSON here (a new file)."),
     device: str = typer.Option("cpu"),
     mixed_checkpoints: bool = typer.Option(False, "--mixed-checkpoints", help="Compare circuits found on different checkpoints (refused otherwise; edge names match across checkpoints of one shape, their meaning need not)."),
     progress: bool = typer.Option(True, help="Show progress bars (null models, cross-evaluation)."),
+    force: bool = force_option("Replace --json if it exists."),
 ) -> None:
     """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
     uniform and degree-preserving null models, cross-evaluation with --ckpt."""
@@ -287,7 +309,8 @@ def overlap_(
 
     r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level, exclude_writers=exclude_writer,
                          seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out,
-                         progress=progress, log=(lambda line: typer.echo(line, err=True)) if progress else None)  # fmt: skip
+                         progress=progress, log=(lambda line: typer.echo(line, err=True)) if progress else None,
+                         force=force)  # fmt: skip
     rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
     for p in r["pairs"]:
         rows.append((Path(p["a"]).name, Path(p["b"]).name, str(p["n_edges_a"]), str(p["n_edges_b"]),
@@ -340,10 +363,11 @@ def curve(
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
     nih: str = typer.Option("study", help=NIH_HELP),
-    out: Path | None = typer.Option(None, help="Directory for curve_<target>.json/.html (default: beside the checkpoint, curves/)."),
+    out: Path | None = typer.Option(None, help="Directory for curve_<target>.json/.html (default: mechlab-out/<run>/curves). A rerun resumes: curves of the same settings are read back."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    force: bool = force_option("Recompute and replace curves of other settings found in --out (refused otherwise), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Faithfulness and complement faithfulness across edge budgets (MIB's CPR, CMD): JSON + HTML per target."""
@@ -356,7 +380,8 @@ def curve(
         raise UsageProblem(f"--budgets {budgets!r}: not a comma-separated list of numbers") from None
 
     def show(files) -> None:
-        typer.echo(f"{files.target}: {files.json}, {files.html} ({files.seconds:.0f} s)")
+        when = "read back: same settings" if files.reused else f"{files.seconds:.0f} s"
+        typer.echo(f"{files.target}: {files.json}, {files.html} ({when})")
         for c in files.curves.values():
             typer.echo(f"  {c.summary()}")
             typer.echo("    budget  " + " ".join(f"{100 * b:>6g}%" for b in c.budgets))
@@ -367,4 +392,5 @@ def curve(
     use_threads(threads)
     curve_checkpoint(ckpt, target, ablation, grid, out, rank=rank, sparsity=sparsity, steps=steps, seed=seed,
                      corruption=corruption, n_train=traces, n_test=test_traces, n_haystack=haystack,
-                     seg_len=seg_len, protocol=nih, device=device, progress=progress, on_target=show)  # fmt: skip
+                     seg_len=seg_len, protocol=nih, device=device, progress=progress, on_target=show,
+                     force=force)  # fmt: skip

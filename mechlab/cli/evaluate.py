@@ -11,6 +11,7 @@ from mechlab.cli.app import (
     UsageProblem,
     echo_table,
     fmt,
+    force_option,
     renamed_option,
     use_threads,
 )
@@ -22,7 +23,7 @@ NIH_HELP = ("NiH construction: study (the default: oldest system queried, misdir
 def eval_(
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     suite: list[str] = typer.Option(["nih"], help="uninterleaved, nih, ood, dynamics (repeatable) or all."),
-    out: Path | None = typer.Option(None, help="Directory for <suite>.json and <suite>.html (default: beside the checkpoint, eval/)."),
+    out: Path | None = typer.Option(None, help="Directory for <suite>.json and <suite>.html (default: mechlab-out/<run>/eval)."),
     traces: int = typer.Option(1000, min=1, help="Traces per evaluation."),
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
@@ -31,6 +32,7 @@ def eval_(
     trials: int | None = typer.Option(None, min=1, help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples."),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
+    force: bool = force_option("Recompute and replace suites of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
@@ -46,8 +48,11 @@ def eval_(
     def start(name: str) -> None:
         typer.echo(f"evaluating {name} ({traces} {'examples' if trials else 'traces'})...", err=True)
 
-    evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_start=start, n_traces=traces, n_haystack=haystack, seg_len=seg_len,
-                        seed=seed, protocol=nih, trials=trials, device=device)  # fmt: skip
+    def reused(name: str, path: Path) -> None:
+        typer.echo(f"{name}: read back {path} (same settings; --force and other settings recompute)")
+
+    evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_start=start, on_reuse=reused, n_traces=traces,
+                        n_haystack=haystack, seg_len=seg_len, seed=seed, protocol=nih, trials=trials, device=device, force=force)  # fmt: skip
 
 
 def _print_report(report: dict) -> None:
@@ -70,7 +75,7 @@ def _print_report(report: dict) -> None:
 
 def report(
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
-    out: Path = typer.Option(..., help="Directory for index.html and the JSON behind it."),
+    out: Path = typer.Option(..., help="Directory for index.html and the JSON behind it. A rerun resumes (circuits of the same settings are read back; a finished report is read back whole)."),
     target: list[str] = typer.Option(["1-after", "2-after"], help="Pruning target (repeatable)."),
     seed: list[int] = typer.Option([0, 1], help="Pruning seeds per target (repeatable; two or more give the seed baseline, three or more its intervals: --seed 0 --seed 1 --seed 2, 1.4x as long)."),
     eval_traces: int = typer.Option(500, min=1, help="NiH traces of the evaluation."),
@@ -82,10 +87,11 @@ def report(
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu", help="Where every stage runs (cpu, cuda, ...)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    force: bool = force_option("Replace a report of other settings in --out (refused otherwise; its other circuits are removed), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
-    from mechlab.pipelines import ReportConfig, make_report
+    from mechlab.pipelines import ReportConfig, report_checkpoint
 
     recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
     if str(out) in ("", "."):
@@ -94,10 +100,9 @@ def report(
                        prune_traces=prune_traces, recall_traces=recall_traces,
                        components=components, recipe=recipe, steps=steps)  # fmt: skip
     use_threads(threads)
-    result = make_report(ckpt, cfg, device=device, progress=progress,
-                         log=lambda line: typer.echo(line, err=True))  # fmt: skip
-    page = result.write(out)
-    s = result.summary()
+    result = report_checkpoint(ckpt, out, cfg, force=force, device=device, progress=progress,
+                               log=lambda line: typer.echo(line, err=True))  # fmt: skip
+    s = result.summary
     typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
     typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
     for name, c in s["circuits"].items():
@@ -107,13 +112,15 @@ def report(
         typer.echo(f"{key}: Jaccard {o['jaccard']:.3f} (null uniform {o['null_uniform']:.3f}, "
                    f"degree {o['null_degree']:.3f}); within seeds "
                    + ", ".join(f"{t} {v:.3f}" for t, v in s["within"].items()))  # fmt: skip
-    typer.echo(f"report: {page}")
+    if result.reused:
+        typer.echo("read back: the report in --out was finished with the same settings (--force to recompute)")
+    typer.echo(f"report: {result.page}")
 
 
 def recall(
     ckpt: Path | None = typer.Option(None, help="Checkpoint of a run trained on the lds task."),
     checkpoints: Path | None = typer.Option(None, help="Run directory: the same scores across its checkpoints/step_*.pt."),
-    out: Path | None = typer.Option(None, help="Directory for recall.json/.html and recall_dynamics.json/.html (default: beside the checkpoint, recall/)."),
+    out: Path | None = typer.Option(None, help="Directory for recall.json/.html and recall_dynamics.json/.html (default: mechlab-out/<run>/recall)."),
     traces: int = typer.Option(256, min=1, help="NiH traces."),
     haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
@@ -124,6 +131,7 @@ def recall(
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    force: bool = force_option("Recompute and replace reports of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
@@ -134,7 +142,8 @@ def recall(
     files = recall_and_write(
         ckpt, checkpoints, out, components=components, progress=progress,
         on_file=lambda stem, j, h: typer.echo(f"{stem}: {j}, {h}"), n_traces=traces, n_haystack=haystack,
-        seg_len=seg_len, seed=seed, protocol=nih, offsets=tuple(offset) or None, device=device,
+        on_reuse=lambda stem, j: typer.echo(f"{stem}: read back {j} (same settings)"),
+        seg_len=seg_len, seed=seed, protocol=nih, offsets=tuple(offset) or None, device=device, force=force,
     )  # fmt: skip
     if "recall" in files.written:
         _print_recall(files.written["recall"][0]["result"])

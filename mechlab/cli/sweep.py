@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mechlab.cli.app import UsageProblem, echo_table
+from mechlab.cli.app import UsageProblem, echo_table, force_option
 
 
 def _csv_list(text: str, kind: type = str) -> list:
@@ -54,6 +54,7 @@ def sweep_(
     trial: str = typer.Option("mechlab.train.trials:run_trial", help="The trial function, module:function."),
     device: str | None = typer.Option(None, help="Device of each trial (cpu or cuda)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    force: bool = force_option("Write into a folder git tracks, or reuse the trials of another trial function found in --out (refused otherwise)."),
 ) -> None:
     """N* searches (and kappa, OOD) over models, formats and tasks; trials on Ray, persisted, resumable."""
     from mechlab.pipelines.sweep import check_run, run_and_write, sweep_spec
@@ -77,7 +78,8 @@ def sweep_(
                f"{spec.steps} steps per trial -> {out}" + (" (local, no Ray)" if local else ""))  # fmt: skip
     result, paths = run_and_write(spec, out, trial=trial, units=units, local=local, address=address, num_cpus=cpus,
                                   cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
-                                  max_retries=max_retries, progress=progress)  # fmt: skip
+                                  max_retries=max_retries, progress=progress, force=force, config=config,
+                                  on_note=typer.echo)  # fmt: skip
     rows = [("model", "format", "task", "lengths", "L", "N*", "status", "bracket (lo, hi]", "kappa", "OOD tok/seq")]
     for key, r in result.searches.items():
         k = result.kappas.get(key)

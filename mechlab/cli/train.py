@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mechlab.cli.app import echo_table
+from mechlab.cli.app import echo_table, force_option
 
 
 def info(
@@ -44,13 +44,14 @@ def train(
     grad_accum: int | None = typer.Option(None, help="Micro-batches per step (gradient accumulation; divides the batch)."),
     loss_reduction: str | None = typer.Option(None, help="Loss over the state dims: sum (the study's) or mean (recall-cpu's)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    force: bool = force_option("Train into (or resume) a directory that holds files git tracks (refused otherwise)."),
 ) -> None:
     """Train a model on a task; checkpoints at log-spaced steps plus last.pt."""
     import yaml
 
     from mechlab.pipelines.train import TrainingStopped, run_config, train_run
 
-    cfg, out = run_config(out, resume, preset=preset, config_file=config, overrides=set_, task=task,
+    cfg, out = run_config(out, resume, force=force, preset=preset, config_file=config, overrides=set_, task=task,
                           steps=steps, device=device, grad_accum=grad_accum, loss_reduction=loss_reduction)  # fmt: skip
     typer.echo(f"training {cfg.model} on {cfg.task} for {cfg.steps} steps -> {out}")
     typer.echo(yaml.safe_dump({"task_cfg": cfg.task_cfg}, default_flow_style=True).strip())

@@ -41,7 +41,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
         prune_targets,
     )
     from mechlab.pipelines.recall import recall_and_write, recall_checkpoint, recall_dynamics
-    from mechlab.pipelines.report import Report, ReportConfig, make_report
+    from mechlab.pipelines.report import (
+        Report,
+        ReportConfig,
+        ReportRun,
+        make_report,
+        report_checkpoint,
+    )
     from mechlab.pipelines.sweep import sweep_spec, write_outputs
     from mechlab.pipelines.train import run_config, train_run
 
@@ -71,6 +77,8 @@ _LAZY = {
     "recall_dynamics": "mechlab.pipelines.recall",
     "Report": "mechlab.pipelines.report",
     "ReportConfig": "mechlab.pipelines.report",
+    "ReportRun": "mechlab.pipelines.report",
+    "report_checkpoint": "mechlab.pipelines.report",
     "run_config": "mechlab.pipelines.train",
     "run_suite": "mechlab.pipelines.evaluate",
     "Source": "mechlab.pipelines.checkpoints",
@@ -97,6 +105,7 @@ __all__ = [
     "PRUNE_PROTOCOLS",
     "Report",
     "ReportConfig",
+    "ReportRun",
     "Source",
     "check_method",
     "check_prune_targets",
@@ -119,6 +128,7 @@ __all__ = [
     "recall_and_write",
     "recall_checkpoint",
     "recall_dynamics",
+    "report_checkpoint",
     "run_config",
     "run_suite",
     "sweep_spec",

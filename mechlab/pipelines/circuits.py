@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechlab.limits import check_elements
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import circuit_data
@@ -17,16 +19,25 @@ MIXED_WARNING = "comparing circuits of different checkpoints"  # the engine's wa
 
 
 def load_circuits(paths: Sequence[str | Path]) -> list[Circuit]:
-    """Every circuit file, each checked (one line naming the file or the field) before any work."""
+    """Every circuit file, each checked (one line naming the file or the field) before any
+    work; a file given twice (by any path, or a copy of the same bytes) is refused: a
+    circuit compared with itself would read as perfect agreement."""
+    seen: dict[str, str] = {}
     loaded = []
     for path in paths:
         if not Path(path).is_file():
             raise ValueError(f"circuit {str(path)!r} not found")
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        if digest in seen:
+            same = "the same file" if Path(path).resolve() == Path(seen[digest]).resolve() else "identical files"
+            raise ValueError(f"{seen[digest]!r} and {str(path)!r} are {same}; give each circuit once")
+        seen[digest] = str(path)
         loaded.append(Circuit.from_json(path))
     return loaded
 
 
-def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] = ()) -> Path:
+def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] = (), *,
+                  force: bool = False) -> Path:  # fmt: skip
     """``mechlab view``: the circuit explorer of the circuits (:func:`mechlab.viz.circuit_explorer`):
     choose target, method and seed, compare two (shared / only A / only B), filter by score
     and stability, hover or click for scores; one offline file, plotly.js inside.
@@ -35,6 +46,7 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
         paths: Circuit JSON files.
         out: The ``.html`` file to write.
         labels: A name per circuit (default: target, method and seed).
+        force: Replace ``out`` if it exists (never one of the circuits, nor a checkpoint).
 
     Returns:
         The page's path.
@@ -43,8 +55,7 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
 
     if labels and len(labels) != len(paths):
         raise ValueError(f"give one --label per circuit: {len(labels)} labels for {len(paths)} circuits")
-    if Path(out).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out must be an .html file, got {str(out)!r}")
+    outputs.check_output_file(out, force=force, inputs=paths, suffixes=(".html", ".htm"))
     loaded = load_circuits(paths)
     explorer = circuit_explorer(loaded, list(labels) or None)
     page = explorer.to_html("inline", start=0, compare=1 if len(loaded) >= 2 else None)
@@ -100,6 +111,7 @@ def overlap_circuits(
     json_out: str | Path | None = None,
     progress: bool = False,
     log: Any = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """``mechlab overlap``: the circuits' pairwise overlaps, Jaccard with bootstrap intervals
     over seeds, the uniform and degree-preserving null models and, with ``ckpt``, each
@@ -112,13 +124,16 @@ def overlap_circuits(
         n_boot: Bootstrap resamples.
         n_null: Samples of each null model.
         level: Coverage of the bootstrap intervals, in (0, 1).
-        exclude_writers: Writers whose edges leave the null models' edge pool.
+        exclude_writers: Writers whose edges leave the null models' edge pool (each must be
+            a writer of the circuits' graph).
         seed: Seed of the bootstrap and the null models.
         device: Where the cross-evaluation runs.
         mixed_checkpoints: Compare circuits of different checkpoints (with a warning).
         json_out: Write the result here as JSON.
         progress: Show a progress bar for each null model and the cross-evaluation.
         log: Called with one line as each stage starts (e.g. ``print``).
+            never one of the inputs or a checkpoint).
+        force: Replace ``json_out`` if it exists.
 
     Returns:
         ``circuits``, ``pairs`` (one :meth:`~mechlab.prune.circuit.Overlap.to_dict` per pair,
@@ -133,7 +148,18 @@ def overlap_circuits(
     if not 0 < level < 1:
         raise ValueError(f"--level must be in (0, 1), got {level}")
     say = log or (lambda line: None)
+    check_elements("the bootstrap's resamples", {"n_boot": n_boot}, lower="--boot")
+    check_elements("each null model's samples", {"n_null": n_null}, lower="--null")
+    if json_out is not None:
+        inputs = [*paths, *([source_path(ckpt)] if ckpt is not None else [])]
+        outputs.check_output_file(json_out, force=force, inputs=inputs, option="--json")
     loaded = load_circuits(paths)
+    writers = {e[0] for e in graph_edges(loaded[0])} if exclude_writers else set()
+    unknown = [w for w in exclude_writers if w not in writers]
+    if unknown:
+        listed = ", ".join(sorted(writers)[:12]) + (", ..." if len(writers) > 12 else "")
+        raise ValueError(f"--exclude-writer {unknown[0]!r} is not a writer of the circuits' graph "
+                         f"(its writers: {listed}); give one of them")  # fmt: skip
     if ckpt is not None:
         say(f"opening {source_path(ckpt)}")
     opened = None if ckpt is None else open_checkpoint(ckpt, device)

@@ -10,8 +10,16 @@ from typing import Any
 
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
-from mechlab.pipelines.data import nih_data
-from mechlab.prune.curves import RANKINGS, FaithfulnessCurve, check_budgets, curves_to_dict, sweep
+from mechlab.pipelines.data import haystack, nih_data
+from mechlab.prune.curves import (
+    RANKINGS,
+    FaithfulnessCurve,
+    check_budgets,
+    curves_to_dict,
+    read_curves,
+    sweep,
+)
+from mechlab.prune.engine import check_prune_args
 from mechlab.prune.forward import ABLATIONS
 from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
 from mechlab.traces import check_target
@@ -19,13 +27,15 @@ from mechlab.traces import check_target
 
 @dataclass
 class CurveFiles:
-    """One target's curves and the files written: ``curve_<target>.json`` and ``.html``."""
+    """One target's curves and the files written: ``curve_<target>.json`` and ``.html``
+    (``reused``: read back from a file of the same settings, not computed)."""
 
     target: str
     curves: dict[str, FaithfulnessCurve]
     json: Path
     html: Path
     seconds: float
+    reused: bool = False
 
 
 def curve_checkpoint(
@@ -48,17 +58,21 @@ def curve_checkpoint(
     device: str | None = None,
     progress: bool = True,
     on_target: Callable[[CurveFiles], None] | None = None,
+    force: bool = False,
 ) -> list[CurveFiles]:
     """Faithfulness and complement faithfulness across edge budgets, per target.
 
-    Every setting and target is checked before the first pruning run.
+    Every setting and target is checked, and the output folder claimed, before the first
+    pruning run. A target whose ``curve_<target>.json`` records the same settings is read
+    back instead of computed again (an interrupted run resumes); one of other settings is
+    refused, naming them (recomputed with ``force``).
 
     Args:
         source: A checkpoint of the lds task, or its file (opened once).
         targets: Targets (``k-after``, ``all``).
         ablations: Ablations (``interchange``, ``mean``, ``zero``; ``["all"]``: every one).
         budgets: Edge budgets in (0, 1] (100% is always added).
-        out: Folder (default: ``curves/`` beside the checkpoint).
+        out: Folder (default: ``mechlab-out/<run>/curves``).
         rank: ``log_alpha`` (one pruning run ranks the edges) or ``reprune``.
         sparsity: Sparsity of the ranking run.
         steps: Optimiser steps of each pruning run.
@@ -72,6 +86,7 @@ def curve_checkpoint(
         device: Where to run.
         progress: Show progress bars.
         on_target: Called with each target's :class:`CurveFiles` once written.
+        force: Recompute and replace curve files of other settings.
 
     Returns:
         One :class:`CurveFiles` per target.
@@ -90,32 +105,50 @@ def curve_checkpoint(
             raise ValueError(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)} or all")
     if rank not in RANKINGS:
         raise ValueError(f"unknown --rank {rank!r}; choose {' or '.join(RANKINGS)}")
-    ckpt = open_checkpoint(source, device)
-    data = nih_data(ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-                    corruption=corruption, protocol=protocol)  # fmt: skip
-    for name in targets:  # every target checked before any pruning
-        check_target(name, data.train)
+    if len(set(targets)) != len(targets) or len(set(ablations)) != len(ablations):
+        raise ValueError("targets and ablations must not repeat")
+    check_prune_args(sparsity, steps=steps)
     path = source_path(source)
-    folder = Path(out) if out is not None else outputs.beside(path, "curves")
+    folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(path, "curves"), "curve",
+                                  force=force, inputs=[path])  # fmt: skip
     written = []
-    for name in targets:
-        started = time.perf_counter()
-        curves = sweep(
-            ckpt.model, data, name, ablations, grid, ranking=rank, sparsity=sparsity, seed=seed,
-            steps=steps, progress=progress, checkpoint_sha256=ckpt.sha256,
-        )  # fmt: skip
-        seconds = time.perf_counter() - started
-        info: dict[str, Any] = {
-            "checkpoint": str(path), "checkpoint_sha256": ckpt.sha256, "target": name,
-            "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "protocol": protocol,
-            "threads": torch.get_num_threads(), "seconds": seconds,
-        }  # fmt: skip
-        files = CurveFiles(
-            name, curves, outputs.write_json(folder / f"curve_{name}.json", curves_to_dict(curves, info)),
-            outputs.write_figure(faithfulness_curves_figure(curves), folder / f"curve_{name}.html"),
-            seconds,
-        )  # fmt: skip
-        written.append(files)
-        if on_target is not None:
-            on_target(files)
+    with folder:
+        ckpt = open_checkpoint(source, device)
+        data = nih_data(ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+                        corruption=corruption, protocol=protocol)  # fmt: skip
+        for name in targets:  # every target checked before any pruning
+            check_target(name, data.train)
+        n, s = haystack(ckpt, n_haystack, seg_len)
+        common = {"analysis": "curve", "checkpoint_sha256": ckpt.sha256, "ablations": ablations, "budgets": grid,
+                  "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "corruption": corruption,
+                  "n_train": n_train, "n_test": n_test, "n_haystack": n, "seg_len": s, "protocol": protocol}  # fmt: skip
+        records = {f"curve_{name}.json": {**common, "target": name} for name in targets}
+        status = folder.plan(records)
+        for name in targets:
+            json_name, html_name = f"curve_{name}.json", f"curve_{name}.html"
+            if status[json_name] == "same":
+                curves = {c.ablation: c for c in read_curves(folder.file(json_name))}
+                if not folder.file(html_name).is_file():
+                    folder.write_figure(faithfulness_curves_figure(curves), html_name)
+                files = CurveFiles(name, curves, folder.file(json_name), folder.file(html_name), 0.0, reused=True)
+            else:
+                started = time.perf_counter()
+                curves = sweep(
+                    ckpt.model, data, name, ablations, grid, ranking=rank, sparsity=sparsity, seed=seed,
+                    steps=steps, progress=progress, checkpoint_sha256=ckpt.sha256,
+                )  # fmt: skip
+                seconds = time.perf_counter() - started
+                info: dict[str, Any] = {
+                    "checkpoint": str(path), "checkpoint_sha256": ckpt.sha256, "target": name,
+                    "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "protocol": protocol,
+                    "threads": torch.get_num_threads(), "seconds": seconds,
+                }  # fmt: skip
+                table = {**curves_to_dict(curves, info), **outputs.settings_record(records[json_name])}
+                files = CurveFiles(
+                    name, curves, folder.write_json(json_name, table),
+                    folder.write_figure(faithfulness_curves_figure(curves), html_name), seconds,
+                )  # fmt: skip
+            written.append(files)
+            if on_target is not None:
+                on_target(files)
     return written

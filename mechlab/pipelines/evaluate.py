@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from mechlab.checkpoint import Checkpoint
 from mechlab.evals.suites import SUITES, evaluate_model, nih_errors, summarize
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import (
@@ -25,7 +26,7 @@ from mechlab.pipelines.checkpoints import (
 )
 from mechlab.pipelines.data import haystack
 from mechlab.progress import tqdm
-from mechlab.tasks.lds import make_libraries
+from mechlab.tasks.lds import check_batch, make_libraries
 from mechlab.tasks.lds_evals import nih_protocol
 
 
@@ -67,10 +68,7 @@ def run_suite(
     n_haystack, seg_len = haystack(ckpt, n_haystack, seg_len)
     path = source_path(source)
     if suite == "dynamics":
-        run_dir = path.resolve().parent
-        if run_dir.name == "checkpoints":
-            run_dir = run_dir.parent
-        result = eval_dynamics(run_dir, min(n_traces, 500), n_haystack, seg_len, seed,
+        result = eval_dynamics(_run_dir(path), min(n_traces, 500), n_haystack, seg_len, seed,
                                protocol=protocol, device=device)  # fmt: skip
     else:
         result = evaluate_model(ckpt.model, cfg, make_libraries(cfg)[1], suite, n_traces, n_haystack,
@@ -125,6 +123,23 @@ def eval_dynamics(
     return out
 
 
+def suite_settings(ckpt: Checkpoint, path: Path, suite: str, *, n_traces: int = 1000,
+                   n_haystack: int | None = None, seg_len: int | None = None, seed: int = 0,
+                   protocol: str = "study", trials: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every setting that shapes a suite's report (the run's haystack resolved; for
+    ``dynamics`` the digest of each of the run's checkpoints): what ``<suite>.json``
+    records, and a rerun compares."""
+    n, s = haystack(ckpt, n_haystack, seg_len)
+    out: dict[str, Any] = {"analysis": "eval", "checkpoint_sha256": ckpt.sha256, "suite": suite,
+                           "n_traces": n_traces, "n_haystack": n, "seg_len": s, "seed": seed,
+                           "protocol": protocol, "trials": trials}  # fmt: skip
+    if suite == "dynamics":
+        run_dir = _run_dir(path)
+        out["n_traces"] = min(n_traces, 500)
+        out["run_checkpoints"] = {p.name: outputs.file_sha256(p) for p in sorted(run_dir.glob("checkpoints/step_*.pt"))}
+    return out
+
+
 def evaluate_checkpoint(
     source: Source,
     suites: Sequence[str] = ("nih",),
@@ -132,15 +147,26 @@ def evaluate_checkpoint(
     *,
     on_suite: Callable[[str, dict[str, Any], Path, Path], None] | None = None,
     on_start: Callable[[str], None] | None = None,
+    on_reuse: Callable[[str, Path], None] | None = None,
+    force: bool = False,
     **settings: Any,
 ) -> dict[str, dict[str, Any]]:
     """``mechlab eval``: each suite's JSON and figure (``<suite>.json``, ``<suite>.html``).
 
+    Every setting, the output folder (claimed: locked, nothing of other settings in it)
+    and, for ``dynamics``, the run's checkpoints are checked before the first suite runs.
+    Each ``<suite>.json`` records its settings (:func:`suite_settings`); a rerun reads back
+    a suite of the same settings instead of running it again, and refuses one of other
+    settings, naming them (replaced with ``force``).
+
     Args:
         source: A checkpoint of the lds task, or its file (opened once).
         suites: Suites (``["all"]``: every one).
-        out: Folder (default: ``eval/`` beside the checkpoint).
-        on_suite: Called with ``(suite, report, json_path, html_path)`` after each write.
+        out: Folder (default: ``mechlab-out/<run>/eval``).
+        on_suite: Called with ``(suite, report, json_path, html_path)`` after each write
+            (or read back).
+        on_reuse: Called with ``(suite, json_path)`` for a suite read back.
+        force: Replace suites of other settings (and write into a folder git tracks).
         on_start: Called with the suite's name as it starts (progress for the terminal).
         **settings: :func:`run_suite`'s (``n_traces``, ``n_haystack``, ``seg_len``,
             ``seed``, ``protocol``, ``trials`` (nih and ood only), ``device``).
@@ -154,21 +180,57 @@ def evaluate_checkpoint(
     for name in suites:
         if name not in SUITES:
             raise ValueError(f"unknown suite {name!r}; choose from {list(SUITES)} or all")
+    if len(set(suites)) != len(suites):
+        raise ValueError(f"suites must not repeat, got {suites}")
     nih_protocol(settings.get("protocol", "study"))
-    device = settings.pop("device", None)
-    ckpt = open_checkpoint(source, device)
-    _ = ckpt.task_config  # no task metadata: the one-line error, before any suite starts
-    folder = Path(out) if out is not None else outputs.beside(source_path(source), "eval")
     trials = settings.pop("trials", None)
+    if trials is not None and not any(name in ("nih", "ood") for name in suites):
+        raise ValueError(f"trials (per-example aggregation) applies to the nih and ood suites, not {suites}")
+    device = settings.pop("device", None)
+    path = source_path(source)
+    folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(path, "eval"), "eval",
+                                  force=force, inputs=[path])  # fmt: skip
     reports = {}
-    for name in suites:
-        if on_start is not None:
-            on_start(name)
-        report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
-                           **settings)  # fmt: skip
-        reports[name] = report
-        json_path = outputs.write_json(folder / f"{name}.json", report)
-        html_path = outputs.write_figure(figure_for_suite(report), folder / f"{name}.html")
-        if on_suite is not None:
-            on_suite(name, report, json_path, html_path)
+    with folder:
+        ckpt = open_checkpoint(source, device)
+        cfg = lds_config(ckpt)
+        n = settings.get("n_traces", 1000)
+        check_batch(cfg, n, "n_traces")  # every suite's size, before the first runs
+        if trials is not None:
+            check_batch(cfg, n * trials, f"n_traces ({n} examples x {trials} trials)")
+        if "dynamics" in suites and not any(_run_dir(path).glob("checkpoints/step_*.pt")):
+            raise ValueError(f"the dynamics suite needs the run's checkpoints/step_*.pt; there are none under "
+                             f"{str(_run_dir(path))!r}")  # fmt: skip
+        records = {name: suite_settings(ckpt, path, name, trials=trials if name in ("nih", "ood") else None,
+                                        **{k: v for k, v in settings.items() if k != "n_traces"}, n_traces=n)
+                   for name in suites}  # fmt: skip
+        for name in suites:
+            folder.check_path(f"{name}.html")
+        status = folder.plan({f"{name}.json": records[name] for name in suites})
+        for name in suites:
+            json_name, html_name = f"{name}.json", f"{name}.html"
+            if status[json_name] == "same":
+                report = {k: v for k, v in outputs.read_json(folder.file(json_name)).items()
+                          if k not in ("settings", "settings_sha256")}  # fmt: skip
+                if on_reuse is not None:
+                    on_reuse(name, folder.file(json_name))
+                if not folder.file(html_name).is_file():
+                    folder.write_figure(figure_for_suite(report), html_name)
+                json_path, html_path = folder.file(json_name), folder.file(html_name)
+            else:
+                if on_start is not None:
+                    on_start(name)
+                report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
+                                   **settings)  # fmt: skip
+                json_path = folder.write_json(json_name, {**report, **outputs.settings_record(records[name])})
+                html_path = folder.write_figure(figure_for_suite(report), html_name)
+            reports[name] = report
+            if on_suite is not None:
+                on_suite(name, report, json_path, html_path)
     return reports
+
+
+def _run_dir(path: Path) -> Path:
+    """The run directory of a checkpoint file (``DIR/last.pt``, ``DIR/checkpoints/step_*.pt``)."""
+    run_dir = path.resolve().parent
+    return run_dir.parent if run_dir.name == "checkpoints" else run_dir

@@ -17,6 +17,7 @@ on the held-out pairs and, for the logit-difference metric, adds the logit diffe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechlab.limits import check_elements
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
@@ -105,12 +107,38 @@ class PromptRun:
         circuits: One circuit per seed, in order.
         files: Circuit stem -> ``(json, html)`` paths.
         stability: Seed-to-seed agreement (two or more seeds), or None.
+        reused: Stems whose circuit was read back: found before with the same settings.
+        replaced: Stems whose file of other settings was recomputed (``force``).
     """
 
     out: Path
     circuits: list[Circuit] = field(default_factory=list)
     files: dict[str, tuple[Path, Path]] = field(default_factory=dict)
     stability: Stability | None = None
+    reused: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+
+
+def default_prompt_out(model_source: str | Path, pairs: str | Path) -> Path:
+    """``mechlab-out/<model>-<pairs stem>/circuits``: the default folder of a prompt prune
+    (the model folder's name, or a checkpoint's run name)."""
+    model = Path(model_source)
+    name = outputs.run_name(model) if model.is_file() else (model.absolute().name or "model")
+    return Path(outputs.DEFAULT_ROOT) / f"{name}-{Path(pairs).stem}" / "circuits"
+
+
+def source_digest(path: str | Path | None) -> str | None:
+    """The SHA-256 of what a model or tokenizer source holds: a file's bytes, or a folder's
+    files (names and bytes, hidden files and subfolders left out); None for None."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_file():
+        return outputs.file_sha256(path)
+    digest = hashlib.sha256()
+    for item in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
+        digest.update(f"{item.name}\0{outputs.file_sha256(item)}\0".encode())
+    return digest.hexdigest()
 
 
 def prune_prompts(
@@ -130,27 +158,38 @@ def prune_prompts(
     n_edges: int | None = None,
     ig_steps: int | None = None,
     acdc_max_edges: int | None = None,
+    force: bool = False,
     **prune_kwargs: Any,
 ) -> PromptRun:
     """Prune a model on prompt pairs, one circuit per seed (module docstring).
+
+    The output folder is claimed under the output policy
+    (:class:`~mechlab.pipelines.outputs.OutputFolder`) before the model is opened; a circuit
+    file that records the same settings (the model's and the pairs' SHA-256, the tokenizer,
+    metric, position, split, seed and every pruning setting) is read back instead of pruned
+    again, so an interrupted run resumes; a file of other settings is refused before any
+    work (recomputed with ``force``).
 
     Args:
         model_source: A ``save_pretrained`` folder or a mechlab checkpoint (opened once).
         pairs: The JSONL pair file.
         seeds: Pruning seeds; seed ``k`` also shuffles the pairs' split (``data_seed``).
-        out: Folder of the circuits (default: ``circuits/`` beside the pair file).
+        out: Folder of the circuits (default: :func:`default_prompt_out`).
         tokenizer: Tokenizer folder for text pairs (default: the model folder).
         metric: ``logit-diff`` (reported beside the engine's metrics) or ``kl``.
         position: Explained position of pairs that give none (default -1: the last token).
         test_fraction: Share of the pairs held out to score each circuit.
         sparsity: Edge sparsity in (0, 1).
         device: Where to run (default: the CPU).
-        on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written.
+        on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written (or
+            read back).
         method: ``prune`` (edge pruning, the default) or an attribution method
             (:mod:`mechlab.pipelines.methods`); its circuits are ``<pairs-stem>_<method>_seed<k>``.
         n_edges: Keep at most this many countable edges instead of ``sparsity``.
         ig_steps: Integration points of ``eap-ig`` and ``eap-ig-inputs`` (default 10).
         acdc_max_edges: ACDC's limit on countable edges (default 400).
+        force: Recompute and replace circuit files of other settings, and write into a
+            folder git tracks.
         **prune_kwargs: :func:`mechlab.prune.prune`'s settings (``steps``, ``ablation``,
             ``loss``, ...).
 
@@ -158,44 +197,71 @@ def prune_prompts(
         The :class:`PromptRun`.
 
     Raises:
-        ValueError: Any bad setting, pair, tokenizer or model (one line), before any work.
+        ValueError: Any bad setting, pair, tokenizer, model or output folder (one line),
+            before any work.
     """
     check_prune_args(sparsity, **prune_kwargs)
     by_method = method != "prune" or n_edges is not None
     check_method(method, prune_kwargs, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
     if not seeds:
         raise ValueError("give at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError("seeds must not repeat")
+    inputs = [Path(model_source), Path(pairs), *([Path(tokenizer)] if tokenizer is not None else [])]
+    run = PromptRun(Path(out) if out is not None else default_prompt_out(model_source, pairs))
+    folder = outputs.OutputFolder(run.out, "prune --pairs", force=force, inputs=inputs)
     found = prompt_pairs(pairs, model_source, tokenizer, metric, position)
     found.split(test_fraction, 0)  # checks test_fraction
-    model, kind = open_model(model_source, device)
-    found.check_model(model)
-    if by_method:
-        check_budget(model, found.prune_data(test_fraction, seed=seeds[0]), TARGET, method, sparsity,
-                     n_edges=n_edges, ablation=prune_kwargs.get("ablation", "interchange"),
-                     acdc_max_edges=acdc_max_edges)  # fmt: skip
-    run = PromptRun(Path(out) if out is not None else outputs.beside(pairs, "circuits"))
+    base = {"analysis": "prune-pairs", "model_sha256": source_digest(model_source),
+            "pairs_sha256": outputs.file_sha256(pairs), "tokenizer_sha256": source_digest(tokenizer),
+            "metric": metric, "position": position, "test_fraction": test_fraction, "sparsity": sparsity}  # fmt: skip
     stem_base = Path(pairs).stem
-    for s in seeds:
-        data = found.prune_data(test_fraction, seed=s)
-        with warnings.catch_warnings():  # the metadata keeps them (callers print them)
-            warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-            if by_method:
-                circuit = run_method(model, data, TARGET, method, sparsity, n_edges=n_edges, ig_steps=ig_steps,
-                                     acdc_max_edges=acdc_max_edges, seed=s, **prune_kwargs)  # fmt: skip
+    tag = "" if method == "prune" else "_" + method
+    chosen = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps, "acdc_max_edges": acdc_max_edges}
+    extra = {k: v for k, v in chosen.items() if v is not None} if by_method else {}
+    planned = {f"{stem_base}{tag}_seed{s}": {**base, **outputs.with_defaults(prune, {**prune_kwargs, "seed": s}),
+                                             **extra}
+               for s in seeds}  # fmt: skip
+    with folder:
+        status = folder.plan({f"{stem}.json": record for stem, record in planned.items()})
+        model, kind = open_model(model_source, device)
+        found.check_model(model)
+        if by_method:
+            check_budget(model, found.prune_data(test_fraction, seed=seeds[0]), TARGET, method, sparsity,
+                         n_edges=n_edges, ablation=prune_kwargs.get("ablation", "interchange"),
+                         acdc_max_edges=acdc_max_edges)  # fmt: skip
+        for s, (stem, record) in zip(seeds, planned.items(), strict=True):
+            json_name, html_name = f"{stem}.json", f"{stem}.html"
+            if status[json_name] == "same":
+                circuit = Circuit.from_json(folder.file(json_name))
+                run.reused.append(stem)
+                if not folder.file(html_name).is_file():  # an interrupted run wrote the JSON only
+                    folder.write_circuit_figure(circuit, html_name)
             else:
-                circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
-        meta = circuit.metadata
-        meta.setdefault("method", "prune")
-        meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)
-        if metric == "logit-diff":
-            _, test = found.split(test_fraction, seed=s)
-            meta["metrics"].update(logit_diff_metrics(target_outputs(model, data, circuit), test))
-        run.circuits.append(circuit)
-        stem = f"{stem_base}{'' if method == 'prune' else '_' + method}_seed{s}"
-        run.files[stem] = (outputs.write_circuit(circuit, run.out / f"{stem}.json"),
-                           outputs.write_circuit_figure(circuit, run.out / f"{stem}.html"))  # fmt: skip
-        if on_circuit is not None:
-            on_circuit(stem, circuit, run.out)
+                data = found.prune_data(test_fraction, seed=s)
+                with warnings.catch_warnings():  # the metadata keeps them (callers print them)
+                    warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                    if by_method:
+                        circuit = run_method(model, data, TARGET, method, sparsity, n_edges=n_edges,
+                                             ig_steps=ig_steps, acdc_max_edges=acdc_max_edges, seed=s,
+                                             **prune_kwargs)  # fmt: skip
+                    else:
+                        circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
+                meta = circuit.metadata
+                meta.setdefault("method", "prune")
+                meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)
+                if metric == "logit-diff":
+                    _, test = found.split(test_fraction, seed=s)
+                    meta["metrics"].update(logit_diff_metrics(target_outputs(model, data, circuit), test))
+                meta.update(outputs.settings_record(record))
+                if status[json_name] == "redo":
+                    run.replaced.append(stem)
+                folder.write_circuit(circuit, json_name)
+                folder.write_circuit_figure(circuit, html_name)
+            run.circuits.append(circuit)
+            run.files[stem] = (folder.file(json_name), folder.file(html_name))
+            if on_circuit is not None:
+                on_circuit(stem, circuit, run.out)
     if len(seeds) >= 2:
         run.stability = seed_stability({"prompts": run.circuits})
     return run
@@ -211,14 +277,15 @@ def write_ioi_pairs(
 ) -> tuple[Path, PromptPairs]:
     """Write ``n`` IOI-style pairs (:func:`mechlab.tasks.ioi.ioi_records`) for a tokenizer
     folder as a pair file, after checking that they read back (equal lengths, single-token
-    answers); an existing file is kept unless ``force``.
+    answers); the file is checked under the output policy first
+    (:func:`~mechlab.pipelines.outputs.check_output_file`: an existing or git-tracked file is
+    kept unless ``force``; a checkpoint or the tokenizer never written).
 
     Returns:
         ``(path, pairs)``: the file and the pairs as the prune command will read them.
     """
-    path = Path(out)
-    if path.exists() and not force:
-        raise ValueError(f"{str(path)!r} exists; pass --force to overwrite it")
+    check_elements("the IOI pairs' records", {"n": n}, lower="--n")
+    path = outputs.check_output_file(out, force=force, inputs=[tokenizer])
     tok = load_tokenizer(tokenizer)
     records = ioi.ioi_records(tok, n=n, seed=seed, **options)
     pairs = pairs_from_records(records, tok, source=str(path))

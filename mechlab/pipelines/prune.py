@@ -10,6 +10,7 @@ checkpoint and no task.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -28,6 +29,7 @@ from mechlab.pipelines.checkpoints import (
 )
 from mechlab.pipelines.data import (
     check_targets,
+    haystack,
     induction_data,
     nih_data,
     sample_data,
@@ -42,6 +44,7 @@ from mechlab.prune.joint import (
     ShareSweep,
     check_joint_targets,
     check_shares,
+    joint_prune,
     pairwise_jaccard,
     share_sweep,
 )
@@ -89,6 +92,53 @@ def _recipe(recipe: str, kwargs: dict[str, Any], where: str) -> str:
 
     warn_moved(f"{where}(protocol=)", "recipe=", stacklevel=4)
     return kwargs.pop("protocol")
+
+
+def prune_settings(
+    ckpt: Any,
+    target: Target,
+    sparsity: float | None = None,
+    *,
+    n_train: int = 256,
+    n_test: int = 512,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int | None = None,
+    recipe: str = "default",
+    loss_scale: float | None = None,
+    length: int | None = None,
+    **prune_kwargs: Any,
+) -> dict[str, Any] | None:
+    """Every setting that shapes the circuit :func:`prune_checkpoint` finds with these
+    arguments, resolved (the recipe's values, the engine's defaults, the run's haystack),
+    with the checkpoint's sha256: what the circuit records (``metadata["settings"]``) and
+    a resumed ``mechlab prune`` or ``report`` compares. None for a callable target (no
+    name to record it by)."""
+    if callable(target):
+        return None
+    settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
+    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
+    settings = outputs.with_defaults(prune, settings)
+    data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
+                            "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
+    if ckpt.task == "state_tracking":
+        name = _state_tracking_name(ckpt, target, length, corruption)
+        data["length"] = length
+    elif ckpt.task == "induction":
+        name = target_name(target)
+    else:
+        name = target_name(target)
+        n, s = haystack(ckpt, n_haystack, seg_len)
+        data.update(nih=nih, n_haystack=n, seg_len=s)
+    return {"analysis": "prune", "checkpoint_sha256": ckpt.sha256, "target": name, "recipe": recipe,
+            "sparsity": sparsity, **data, **settings}  # fmt: skip
+
+
+def _state_tracking_name(ckpt: Any, target: Target, length: int | None, corruption: str) -> str:
+    """The name of a state-tracking target on its traces (``<target>_n<length>``)."""
+    _, resolved = state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+    return target_name(resolved)
 
 
 def prune_checkpoint(
@@ -183,12 +233,26 @@ def prune_checkpoint(
             corruption=corruption, data_seed=data_seed, protocol=nih,
         )  # fmt: skip
     check_target(target, data.train)
+    record = prune_settings(ckpt, target, sparsity, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
+                            seg_len=seg_len, corruption=corruption, data_seed=data_seed, recipe=recipe,
+                            length=length, **settings)  # fmt: skip
     # the engine builds the (windowed) graph and checks the sparsity, once, before any work
     circuit = _find(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **method_settings, **settings)
     circuit.metadata["checkpoint"] = str(source_path(source))
     circuit.metadata["checkpoint_step"] = ckpt.step
     circuit.metadata["protocol"] = recipe
+    if record is not None:
+        circuit.metadata.update(outputs.settings_record(_with_method(record, method_settings)))
     return circuit
+
+
+def _with_method(record: dict[str, Any] | None, method_settings: dict[str, Any]) -> dict[str, Any] | None:
+    """A settings record with the method's settings when they are not edge pruning's
+    defaults (so that a plain pruning run's record stays what it was)."""
+    method = method_settings.get("method") or "prune"
+    if record is None or (method == "prune" and method_settings.get("n_edges") is None):
+        return record
+    return {**record, **{k: v for k, v in method_settings.items() if v is not None}, "method": method}
 
 
 def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = "prune",
@@ -237,6 +301,8 @@ class PruneRun:
         files: Circuit stem (``<target>_seed<k>``) -> ``(json, html)`` paths.
         overlaps: ``(a, b, Overlap)`` of the first seeds' circuits of consecutive targets.
         stability: Seed-to-seed against cross-target agreement (two or more seeds), or None.
+        reused: Stems whose circuit was read back: found before with the same settings.
+        replaced: Stems whose file of other settings was recomputed (``force``).
     """
 
     out: Path
@@ -244,6 +310,8 @@ class PruneRun:
     files: dict[str, tuple[Path, Path]] = field(default_factory=dict)
     overlaps: list[tuple[str, str, Overlap]] = field(default_factory=list)
     stability: Stability | None = None
+    reused: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
 
 
 def prune_targets(
@@ -254,21 +322,28 @@ def prune_targets(
     *,
     recipe: str = "default",
     on_circuit: Callable[[str, Circuit, Path], None] | None = None,
+    force: bool = False,
     **settings: Any,
 ) -> PruneRun:
     """``mechlab prune``: every target with every seed, on one opened checkpoint.
 
-    Every target is checked before the first is pruned; each circuit is written
+    Every setting and target is checked, and the output folder claimed
+    (:class:`~mechlab.pipelines.outputs.OutputFolder`: locked, nothing of other settings
+    in the way), before the first is pruned; each circuit is written
     (``<target>_seed<k>.json`` and ``.html``; state tracking: ``<target>_n<length>_seed<k>``)
-    as soon as it is found.
+    as soon as it is found. A circuit file that records the same settings is read back
+    instead of pruned again, so an interrupted run resumes.
 
     Args:
         source: A checkpoint or its file (opened once).
         targets: The targets.
         seeds: Pruning and data seeds (seed ``k`` draws its own traces).
-        out: Folder of the circuits (default: ``circuits/`` beside the checkpoint).
+        out: Folder of the circuits (default: ``mechlab-out/<run>/circuits``).
         recipe: The pruning recipe (:data:`PRUNE_PROTOCOLS`).
-        on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written.
+        on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written (or
+            read back).
+        force: Recompute and replace circuit files of other settings (without it they are
+            refused, naming the settings that differ), and write into a folder git tracks.
         **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
             ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
             and every target's budget are checked before the first circuit, and the
@@ -277,34 +352,61 @@ def prune_targets(
     Returns:
         The :class:`PruneRun`.
     """
-    ckpt = open_checkpoint(source, settings.pop("device", None))
-    check_targets(ckpt, list(targets), n_haystack=settings.get("n_haystack"),
-                  seg_len=settings.get("seg_len"), length=settings.get("length"),
-                  corruption=settings.get("corruption", DEFAULT_CORRUPTION),
-                  protocol=prune_protocol(recipe)["nih"])  # fmt: skip
-    method = settings.get("method", "prune")
-    if method != "prune" or settings.get("n_edges") is not None:  # refused before the first circuit
-        data_keys = ("n_train", "n_test", "n_haystack", "seg_len", "corruption", "data_seed", "length")
-        chosen = {k: settings.get(k) for k in ("n_edges", "ig_steps", "acdc_max_edges")}
-        given = prune_protocol(recipe, **{k: v for k, v in settings.items()
-                                          if k not in (*data_keys, *chosen, "method")})  # fmt: skip
-        sparsity = given.pop("sparsity")
-        given.pop("nih")
-        check_method(method, given, **chosen)
-        _check_budgets(ckpt, list(targets), method, sparsity, recipe=recipe, n_edges=chosen["n_edges"],
-                       acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
-                       length=settings.get("length"), n_haystack=settings.get("n_haystack"),
-                       seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
-    run = PruneRun(Path(out) if out is not None else outputs.beside(source_path(source), "circuits"))
-    for name in targets:
-        for s in seeds:
-            with warnings.catch_warnings():  # the metadata keeps them (callers print them)
-                warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-                circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
+    device = settings.pop("device", None)
+    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _PRUNE_ONLY})
+    check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
+    run = PruneRun(Path(out) if out is not None else outputs.default_out(source_path(source), "circuits"))
+    folder = outputs.OutputFolder(run.out, "prune", force=force, inputs=[source_path(source)])
+    with folder:
+        ckpt = open_checkpoint(source, device)
+        check_targets(ckpt, list(targets), n_haystack=settings.get("n_haystack"),
+                      seg_len=settings.get("seg_len"), length=settings.get("length"),
+                      corruption=settings.get("corruption", DEFAULT_CORRUPTION),
+                      protocol=prune_protocol(recipe)["nih"])  # fmt: skip
+        method = settings.get("method", "prune")
+        if method != "prune" or settings.get("n_edges") is not None:  # refused before the first circuit
+            data_keys = ("n_train", "n_test", "n_haystack", "seg_len", "corruption", "data_seed", "length")
+            chosen = {k: settings.get(k) for k in ("n_edges", "ig_steps", "acdc_max_edges")}
+            given = prune_protocol(recipe, **{k: v for k, v in settings.items()
+                                              if k not in (*data_keys, *chosen, "method")})  # fmt: skip
+            sparsity = given.pop("sparsity")
+            given.pop("nih")
+            check_method(method, given, **chosen)
+            _check_budgets(ckpt, list(targets), method, sparsity, recipe=recipe, n_edges=chosen["n_edges"],
+                           acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
+                           length=settings.get("length"), n_haystack=settings.get("n_haystack"),
+                           seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
+        method_keys = ("method", "n_edges", "ig_steps", "acdc_max_edges")
+        chosen_method = {k: settings.get(k) for k in method_keys}
+        plain = {k: v for k, v in settings.items() if k not in method_keys}
+        planned = {}
+        for name in targets:
+            for s in seeds:
+                record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
+                record = _with_method(record, chosen_method)
+                tag = "" if method == "prune" else "_" + method
+                stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
+                planned[stem] = (name, s, record)
+        if len(planned) < len(targets) * len(seeds):
+            raise ValueError("targets and seeds must not repeat")
+        status = folder.plan({f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None})
+        for stem, (name, s, _) in planned.items():
+            json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
+            if status.get(f"{stem}.json") == "same":
+                circuit = Circuit.from_json(json_path)
+                run.reused.append(stem)
+                if not html_path.is_file():  # an interrupted run wrote the JSON only
+                    folder.write_circuit_figure(circuit, html_path.name)
+            else:
+                with warnings.catch_warnings():  # the metadata keeps them (callers print them)
+                    warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                    circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
+                if status.get(f"{stem}.json") == "redo":
+                    run.replaced.append(stem)
+                folder.write_circuit(circuit, json_path.name)
+                folder.write_circuit_figure(circuit, html_path.name)
             run.circuits.setdefault(target_name(name), []).append(circuit)
-            stem = f"{circuit.metadata['target']}{'' if method == 'prune' else '_' + method}_seed{s}"
-            run.files[stem] = (outputs.write_circuit(circuit, run.out / f"{stem}.json"),
-                               outputs.write_circuit_figure(circuit, run.out / f"{stem}.html"))  # fmt: skip
+            run.files[stem] = (json_path, html_path)
             if on_circuit is not None:
                 on_circuit(stem, circuit, run.out)
     names = list(run.circuits)
@@ -313,6 +415,11 @@ def prune_targets(
     if len(seeds) >= 2:
         run.stability = seed_stability(run.circuits)
     return run
+
+
+# The settings of prune_targets that the recipe and the engine's check take (not the data's).
+_PRUNE_ONLY = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
+               "loss_scale", "normalize_loss")  # fmt: skip
 
 
 def joint_prune_checkpoint(
@@ -330,7 +437,8 @@ def joint_prune_checkpoint(
     device: str | None = None,
     recipe: str = "default",
     loss_scale: float | None = None,
-    out_dir: str | Path | None = None,
+    out_dir: str | Path | outputs.OutputFolder | None = None,
+    force: bool = False,
     **prune_kwargs: Any,
 ) -> ShareSweep:
     """Prune several targets of a checkpoint jointly, for each sharing weight and seed.
@@ -354,8 +462,13 @@ def joint_prune_checkpoint(
         recipe: As :func:`prune_checkpoint`.
         loss_scale: As :func:`prune_checkpoint`.
         out_dir: Where each (share, seed)'s circuits are written as soon as they are found
-            (``share-<share>/<target>_seed<k>.json``); a re-run with the same settings takes
-            them from there instead of pruning again, so an interrupted sweep resumes.
+            (``share-<share>/<target>_seed<k>.json``; a folder, claimed for the run, or an
+            :class:`~mechlab.pipelines.outputs.OutputFolder` already claimed); a re-run
+            takes a circuit from there instead of pruning again only when the file records
+            the same settings (checkpoint, traces, haystack, corruption, share, seed and
+            every pruning setting), so an interrupted sweep resumes, and a file of other
+            settings is refused before any work (recomputed with ``force``).
+        force: Recompute and replace circuit files of other settings.
         **prune_kwargs: Passed to :func:`~mechlab.prune.joint.joint_prune`.
 
     Returns:
@@ -375,50 +488,63 @@ def joint_prune_checkpoint(
         )
     check_prune_args(sparsity, **settings)
     shares = check_shares(shares)
-    ckpt = open_checkpoint(source, device)
-    lds_config(ckpt)
-    path = str(source_path(source))
+    if len(set(seeds)) != len(seeds) or len(set(shares)) != len(shares):
+        raise ValueError("shares and seeds must not repeat")
+    if out_dir is None or isinstance(out_dir, outputs.OutputFolder):
+        folder = out_dir
+        claimed: Any = contextlib.nullcontext()
+    else:
+        folder = claimed = outputs.OutputFolder(out_dir, "prune --share", force=force, inputs=[source_path(source)])
+    with claimed:
+        ckpt = open_checkpoint(source, device)
+        lds_config(ckpt)
+        path = str(source_path(source))
 
-    @functools.lru_cache(maxsize=1)  # the check below and the sweep's first seed share one build
-    def data_of(seed: int) -> PruneData:
-        return nih_data(
-            ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-            corruption=corruption, data_seed=seed, protocol=nih,
-        )  # fmt: skip
+        @functools.lru_cache(maxsize=1)  # the check below and the sweep's first seed share one build
+        def data_of(seed: int) -> PruneData:
+            return nih_data(
+                ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+                corruption=corruption, data_seed=seed, protocol=nih,
+            )  # fmt: skip
 
-    check_joint_targets(targets, data_of(seeds[0] if seeds else 0))
-    names = [target_name(t) for t in targets]
-    expected = {"checkpoint_sha256": ckpt.sha256, "protocol": recipe, "sparsity_asked": sparsity,
-                **{k: v for k, v in settings.items() if k not in ("progress",)}}  # fmt: skip
+        check_joint_targets(targets, data_of(seeds[0] if seeds else 0))
+        names = [target_name(t) for t in targets]
+        n, s = haystack(ckpt, n_haystack, seg_len)
+        common = {"analysis": "joint-prune", "checkpoint_sha256": ckpt.sha256, "targets": names,
+                  "recipe": recipe, "nih": nih, "sparsity": sparsity, "n_train": n_train, "n_test": n_test,
+                  "n_haystack": n, "seg_len": s, "corruption": corruption,
+                  **outputs.with_defaults(joint_prune, settings)}  # fmt: skip
 
-    def file_of(share: float, seed: int, name: str) -> Path:
-        label = "tied" if math.isinf(share) else f"{share:g}"
-        return Path(out_dir) / f"share-{label}" / f"{name}_seed{seed}.json"
+        def record(share: float, seed: int, name: str) -> dict[str, Any]:
+            return {**common, "target": name, "share": share, "seed": seed, "data_seed": seed}
 
-    def save(result: JointResult, seed: int) -> None:
-        for circuit in result.circuits.values():
-            circuit.metadata.update(checkpoint=path, checkpoint_step=ckpt.step, protocol=recipe)
-        if out_dir is not None:
+        def file_of(share: float, seed: int, name: str) -> str:
+            return f"{share_label(share)}/{name}_seed{seed}.json"
+
+        plan = {file_of(sh, sd, nm): record(sh, sd, nm) for sd in seeds for sh in shares for nm in names}
+        status = folder.plan(plan) if folder is not None else {}
+
+        def save(result: JointResult, seed: int) -> None:
             for name, circuit in result.circuits.items():
-                outputs.write_circuit(circuit, file_of(result.share, seed, name))
+                circuit.metadata.update(checkpoint=path, checkpoint_step=ckpt.step, protocol=recipe,
+                                        **outputs.settings_record(record(result.share, seed, name)))  # fmt: skip
+                if folder is not None:
+                    folder.write_circuit(circuit, file_of(result.share, seed, name))
 
-    def load(share: float, seed: int) -> JointResult | None:
-        if out_dir is None or not all(file_of(share, seed, n).is_file() for n in names):
-            return None
-        try:
-            circuits = {n: Circuit.from_json(file_of(share, seed, n)) for n in names}
-        except (ValueError, OSError):
-            return None  # unreadable: prune again (the write replaces it)
-        want = {**expected, "share": "tied" if math.isinf(share) else share, "seed": seed,
-                "data_seed": seed}  # fmt: skip
-        for circuit in circuits.values():
-            meta = circuit.metadata
-            if any(k in meta and meta[k] != v for k, v in want.items()) or not meta.get("joint"):
-                return None  # other settings: prune again
-        return JointResult(circuits=circuits, share=share, jaccard=pairwise_jaccard(circuits))
+        def load(share: float, seed: int) -> JointResult | None:
+            if not all(status.get(file_of(share, seed, n)) == "same" for n in names):
+                return None
+            circuits = {n: Circuit.from_json(folder.file(file_of(share, seed, n))) for n in names}
+            folder.reused.extend(folder.file(file_of(share, seed, n)) for n in names)
+            return JointResult(circuits=circuits, share=share, jaccard=pairwise_jaccard(circuits))
 
-    return share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds, load=load,
-                       save=save, sparsity=sparsity, checkpoint_sha256=ckpt.sha256, **settings)  # fmt: skip
+        return share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds, load=load,
+                           save=save, sparsity=sparsity, checkpoint_sha256=ckpt.sha256, **settings)  # fmt: skip
+
+
+def share_label(share: float) -> str:
+    """The folder of a share's joint circuits: ``share-<share>`` (``share-tied``)."""
+    return "share-tied" if math.isinf(share) else f"share-{share:g}"
 
 
 @dataclass
@@ -438,6 +564,8 @@ def joint_prune_targets(
     shares: Sequence[float | str],
     seeds: Sequence[int] = (0,),
     out: str | Path | None = None,
+    *,
+    force: bool = False,
     **settings: Any,
 ) -> JointRun:
     """``mechlab prune --share``: the share sweep of one opened checkpoint, its circuits
@@ -448,24 +576,25 @@ def joint_prune_targets(
         targets: Two or more targets.
         shares: Sharing weights.
         seeds: Seeds.
-        out: The folder whose ``joint/`` is written (default: ``circuits/`` beside the
-            checkpoint).
+        out: The folder whose ``joint/`` is written (default: ``mechlab-out/<run>/circuits``).
+        force: Recompute and replace circuit files of other settings.
         **settings: As :func:`joint_prune_checkpoint`.
     """
     if len(targets) < 2:
         raise ValueError(f"--share prunes targets jointly: give two or more --target, got {list(targets)}")
-    ckpt = open_checkpoint(source, settings.pop("device", None))
-    folder = (Path(out) if out is not None else outputs.beside(source_path(source), "circuits")) / "joint"
-    with warnings.catch_warnings():  # each circuit keeps its warnings in its metadata
-        warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-        sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, out_dir=folder, **settings)
-    circuits = {}
-    for result in sweep.results:  # the JSON files were written as each result was found
-        label = "tied" if result.share == float("inf") else f"{result.share:g}"
-        for name, circuit in result.circuits.items():
-            stem = f"share-{label}/{name}_seed{circuit.metadata['seed']}"
-            outputs.write_circuit_figure(circuit, folder / f"{stem}.html")
-            circuits[stem] = circuit
-    table = outputs.write_json(folder / "joint.json", sweep.to_dict())
-    return JointRun(sweep, folder, table, circuits)
-
+    base = Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
+    folder = outputs.OutputFolder(base / "joint", "prune --share", force=force, inputs=[source_path(source)])
+    with folder:
+        ckpt = open_checkpoint(source, settings.pop("device", None))
+        with warnings.catch_warnings():  # each circuit keeps its warnings in its metadata
+            warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+            sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, out_dir=folder, **settings)
+        circuits = {}
+        for result in sweep.results:  # the JSON files were written as each result was found
+            for name, circuit in result.circuits.items():
+                stem = f"{share_label(result.share)}/{name}_seed{circuit.metadata['seed']}"
+                if folder.file(f"{stem}.json") not in folder.reused or not folder.file(f"{stem}.html").is_file():
+                    folder.write_circuit_figure(circuit, f"{stem}.html")
+                circuits[stem] = circuit
+        table = folder.write_json("joint.json", sweep.to_dict())
+    return JointRun(sweep, folder.path, table, circuits)

@@ -13,8 +13,15 @@ from typing import Any
 
 from mechlab.label_vs_observation import recall_analysis
 from mechlab.pipelines import outputs
-from mechlab.pipelines.checkpoints import Source, open_checkpoint, run_checkpoints, source_path
+from mechlab.pipelines.checkpoints import (
+    Source,
+    lds_config,
+    open_checkpoint,
+    run_checkpoints,
+    source_path,
+)
 from mechlab.progress import tqdm
+from mechlab.tasks.lds import check_batch
 
 
 def recall_checkpoint(source: Source, device: str = "cpu", **kwargs: Any) -> dict[str, Any]:
@@ -85,42 +92,82 @@ def recall_and_write(
     components: bool = True,
     progress: bool = True,
     on_file: Callable[[str, Path, Path], None] | None = None,
+    on_reuse: Callable[[str, Path], None] | None = None,
+    force: bool = False,
     **settings: Any,
 ) -> RecallFiles:
     """``mechlab recall``: ``recall.json``/``.html`` of a checkpoint and, for a run,
-    ``recall_dynamics.json``/``.html``. Everything is computed before anything is written,
-    so bad input leaves no file behind.
+    ``recall_dynamics.json``/``.html``. Every setting and the folder are checked before
+    any work; each JSON records its settings, so a rerun reads back a report of the same
+    settings and refuses one of other settings, naming them (replaced with ``force``).
 
     Args:
         ckpt: A checkpoint (or its file).
         checkpoints: A run directory (its ``checkpoints/step_*.pt``).
-        out: Folder (default: ``recall/`` beside the checkpoint, or in the run directory).
+        out: Folder (default: ``mechlab-out/<run>/recall``).
         components: Also patch each head / layer (``ckpt`` only).
         progress: Show progress bars.
-        on_file: Called with ``(stem, json_path, html_path)`` after each write.
+        on_file: Called with ``(stem, json_path, html_path)`` after each write (or read back).
+        on_reuse: Called with ``(stem, json_path)`` for a report read back.
+        force: Replace reports of other settings (and write into a folder git tracks).
         **settings: :func:`recall_analysis` settings and ``device``.
     """
-    from mechlab.viz import recall_dynamics_figure, recall_figure
-
     if ckpt is None and checkpoints is None:
         raise ValueError("give --ckpt PATH (a checkpoint), --checkpoints DIR (a run directory), or both")
     if checkpoints is not None and not Path(checkpoints).is_dir():
         raise ValueError(f"run directory {str(checkpoints)!r} not found")
-    opened = None if ckpt is None else open_checkpoint(ckpt)
-    where = source_path(ckpt).resolve().parent if ckpt is not None else Path(checkpoints).resolve()
-    folder = Path(out) if out is not None else where / "recall"
-    computed: dict[str, tuple[dict[str, Any], Any]] = {}
-    if opened is not None:
-        report = recall_checkpoint(opened, components=components, progress=progress, **settings)
-        computed["recall"] = (report, recall_figure(report))
-    if checkpoints is not None:
-        dyn = recall_dynamics(checkpoints, progress=progress, **settings)
-        computed["recall_dynamics"] = (dyn, recall_dynamics_figure(dyn))
-    files = RecallFiles(folder)
-    for stem, (data, figure) in computed.items():
-        json_path = outputs.write_json(folder / f"{stem}.json", data)
-        html_path = outputs.write_figure(figure, folder / f"{stem}.html")
-        files.written[stem] = (data, json_path, html_path)
-        if on_file is not None:
-            on_file(stem, json_path, html_path)
+    if checkpoints is not None and not any(Path(checkpoints).glob("checkpoints/step_*.pt")):
+        raise ValueError(f"no checkpoints/step_*.pt under {str(checkpoints)!r}; is it a training run directory?")
+    offsets = settings.get("offsets")
+    if offsets is not None and len(set(offsets)) != len(offsets):
+        raise ValueError(f"offsets must not repeat, got {list(offsets)}")
+    where = source_path(ckpt) if ckpt is not None else Path(checkpoints) / "last.pt"
+    folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(where, "recall"), "recall",
+                                  force=force, inputs=[p for p in (ckpt, checkpoints) if isinstance(p, (str, Path))])  # fmt: skip
+    stems = (["recall"] if ckpt is not None else []) + (["recall_dynamics"] if checkpoints is not None else [])
+    for stem in stems:
+        folder.check_path(f"{stem}.json")
+        folder.check_path(f"{stem}.html")
+    files = RecallFiles(folder.path)
+    with folder:
+        opened = None if ckpt is None else open_checkpoint(ckpt)
+        if opened is not None and "n_traces" in settings:
+            check_batch(lds_config(opened), settings["n_traces"], "n_traces")  # before any patching
+        analysis = outputs.with_defaults(recall_analysis, {**settings, "components": components})
+        records: dict[str, dict[str, Any]] = {}
+        if opened is not None:
+            records["recall"] = {"analysis": "recall", "checkpoint_sha256": opened.sha256, **analysis}
+        if checkpoints is not None:
+            records["recall_dynamics"] = {
+                "analysis": "recall_dynamics", **analysis, "components": False,
+                "run_checkpoints": {p.name: outputs.file_sha256(p)
+                                    for p in sorted(Path(checkpoints).glob("checkpoints/step_*.pt"))},
+            }  # fmt: skip
+        status = folder.plan({f"{stem}.json": record for stem, record in records.items()})
+        for stem in stems:
+            json_name, html_name = f"{stem}.json", f"{stem}.html"
+            if status[json_name] == "same":
+                data = {k: v for k, v in outputs.read_json(folder.file(json_name)).items()
+                        if k not in ("settings", "settings_sha256")}  # fmt: skip
+                if on_reuse is not None:
+                    on_reuse(stem, folder.file(json_name))
+                if not folder.file(html_name).is_file():
+                    folder.write_figure(_figure(stem, data), html_name)
+                json_path, html_path = folder.file(json_name), folder.file(html_name)
+            else:
+                if stem == "recall":
+                    data = recall_checkpoint(opened, components=components, progress=progress, **settings)
+                else:
+                    data = recall_dynamics(checkpoints, progress=progress, **settings)
+                json_path = folder.write_json(json_name, {**data, **outputs.settings_record(records[stem])})
+                html_path = folder.write_figure(_figure(stem, data), html_name)
+            files.written[stem] = (data, json_path, html_path)
+            if on_file is not None:
+                on_file(stem, json_path, html_path)
     return files
+
+
+def _figure(stem: str, data: dict[str, Any]) -> Any:
+    from mechlab.viz import recall_dynamics_figure, recall_figure
+
+    return recall_figure(data) if stem == "recall" else recall_dynamics_figure(data)

@@ -16,9 +16,11 @@ in ``plotly.min.js`` beside it) plus the JSON behind it into a folder::
     DIR/index.html  DIR/plotly.min.js  DIR/report.json  DIR/eval/{nih,ood}.json
     DIR/circuits/<target>_seed<k>.json  DIR/overlap.json  DIR/recall.json
 
-Everything is computed before anything is written, and every setting is checked before
-any work starts. The checkpoint is opened once and every stage runs on it, on the device
-asked for.
+:func:`report_checkpoint` (``mechlab report``) checks every setting, the checkpoint and
+the folder before any work starts, records the settings in ``report.json`` first, writes
+each circuit as it is found and the page last, so that an interrupted report resumes and
+a report of other settings is never mixed into the folder. The checkpoint is opened once
+and every stage runs on it, on the device asked for.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, source_path
 from mechlab.pipelines.data import check_targets, circuit_data
 from mechlab.pipelines.evaluate import run_suite
-from mechlab.pipelines.prune import PRUNE_PROTOCOLS, prune_checkpoint
+from mechlab.pipelines.prune import PRUNE_PROTOCOLS, prune_checkpoint, prune_settings
 from mechlab.pipelines.recall import recall_checkpoint
+from mechlab.prune.circuit import Circuit
+from mechlab.tasks.lds import check_batch
 
 Log = Callable[[str], None]
 
@@ -144,6 +148,7 @@ class Report:
     overlap: dict[str, Any]
     recall: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    checkpoint_sha256: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers (also ``report.json``'s ``summary``)."""
@@ -206,20 +211,34 @@ class Report:
 
         return page(self)
 
-    def write(self, out: str | Path) -> Path:
-        """Write ``index.html`` and the JSON behind it into ``out``; returns the page's path."""
-        out = Path(out)
+    def write(self, out: str | Path, *, force: bool = False) -> Path:
+        """Write ``index.html`` and the JSON behind it into ``out``; returns the page's path.
+
+        The folder is claimed as :func:`report_checkpoint` claims it: a folder holding
+        another report (other settings, or circuits this one does not have) is refused,
+        unless ``force`` (its files are then replaced, and its other circuits removed).
+        """
+        folder = outputs.OutputFolder(out, "report", force=force, inputs=[self.checkpoint])
+        with folder:
+            record = report_settings(self.checkpoint_sha256 or "", self.config)
+            known = {f"circuits/{_stem(c.metadata['target'], c.metadata['seed'])}.json": c.metadata["settings"]
+                     for found in self.circuits.values() for c in found if "settings" in c.metadata}  # fmt: skip
+            _plan(folder, self.config, record, known)
+            for found in self.circuits.values():
+                for c in found:
+                    folder.write_circuit(c, f"circuits/{_stem(c.metadata['target'], c.metadata['seed'])}.json")
+            return self._write_into(folder, record)
+
+    def _write_into(self, folder: outputs.OutputFolder, record: dict[str, Any]) -> Path:
+        """The evaluation, overlap, recall and page files, then ``report.json`` (finished) last."""
         for name, rep in self.evals.items():
-            outputs.write_json(out / "eval" / f"{name}.json", rep)
-        for found in self.circuits.values():
-            for c in found:
-                stem = f"{c.metadata['target']}_seed{c.metadata['seed']}"
-                outputs.write_circuit(c, out / "circuits" / f"{stem}.json")
-        outputs.write_json(out / "overlap.json", self.overlap)
-        outputs.write_json(out / "recall.json", self.recall)
-        outputs.write_json(out / "report.json", self.to_dict())
-        outputs.write_plotlyjs(out)  # the page loads it from its folder
-        return outputs.write_text(out / "index.html", self.to_html())
+            folder.write_json(f"eval/{name}.json", rep)
+        folder.write_json("overlap.json", self.overlap)
+        folder.write_json("recall.json", self.recall)
+        folder.write_plotlyjs()  # the page loads it from its folder
+        page = folder.write_text("index.html", self.to_html())
+        folder.write_json("report.json", {**self.to_dict(), **outputs.settings_record(record), "finished": True})
+        return page
 
 
 def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig) -> dict[str, Any]:
@@ -245,6 +264,7 @@ def make_report(
     device: str = "cpu",
     progress: bool = True,
     log: Log | None = None,
+    prune_with: Callable[[str, int, Callable[[], Any]], Any] | None = None,
 ) -> Report:
     """Evaluate, prune, compare and explain one checkpoint of the interleaved-systems task.
 
@@ -257,6 +277,9 @@ def make_report(
         device: Where the model runs (every stage).
         progress: Show progress bars (each names its stage and target).
         log: Called with one line as each stage starts and ends (e.g. ``print``).
+        prune_with: Called with ``(target, seed, prune)`` for each circuit, returns it:
+            ``prune()`` finds it, or the caller reads back one found before
+            (:func:`report_checkpoint` resumes this way); default: ``prune()``.
 
     Returns:
         The :class:`Report` (call :meth:`Report.write` to save it).
@@ -268,8 +291,7 @@ def make_report(
     cfg = config or ReportConfig()
     say = log or (lambda line: None)
     opened = open_checkpoint(ckpt, device)
-    lds_config(opened)
-    check_targets(opened, list(cfg.targets), protocol=cfg.nih)
+    check_report(opened, cfg)
     path = source_path(ckpt)
     timings: dict[str, float] = {}
 
@@ -286,10 +308,11 @@ def make_report(
     for target in cfg.targets:
         for seed in cfg.seeds:
             say(f"pruning {target}, seed {seed}")
-            c = prune_checkpoint(
-                opened, target, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, seed=seed,
-                recipe=cfg.recipe, steps=cfg.steps, device=device, progress=progress,
+            find = functools.partial(
+                prune_checkpoint, opened, target, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces,
+                seed=seed, recipe=cfg.recipe, steps=cfg.steps, device=device, progress=progress,
             )  # fmt: skip
+            c = find() if prune_with is None else prune_with(target, seed, find)
             circuits.setdefault(target, []).append(c)
     timings["pruning"] = time.perf_counter() - start
 
@@ -303,4 +326,147 @@ def make_report(
     recall = recall_checkpoint(opened, device=device, n_traces=cfg.recall_traces, protocol=cfg.nih,
                                components=cfg.components, progress=progress)  # fmt: skip
     timings["recall"] = time.perf_counter() - start
-    return Report(str(path), cfg, evals, circuits, overlap, recall, timings)
+    return Report(str(path), cfg, evals, circuits, overlap, recall, timings, opened.sha256)
+
+
+# --------------------------------------------------------------------------- the report on disk
+
+
+def check_report(ckpt: Any, cfg: ReportConfig) -> None:
+    """Raise ValueError unless the report's every stage fits ``ckpt`` (an lds checkpoint; its
+    targets; every count within the size limit), in milliseconds, before any work."""
+    task = lds_config(ckpt)
+    check_targets(ckpt, list(cfg.targets), protocol=cfg.nih)
+    for count, name in ((cfg.eval_traces, "eval_traces"), (cfg.prune_traces, "prune_traces"),
+                        (2 * cfg.prune_traces, "held-out traces (2 x prune_traces)"),
+                        (cfg.recall_traces, "recall_traces")):  # fmt: skip
+        check_batch(task, count, name)
+
+
+def report_settings(checkpoint_sha256: str, cfg: ReportConfig) -> dict[str, Any]:
+    """What shapes a report: its checkpoint and its :class:`ReportConfig` (``report.json``
+    records them, and a report into the same folder reuses or refuses by them)."""
+    return {"analysis": "report", "checkpoint_sha256": checkpoint_sha256, **asdict(cfg)}
+
+
+def _stem(target: str, seed: int) -> str:
+    return f"{target}_seed{seed}"
+
+
+_REPORT_FILES = ("eval/nih.json", "eval/ood.json", "overlap.json", "recall.json", "index.html")
+
+
+def _plan(folder: outputs.OutputFolder, cfg: ReportConfig, record: dict[str, Any],
+          circuit_settings: dict[str, dict[str, Any]]) -> tuple[str, dict[str, str]]:  # fmt: skip
+    """Check a report's folder before any work: ``report.json``'s settings, the circuits'
+    (``circuit_settings``: file -> settings, where known), files of another report.
+
+    Returns:
+        ``report.json``'s status (:meth:`~mechlab.pipelines.outputs.OutputFolder.plan`) and
+        each circuit file's.
+
+    Raises:
+        ValueError: Without ``force``: another report's ``report.json``, circuits of other
+            settings or that this report does not make, or page files without a report.
+    """
+    status = folder.plan({"report.json": record})["report.json"]
+    names = [f"circuits/{_stem(t, s)}.json" for t in cfg.targets for s in cfg.seeds]
+    for name in (*names, *_REPORT_FILES, *(n.replace(".json", ".html") for n in names)):
+        folder.check_path(name)
+    if status == "new":  # no report here: the page files must not exist either
+        folder.check_fresh(_REPORT_FILES)
+    circuits = folder.plan({n: circuit_settings[n] for n in names if n in circuit_settings})
+    others = sorted(p for p in folder.file("circuits").glob("*.json") if f"circuits/{p.name}" not in names)
+    if others and not folder.force:
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        raise ValueError(f"{str(others[0])!r}{more} belongs to another report (this one makes "
+                         f"{', '.join(Path(n).stem for n in names)}); pass --force to replace that report, "
+                         f"or choose another --out")  # fmt: skip
+    for path in others:  # --force: the other report's circuits go, so that none is mixed in
+        folder.remove(f"circuits/{path.name}")
+        folder.remove(f"circuits/{path.stem}.html")
+    return status, circuits
+
+
+@dataclass
+class ReportRun:
+    """What :func:`report_checkpoint` did: the page, the headline numbers, whether the report
+    was read back (finished before, with the same settings), and the :class:`Report` (None
+    when read back)."""
+
+    page: Path
+    summary: dict[str, Any]
+    reused: bool
+    report: Report | None = None
+    circuits_reused: list[str] = field(default_factory=list)
+
+
+def report_checkpoint(
+    ckpt: Source,
+    out: str | Path,
+    config: ReportConfig | None = None,
+    *,
+    force: bool = False,
+    device: str = "cpu",
+    progress: bool = True,
+    log: Log | None = None,
+) -> ReportRun:
+    """``mechlab report``: :func:`make_report` into a folder, checked first and resumable.
+
+    Before the first stage: every setting (:class:`ReportConfig`), the checkpoint, its
+    targets and sizes (:func:`check_report`), and the folder (claimed: a file, ``/proc/x``,
+    a folder git tracks or one holding another report is refused, in milliseconds, with
+    nothing written). Then ``report.json`` records the settings (``finished: false``),
+    each circuit is written as it is found, and the page and ``report.json`` (finished)
+    last. A rerun with the same settings reads back a finished report, or resumes an
+    unfinished one (its circuits read back); one with other settings is refused unless
+    ``force``, which replaces the report.
+
+    Args:
+        ckpt: A checkpoint of the ``lds`` task, or its file.
+        out: The report's folder.
+        config: What to run (default :class:`ReportConfig`).
+        force: Replace a report of other settings (and write into a folder git tracks).
+        device: Where every stage runs.
+        progress: Show progress bars.
+        log: Called with one line per stage.
+
+    Returns:
+        The :class:`ReportRun`.
+    """
+    cfg = config or ReportConfig()
+    say = log or (lambda line: None)
+    folder = outputs.OutputFolder(out, "report", force=force, inputs=[source_path(ckpt)])
+    with folder:
+        opened = open_checkpoint(ckpt, device)
+        check_report(opened, cfg)
+        record = report_settings(opened.sha256, cfg)
+        circuit_settings = {
+            f"circuits/{_stem(t, s)}.json": prune_settings(opened, t, n_train=cfg.prune_traces,
+                                                           n_test=2 * cfg.prune_traces, seed=s,
+                                                           recipe=cfg.recipe, steps=cfg.steps)
+            for t in cfg.targets for s in cfg.seeds
+        }  # fmt: skip
+        status, circuits = _plan(folder, cfg, record, circuit_settings)
+        if status == "same":
+            done = outputs.read_json(folder.file("report.json"))
+            if done.get("finished") is True and all(folder.file(n).is_file() for n in _REPORT_FILES):
+                say(f"report in {str(folder.path)!r} is finished with the same settings: read back")
+                return ReportRun(folder.file("index.html"), done["summary"], reused=True)
+        folder.write_json("report.json", {"checkpoint": str(source_path(ckpt)), "config": asdict(cfg),
+                                          **outputs.settings_record(record), "finished": False})  # fmt: skip
+        reused: list[str] = []
+
+        def prune_with(target: str, seed: int, find: Callable[[], Any]) -> Any:
+            name = f"circuits/{_stem(target, seed)}.json"
+            if circuits.get(name) == "same":
+                say(f"  {name}: read back (same settings)")
+                reused.append(name)
+                return Circuit.from_json(folder.file(name))
+            circuit = find()
+            folder.write_circuit(circuit, name)
+            return circuit
+
+        report = make_report(opened, cfg, device=device, progress=progress, log=log, prune_with=prune_with)
+        page = report._write_into(folder, record)
+    return ReportRun(page, report.summary(), reused=False, report=report, circuits_reused=reused)

@@ -4,7 +4,9 @@ The search, the runner and the trial store are :mod:`mechlab.sweep`'s; here the 
 of a command (a YAML file under the flags) become a :class:`~mechlab.sweep.SweepSpec`,
 and a finished sweep's tables and figures are written under its folder:
 
-- ``sweep.json``: the sweep's settings;
+- ``sweep.json``: the sweep's settings (a config ``mechlab sweep --config`` reads back);
+- ``settings.json``: the settings record (the spec and the trial function, hashed): a
+  rerun into the folder compares it (:func:`check_previous`);
 - ``trials.json``, ``trials.csv``: one row per trial;
 - ``searches.json``, ``searches.csv``: one row per N* search;
 - ``nstar.html``, ``kappa.html``, ``ood_kappa.html``: the figures (:mod:`mechlab.viz.sweep`).
@@ -12,6 +14,8 @@ and a finished sweep's tables and figures are written under its folder:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +30,22 @@ def sweep_spec(config: str | Path | None = None, settings: dict[str, Any] | None
     (top-level keys) and ``search`` (the N* search's knobs) on top.
 
     Raises:
-        ValueError: A missing or malformed file, or settings :class:`~mechlab.sweep.SweepSpec`
-            refuses.
+        ValueError: A missing, oversized, malformed or hostile file (read by
+            :func:`mechlab.sweep.spec.read_settings`: tags, depth and aliases checked), or
+            settings :class:`~mechlab.sweep.SweepSpec` refuses.
     """
-    import yaml
-
     from mechlab.sweep import SweepSpec
+    from mechlab.sweep.spec import read_settings
 
-    values: dict[str, Any] = {}
-    if config is not None:
-        if not Path(config).is_file():
-            raise ValueError(f"sweep config {str(config)!r} not found")
-        values = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"{config}: a sweep config is a mapping of settings")
+    values: dict[str, Any] = {} if config is None else read_settings(config)  # safe, within limits
     values.update(settings or {})
     knobs = dict(values.pop("search", None) or {})
     knobs.update(search or {})
     return SweepSpec.from_dict({**values, "search": knobs})
 
 
-def write_outputs(result: SweepResult, out: str | Path, figures: bool = True) -> dict[str, Path]:
+def write_outputs(result: SweepResult, out: str | Path | outputs.OutputFolder,
+                  figures: bool = True) -> dict[str, Path]:  # fmt: skip
     """Write the tables (JSON and CSV) and, with ``figures``, the HTML figures.
 
     Args:
@@ -57,21 +56,23 @@ def write_outputs(result: SweepResult, out: str | Path, figures: bool = True) ->
     Returns:
         Name -> path of every file written.
     """
-    out = Path(out)
+    if not isinstance(out, outputs.OutputFolder):
+        with outputs.OutputFolder(out, "sweep") as folder:
+            return write_outputs(result, folder, figures)
     trials, searches = trial_rows(result), search_rows(result)
     paths = {
-        "sweep": outputs.write_json(out / "sweep.json", result.spec.to_dict(), newline=True, default=str),
-        "trials_json": outputs.write_json(out / "trials.json", trials, newline=True),
-        "trials_csv": outputs.write_text(out / "trials.csv", csv_text(trials, TRIAL_COLUMNS)),
-        "searches_json": outputs.write_json(out / "searches.json", searches, newline=True),
-        "searches_csv": outputs.write_text(out / "searches.csv", csv_text(searches, SEARCH_COLUMNS)),
+        "sweep": out.write_json("sweep.json", result.spec.to_dict(), newline=True, default=str),
+        "trials_json": out.write_json("trials.json", trials, newline=True),
+        "trials_csv": out.write_text("trials.csv", csv_text(trials, TRIAL_COLUMNS)),
+        "searches_json": out.write_json("searches.json", searches, newline=True),
+        "searches_csv": out.write_text("searches.csv", csv_text(searches, SEARCH_COLUMNS)),
     }
     if figures:
         from mechlab.viz.sweep import kappa_figure, n_star_figure, ood_kappa_figure
 
-        paths["nstar"] = outputs.write_figure(n_star_figure(searches), out / "nstar.html")
-        paths["kappa"] = outputs.write_figure(kappa_figure(searches), out / "kappa.html")
-        paths["ood_kappa"] = outputs.write_figure(ood_kappa_figure(searches), out / "ood_kappa.html")
+        paths["nstar"] = out.write_figure(n_star_figure(searches), "nstar.html")
+        paths["kappa"] = out.write_figure(kappa_figure(searches), "kappa.html")
+        paths["ood_kappa"] = out.write_figure(ood_kappa_figure(searches), "ood_kappa.html")
     return paths
 
 
@@ -88,22 +89,73 @@ def check_run(units: str = "trial", local: bool = False, address: str | None = N
         check_address(address)
 
 
+def sweep_settings(spec: Any, trial: Any) -> dict[str, Any]:
+    """What shapes a sweep's results beyond each trial's own spec: the spec and the trial
+    function (``settings.json`` records them)."""
+    name = trial if isinstance(trial, str) else f"{trial.__module__}:{trial.__qualname__}"
+    return {"analysis": "sweep", "spec": json.loads(json.dumps(spec.to_dict(), default=str)), "trial": name}
+
+
+def check_previous(folder: outputs.OutputFolder, settings: dict[str, Any]) -> str | None:
+    """Compare a sweep folder's ``settings.json`` with this run's, before any trial.
+
+    Returns:
+        None (a fresh folder), or the line to print: the sweep resumes (same settings), or
+        its settings differ (every finished trial is keyed by its own spec, so the trials
+        whose specs match are reused and only the tables are made anew).
+
+    Raises:
+        ValueError: Without ``force``, trials of another trial function (their results would
+            be taken as this one's).
+    """
+    path = folder.check_path("settings.json")
+    if not path.exists():
+        return None
+    record = outputs.read_record(path)
+    old = record["settings"] if record is not None else {}
+    if record is not None and record["settings_sha256"] == outputs.settings_record(settings)["settings_sha256"]:
+        return f"resuming the sweep in {str(folder.path)!r} (same settings): finished trials are reused"
+    if old.get("trial") != settings["trial"] and not folder.force:
+        raise ValueError(f"{str(folder.path)!r} holds trials of trial function {old.get('trial')!r}, not "
+                         f"{settings['trial']!r}; their results would be reused as this one's: choose another "
+                         "--out, or pass --force to reuse them anyway")  # fmt: skip
+    changed = outputs.differences(old.get("spec", {}), settings["spec"])
+    return (f"the sweep in {str(folder.path)!r} ran other settings ({changed}): trials whose specs match "
+            "are reused, the others run, and the tables are made anew for these settings")
+
+
 def run_and_write(spec: Any, out: str | Path, *, local: bool = False, address: str | None = None,
-                  **run: Any) -> tuple[SweepResult, dict[str, Path]]:  # fmt: skip
+                  force: bool = False, config: str | Path | None = None,
+                  on_note: Callable[[str], None] | None = None, **run: Any) -> tuple[SweepResult, dict[str, Path]]:  # fmt: skip
     """Run a sweep (resuming from its trial store) and write its tables and figures.
+
+    The folder is claimed first (:class:`~mechlab.pipelines.outputs.OutputFolder`: locked,
+    so two sweeps cannot write into it at once; a folder git tracks is refused unless
+    ``force``) and its ``settings.json`` compared (:func:`check_previous`).
 
     Args:
         spec: The :class:`~mechlab.sweep.SweepSpec`.
         out: The sweep's folder.
         local: Run in this process, one trial at a time (no Ray).
         address: The Ray cluster to join (not with ``local``).
+        force: Write into a folder git tracks; reuse trials of another trial function.
+        config: The config file the spec was read from (never written).
+        on_note: Called with the line :func:`check_previous` returns.
         **run: :func:`mechlab.sweep.run_sweep`'s other settings.
 
     Returns:
         ``(result, paths written)``.
     """
     from mechlab.sweep import run_sweep
+    from mechlab.sweep.runner import DEFAULT_TRIAL
 
     check_run(run.get("units", "trial"), local, address)
-    result = run_sweep(spec, out, local=local, address=address, **run)
-    return result, write_outputs(result, out)
+    settings = sweep_settings(spec, run.get("trial", DEFAULT_TRIAL))
+    folder = outputs.OutputFolder(out, "sweep", force=force, inputs=[config] if config is not None else [])
+    with folder:
+        note = check_previous(folder, settings)
+        if note is not None and on_note is not None:
+            on_note(note)
+        folder.write_json("settings.json", outputs.settings_record(settings), newline=True)
+        result = run_sweep(spec, out, local=local, address=address, **run)
+        return result, write_outputs(result, folder)

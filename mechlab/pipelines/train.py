@@ -14,7 +14,7 @@ from mechlab.train.trainer import TrainingStopped
 __all__ = ["TrainingStopped", "run_config", "train_run"]
 
 
-def run_config(out: str | Path | None = None, resume: str | Path | None = None,
+def run_config(out: str | Path | None = None, resume: str | Path | None = None, *, force: bool = False,
                **settings: Any) -> tuple[Any, Path]:  # fmt: skip
     """The :class:`~mechlab.train.TrainConfig` of a run and its directory.
 
@@ -25,14 +25,23 @@ def run_config(out: str | Path | None = None, resume: str | Path | None = None,
         **settings: :func:`mechlab.train.resolve_config`'s arguments (``preset``,
             ``config_file``, ``overrides``, ``task``, ``steps``, ``device``, ...; a resumed
             run takes neither ``preset``, ``config_file`` nor ``task``).
+        force: Train into (or resume) a directory that holds files git tracks (refused
+            otherwise: a bundled run is never overwritten by accident).
 
     Returns:
         ``(config, run directory)``.
 
     Raises:
-        ValueError: No directory, two different ones, nothing to resume, or bad settings.
+        ValueError: No directory, two different ones, nothing to resume, a directory git
+            tracks (without ``force``), or bad settings.
     """
+    from mechlab.pipelines.outputs import OutputFolder
     from mechlab.train import resolve_config
+
+    if resume is not None or out is not None:  # a file, an input, a tracked folder: refused now
+        inputs = [settings["config_file"]] if settings.get("config_file") is not None else []
+        OutputFolder(resume if resume is not None else out, "train", force=force, inputs=inputs,
+                     option="--resume" if resume is not None else "--out")  # fmt: skip
 
     if resume is not None:
         resume = Path(resume)

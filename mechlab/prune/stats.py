@@ -38,6 +38,7 @@ import numpy as np
 from scipy.stats import hypergeom
 from torch import nn
 
+from mechlab.limits import check_elements
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit, jaccard, overlap
 from mechlab.prune.consensus import STABLE_CONSENSUS, consensus_scores, edge_frequencies
@@ -131,6 +132,7 @@ class Interval:
 def _check_boot(n_boot: int, level: float) -> None:
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
         raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
+    check_elements("the bootstrap's resamples", {"n_boot": n_boot}, lower="n_boot (--boot)")
     if not (isinstance(level, (int, float)) and 0 < level < 1):
         raise ValueError(f"level must be in (0, 1), got {level!r}")
 
@@ -411,6 +413,7 @@ def null_model(
     _check_statistic(statistic)
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
         raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
+    check_elements("the null model's samples", {"n_samples": n_samples}, lower="n_samples (--null)")
     if not circuits_a or not circuits_b:
         raise ValueError("null_model needs at least one circuit of each target")
     overlap(circuits_a[0], circuits_b[0])  # refuses circuits of different graphs

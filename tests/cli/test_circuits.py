@@ -84,8 +84,15 @@ def test_an_interrupted_joint_sweep_resumes_from_the_circuits_written(tiny_lds_c
     first = json.loads((tmp_path / "c" / "joint" / "joint.json").read_text())
     assert main(args) == 0 and calls == [0.0, float("inf")]  # all done: nothing runs
     assert json.loads((tmp_path / "c" / "joint" / "joint.json").read_text()) == first
-    assert main([*args[:-4], "--steps", "6", *args[-4:]]) == 0  # other settings: pruned again
+    other = [*args[:-4], "--steps", "6", *args[-4:]]
+    capsys.readouterr()
+    assert main(other) == 2  # other settings: refused, naming them, before any work
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "steps 5 (now 6)" in err and "--force" in err
+    assert calls[2:] == []
+    assert main([*other, "--force"]) == 0  # asked: pruned again, the files replaced
     assert calls[2:] == [0.0, float("inf")]
+    assert Circuit.from_json(tmp_path / "c" / "joint" / "share-0" / "1-after_seed0.json").metadata["steps"] == 6
     capsys.readouterr()
 
 

@@ -159,7 +159,8 @@ def test_a_stopped_run_exits_with_status_1(capsys, monkeypatch, files):
 # --------------------------------------------------------------------------- train, eval, resume
 
 
-def test_train_from_a_yaml_file_then_eval_then_resume(capsys, tmp_path):
+def test_train_from_a_yaml_file_then_eval_then_resume(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where eval's default output folder (mechlab-out/) goes
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({**SMALL, "steps": 3}))
     out = tmp_path / "run"
@@ -175,11 +176,14 @@ def test_train_from_a_yaml_file_then_eval_then_resume(capsys, tmp_path):
     assert steps == [1, 2, 3]
     assert load_checkpoint(out / "last.pt").step == 3
 
-    # eval --suite nih writes nih.json and nih.html (default place: eval/ beside the checkpoint)
+    # eval --suite nih writes nih.json and nih.html (default place: mechlab-out/<run>/eval in the
+    # current folder, never beside the checkpoint, whose folder may be committed)
     code, stdout, err = run(capsys, "eval", "--suite", "nih", "--ckpt", out / "last.pt", "--traces", "20")
     assert code == 0, err
-    report = json.loads((out / "eval" / "nih.json").read_text())
-    assert set(report) == {"suite", "checkpoint", "sha256", "step", "seed", "result"}
+    assert not (out / "eval").exists()
+    evals = tmp_path / "mechlab-out" / "run" / "eval"
+    report = json.loads((evals / "nih.json").read_text())
+    assert set(report) == {"suite", "checkpoint", "sha256", "step", "seed", "result", "settings", "settings_sha256"}
     assert report["suite"] == "nih" and report["step"] == 3
     assert set(report["result"]) == {"n_haystack", "seg_len", "n_traces", "offsets", "protocol"}
     assert report["result"]["n_traces"] == 20 and report["result"]["n_haystack"] == 2
@@ -187,11 +191,11 @@ def test_train_from_a_yaml_file_then_eval_then_resume(capsys, tmp_path):
     for j, s in report["result"]["offsets"].items():
         assert set(s) == {"median", "q1", "q3", "mean"}
         assert f"{j}-after: median {s['median']:.4f}" in stdout
-    html = (out / "eval" / "nih.html").read_text()
+    html = (evals / "nih.html").read_text()
     assert "plotly" in html.lower()
     # the folder's one plotly.js, beside the page: nothing fetched
     assert re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html) == ["plotly.min.js"]
-    assert sorted(os.listdir(out / "eval")) == ["nih.html", "nih.json", "plotly.min.js"]
+    assert sorted(os.listdir(evals)) == ["nih.html", "nih.json", "plotly.min.js"]  # (the lock file is gone)
 
     # resume continues the run from last.pt to the new step count
     code, stdout, err = run(capsys, "train", "--resume", out, "--steps", "5", "--no-progress")

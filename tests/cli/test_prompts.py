@@ -130,3 +130,34 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, message, gpt2_fol
     assert code == 2
     assert len(err) == 1 and err[0].startswith("mechlab: error: ") and message in err[0], err
     assert not out.exists()
+
+
+def test_a_prompt_prune_rerun_reads_back_or_refuses_by_settings(gpt2_folder, ioi_file, tmp_path, capsys):
+    """Issue 19's output policy for --pairs: the same command reads its circuit back and
+    rewrites nothing; other settings are refused naming them (nothing changed); --force
+    recomputes; the pair file and the tokenizer are never written."""
+    out = tmp_path / "c"
+    args = ["prune", "--model", str(gpt2_folder), "--pairs", str(ioi_file), "--steps", "2", "--sparsity", "0.9",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    written = (out / "ioi_seed0.json").read_bytes()
+    assert main(args) == 0
+    assert "read back 1 circuit(s) found before with the same settings: ioi_seed0" in capsys.readouterr().out
+    assert (out / "ioi_seed0.json").read_bytes() == written
+    other = [a if a != "0.9" else "0.8" for a in args]
+    assert main(other) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was made with other settings: sparsity 0.9 (now 0.8)" in err[0] and "--force" in err[0]
+    assert (out / "ioi_seed0.json").read_bytes() == written
+    assert main([*other, "--force"]) == 0
+    assert "recomputed 1 circuit(s) of other settings (--force): ioi_seed0" in capsys.readouterr().out
+    assert Circuit.from_json(out / "ioi_seed0.json").metadata["settings"]["sparsity"] == 0.8
+    before = ioi_file.read_bytes()
+    assert main(["prune", "--model", str(gpt2_folder), "--pairs", str(ioi_file), "--out", str(ioi_file)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err and ioi_file.read_bytes() == before
+    config = gpt2_folder / "config.json"
+    for target in (config, gpt2_folder):
+        code = main(["pairs", "ioi", "--tokenizer", str(gpt2_folder), "--out", str(target), "--n", "3", "--force"])
+        assert code == 2 and "mechlab: error: " in capsys.readouterr().err
+    assert json.loads(config.read_text())["n_layer"] == 2

@@ -88,11 +88,14 @@ def test_cli_writes_json_and_html_on_the_bundled_checkpoint(tmp_path, capsys):
     assert "1-after" in text and "heads carrying the label" in text
 
 
-def test_cli_dynamics_writes_beside_the_run(runs, capsys):
+def test_cli_dynamics_writes_under_mechlab_out(runs, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(["recall", "--checkpoints", str(runs["run"]), "--traces", "8", "--offset", "1",
                  "--no-progress"]) == 0  # fmt: skip
-    d = json.loads((runs["run"] / "recall" / "recall_dynamics.json").read_text())
-    assert d["steps"] == [0, 5, 40] and (runs["run"] / "recall" / "recall_dynamics.html").exists()
+    folder = tmp_path / "mechlab-out" / runs["run"].name / "recall"  # not beside the run
+    d = json.loads((folder / "recall_dynamics.json").read_text())
+    assert d["steps"] == [0, 5, 40] and (folder / "recall_dynamics.html").exists()
+    assert not (runs["run"] / "recall").exists()
     assert "score verdict (follows_label)" in capsys.readouterr().out
 
 

@@ -160,10 +160,13 @@ def test_cli_view_renders_committed_circuits_and_refuses_bad_input(tmp_path, cap
     assert page.count("* plotly.js v") == 1 and page.count("mechlabExplorer('") == 1
     assert "1-after · prune · seed 0" in page and "2-after · prune · seed 0" in page
     assert main(["view", str(committed[0]), "--out", str(tmp_path / "x.png")]) == 2
-    assert main(["view", str(committed[0]), "--label", "a", "--label", "b", "--out", str(out)]) == 2
-    assert main(["view", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
+    fresh = tmp_path / "fresh.html"
+    assert main(["view", str(committed[0]), "--label", "a", "--label", "b", "--out", str(fresh)]) == 2
+    assert main(["view", str(tmp_path / "missing.json"), "--out", str(fresh)]) == 2
+    assert main(["view", str(committed[0]), "--out", str(out)]) == 2  # exists: never replaced without --force
     err = capsys.readouterr().err
-    assert "must be an .html file" in err and "one --label per circuit" in err and "not found" in err
+    assert "must be a .html or .htm file" in err and "one --label per circuit" in err and "not found" in err
+    assert "exists; pass --force" in err and not fresh.exists()
 
 
 def test_circuits_across_checkpoints_rows_scores_and_jaccard():
