@@ -37,7 +37,7 @@ from mechlab.pipelines.data import (
 )
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
-from mechlab.prune.config import PROTOCOLS
+from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, prune_config
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.joint import (
     JointResult,
@@ -119,7 +119,13 @@ def prune_settings(
         return None
     settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
-    settings = outputs.with_defaults(prune, settings)
+    # the search settings resolved through PruneConfig (its defaults, the effective warm-ups),
+    # so a setting left to its default and the same value given explicitly record alike
+    given = {k: v for k, v in settings.items() if k not in ("device", "progress", "threads")}
+    search = prune_config(sparsity, given.pop("config", None), **given).to_dict()
+    sparsity = search.pop("sparsity")
+    run = outputs.with_defaults(prune, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
+    settings = {**{k: v for k, v in run.items() if k != "config"}, **search}
     data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
                             "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
     if ckpt.task == "state_tracking":
