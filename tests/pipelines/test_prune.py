@@ -143,3 +143,17 @@ def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engin
     engine.prune(ckpt.model, data, "1-after", 0.9, steps=1, progress=False, seed=0)
     assert through_pipeline == counts
     assert counts["sparsity checks"] == 1
+
+
+def test_prune_settings_resolve_the_search_defaults(tiny_lds_checkpoint):
+    """The settings record resolves PruneConfig's defaults (and the effective warm-up), so a
+    rerun that gives a default explicitly reads the same circuits back."""
+    from mechlab.pipelines import open_checkpoint
+    from mechlab.pipelines.prune import prune_settings
+    from mechlab.prune.config import PruneConfig
+
+    ckpt = open_checkpoint(tiny_lds_checkpoint)
+    plain = prune_settings(ckpt, "1-after")
+    assert plain["steps"] == PruneConfig().steps and plain["warm_start"] == PruneConfig().warm_start
+    assert plain == prune_settings(ckpt, "1-after", steps=PruneConfig().steps, warmup=PruneConfig().steps // 2)
+    assert plain != prune_settings(ckpt, "1-after", steps=7)
