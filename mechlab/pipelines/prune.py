@@ -37,7 +37,7 @@ from mechlab.pipelines.data import (
 )
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
-from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, prune_config
+from mechlab.prune.config import JOINT_CONFIG, PROTOCOLS, RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.joint import (
     JointResult,
@@ -119,13 +119,12 @@ def prune_settings(
         return None
     settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
-    # the search settings resolved through PruneConfig (its defaults, the effective warm-ups),
-    # so a setting left to its default and the same value given explicitly record alike
-    given = {k: v for k, v in settings.items() if k not in ("device", "progress", "threads")}
-    search = prune_config(sparsity, given.pop("config", None), **given).to_dict()
-    sparsity = search.pop("sparsity")
+    # resolved through PruneConfig (its defaults, the effective warm-ups) and prune's run
+    # defaults (seed, position_aware), so a default and the same value given record alike
     run = outputs.with_defaults(prune, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
-    settings = {**{k: v for k, v in run.items() if k != "config"}, **search}
+    settings = {**{k: v for k, v in run.items() if k != "config"},
+                **resolved_settings({**settings, "sparsity": sparsity})}  # fmt: skip
+    sparsity = settings.pop("sparsity")
     data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
                             "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
     if ckpt.task == "state_tracking":
@@ -139,6 +138,12 @@ def prune_settings(
         data.update(nih=nih, n_haystack=n, seg_len=s)
     return {"analysis": "prune", "checkpoint_sha256": ckpt.sha256, "target": name, "recipe": recipe,
             "sparsity": sparsity, **data, **settings}  # fmt: skip
+
+
+def _run_defaults(fn: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """``fn``'s run arguments (seed, ...), its defaults filled in, without ``config``."""
+    run = outputs.with_defaults(fn, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
+    return {k: v for k, v in run.items() if k != "config"}
 
 
 def _state_tracking_name(ckpt: Any, target: Target, length: int | None, corruption: str) -> str:
@@ -519,7 +524,7 @@ def joint_prune_checkpoint(
         common = {"analysis": "joint-prune", "checkpoint_sha256": ckpt.sha256, "targets": names,
                   "recipe": recipe, "nih": nih, "sparsity": sparsity, "n_train": n_train, "n_test": n_test,
                   "n_haystack": n, "seg_len": s, "corruption": corruption,
-                  **outputs.with_defaults(joint_prune, settings)}  # fmt: skip
+                  **_run_defaults(joint_prune, settings), **resolved_settings(settings, JOINT_CONFIG, sparsity=False)}  # fmt: skip
 
         def record(share: float, seed: int, name: str) -> dict[str, Any]:
             return {**common, "target": name, "share": share, "seed": seed, "data_seed": seed}

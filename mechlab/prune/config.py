@@ -258,6 +258,31 @@ def prune_config(
     return PruneConfig.from_settings(config, sparsity=sparsity, **search)
 
 
+
+def resolved_settings(
+    settings: dict[str, Any], base: PruneConfig | None = None, *, sparsity: bool = True
+) -> dict[str, Any]:
+    """The search settings of a run, resolved: every :class:`PruneConfig` field of
+    ``base`` (default: the defaults) with ``settings`` on top (:meth:`PruneConfig.to_dict`,
+    so the effective warm-ups), and the run arguments given (:data:`RUN_ARGUMENTS`; the
+    progress bar and the digest left out). What a settings record holds, so that a setting
+    left to its default and the same value given explicitly record alike.
+
+    Args:
+        settings: The settings given (``None``: not given); ``config`` (a base),
+            ``device`` and ``threads`` are also taken.
+        base: The base when ``settings`` has no ``config``.
+        sparsity: Keep ``sparsity`` in the result (False: leave it out).
+    """
+    given = {k: v for k, v in settings.items() if k not in ("device", "threads", "progress")}
+    config = given.pop("config", None) or base
+    out = prune_config(given.pop("sparsity", None), config, **given).to_dict()
+    if not sparsity:
+        out.pop("sparsity")
+    run = {k: v for k, v in given.items() if k in RUN_ARGUMENTS and k not in ("progress", "checkpoint_sha256")}
+    return {**run, **out}
+
+
 __all__ = [
     "CONSTRAINTS",
     "LAMBDA_LR",
@@ -273,4 +298,5 @@ __all__ = [
     "JOINT_CONFIG",
     "WARM_STARTS",
     "prune_config",
+    "resolved_settings",
 ]

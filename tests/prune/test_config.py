@@ -86,3 +86,15 @@ def test_to_dict_records_the_effective_schedules():
     record = PruneConfig(steps=40).to_dict()
     assert record["warmup"] == 20 and record["lambda_warmup"] == 4
     assert set(record) == {f.name for f in dataclasses.fields(PruneConfig)}
+
+
+def test_resolved_settings_record_defaults_and_explicit_values_alike():
+    """What the pipelines' settings records hold: a default and the same value given
+    explicitly resolve alike, on the base asked for (the joint search's 500 steps)."""
+    from mechlab.prune.config import JOINT_CONFIG, PruneConfig, resolved_settings
+
+    plain = resolved_settings({"seed": 0, "device": "cpu", "progress": False})
+    assert plain == resolved_settings({"seed": 0, "steps": PruneConfig().steps, "warmup": None})
+    assert plain["steps"] == PruneConfig().steps and "device" not in plain and "progress" not in plain
+    assert resolved_settings({}, JOINT_CONFIG, sparsity=False)["steps"] == JOINT_CONFIG.steps
+    assert "sparsity" not in resolved_settings({}, sparsity=False)
