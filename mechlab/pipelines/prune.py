@@ -374,12 +374,13 @@ def prune_targets(
                       seg_len=settings.get("seg_len"), length=settings.get("length"),
                       corruption=settings.get("corruption", DEFAULT_CORRUPTION),
                       protocol=prune_protocol(recipe)["nih"])  # fmt: skip
-        method = settings.get("method", "prune")
-        if method != "prune" or settings.get("n_edges") is not None:  # refused before the first circuit
+        chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
+        method = chosen_method["method"] or "prune"
+        plain = {k: v for k, v in settings.items() if k not in _METHOD_KEYS}
+        if method != "prune" or chosen_method["n_edges"] is not None:  # refused before the first circuit
             data_keys = ("n_train", "n_test", "n_haystack", "seg_len", "corruption", "data_seed", "length")
-            chosen = {k: settings.get(k) for k in ("n_edges", "ig_steps", "acdc_max_edges")}
-            given = prune_protocol(recipe, **{k: v for k, v in settings.items()
-                                              if k not in (*data_keys, *chosen, "method")})  # fmt: skip
+            chosen = {k: chosen_method[k] for k in _METHOD_KEYS[1:]}
+            given = prune_protocol(recipe, **{k: v for k, v in plain.items() if k not in data_keys})
             sparsity = given.pop("sparsity")
             given.pop("nih")
             check_method(method, given, **chosen)
@@ -387,9 +388,6 @@ def prune_targets(
                            acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
                            length=settings.get("length"), n_haystack=settings.get("n_haystack"),
                            seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
-        method_keys = ("method", "n_edges", "ig_steps", "acdc_max_edges")
-        chosen_method = {k: settings.get(k) for k in method_keys}
-        plain = {k: v for k, v in settings.items() if k not in method_keys}
         planned = {}
         for name in targets:
             for s in seeds:
@@ -427,6 +425,9 @@ def prune_targets(
         run.stability = seed_stability(run.circuits)
     return run
 
+
+# The settings of prune_targets that choose the method and its budget (not edge pruning's).
+_METHOD_KEYS = ("method", "n_edges", "ig_steps", "acdc_max_edges")
 
 # The settings of prune_targets that the recipe and the engine's check take (not the data's).
 _PRUNE_ONLY = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
