@@ -38,6 +38,7 @@ from mechlab.pipelines.data import (
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.config import JOINT_CONFIG, PROTOCOLS, RUN_ARGUMENTS, resolved_settings
+from mechlab.prune.consensus import attach_seed_consensus
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.joint import (
     JointResult,
@@ -148,7 +149,9 @@ def _run_defaults(fn: Any, settings: dict[str, Any]) -> dict[str, Any]:
 
 def _state_tracking_name(ckpt: Any, target: Target, length: int | None, corruption: str) -> str:
     """The name of a state-tracking target on its traces (``<target>_n<length>``)."""
-    _, resolved = state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+    _, resolved = state_tracking_data(
+        ckpt, target, length, n_train=1, n_test=1, corruption=corruption
+    )
     return target_name(resolved)
 
 
@@ -228,7 +231,9 @@ def prune_checkpoint(
     data_seed = settings.get("seed", 0) if data_seed is None else data_seed
     method_settings = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps,
                        "acdc_max_edges": acdc_max_edges}  # fmt: skip
-    check_method(method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
+    check_method(
+        method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges
+    )
     ckpt = open_checkpoint(source, device)
     if ckpt.task == "state_tracking":
         data, target = state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
@@ -248,7 +253,15 @@ def prune_checkpoint(
                             seg_len=seg_len, corruption=corruption, data_seed=data_seed, recipe=recipe,
                             length=length, **settings)  # fmt: skip
     # the engine builds the (windowed) graph and checks the sparsity, once, before any work
-    circuit = _find(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **method_settings, **settings)
+    circuit = _find(
+        ckpt.model,
+        data,
+        target,
+        sparsity,
+        checkpoint_sha256=ckpt.sha256,
+        **method_settings,
+        **settings,
+    )
     circuit.metadata["checkpoint"] = str(source_path(source))
     circuit.metadata["checkpoint_step"] = ckpt.step
     circuit.metadata["protocol"] = recipe
@@ -257,13 +270,19 @@ def prune_checkpoint(
     return circuit
 
 
-def _with_method(record: dict[str, Any] | None, method_settings: dict[str, Any]) -> dict[str, Any] | None:
+def _with_method(
+    record: dict[str, Any] | None, method_settings: dict[str, Any]
+) -> dict[str, Any] | None:
     """A settings record with the method's settings when they are not edge pruning's
     defaults (so that a plain pruning run's record stays what it was)."""
     method = method_settings.get("method") or "prune"
     if record is None or (method == "prune" and method_settings.get("n_edges") is None):
         return record
-    return {**record, **{k: v for k, v in method_settings.items() if v is not None}, "method": method}
+    return {
+        **record,
+        **{k: v for k, v in method_settings.items() if v is not None},
+        "method": method,
+    }
 
 
 def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = "prune",
@@ -366,7 +385,9 @@ def prune_targets(
     device = settings.pop("device", None)
     given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _PRUNE_ONLY})
     check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
-    run = PruneRun(Path(out) if out is not None else outputs.default_out(source_path(source), "circuits"))
+    run = PruneRun(
+        Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
+    )
     folder = outputs.OutputFolder(run.out, "prune", force=force, inputs=[source_path(source)])
     with folder:
         ckpt = open_checkpoint(source, device)
@@ -377,8 +398,18 @@ def prune_targets(
         chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
         method = chosen_method["method"] or "prune"
         plain = {k: v for k, v in settings.items() if k not in _METHOD_KEYS}
-        if method != "prune" or chosen_method["n_edges"] is not None:  # refused before the first circuit
-            data_keys = ("n_train", "n_test", "n_haystack", "seg_len", "corruption", "data_seed", "length")
+        if (
+            method != "prune" or chosen_method["n_edges"] is not None
+        ):  # refused before the first circuit
+            data_keys = (
+                "n_train",
+                "n_test",
+                "n_haystack",
+                "seg_len",
+                "corruption",
+                "data_seed",
+                "length",
+            )
             chosen = {k: chosen_method[k] for k in _METHOD_KEYS[1:]}
             given = prune_protocol(recipe, **{k: v for k, v in plain.items() if k not in data_keys})
             sparsity = given.pop("sparsity")
@@ -398,7 +429,10 @@ def prune_targets(
                 planned[stem] = (name, s, record)
         if len(planned) < len(targets) * len(seeds):
             raise ValueError("targets and seeds must not repeat")
-        status = folder.plan({f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None})
+        status = folder.plan(
+            {f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None}
+        )
+        found: dict[str, Circuit] = {}
         for stem, (name, s, _) in planned.items():
             json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
             if status.get(f"{stem}.json") == "same":
@@ -408,7 +442,9 @@ def prune_targets(
                     folder.write_circuit_figure(circuit, html_path.name)
             else:
                 with warnings.catch_warnings():  # the metadata keeps them (callers print them)
-                    warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                    warnings.filterwarnings(
+                        "ignore", message=FAITHFULNESS_WARNING, category=UserWarning
+                    )
                     circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
                 if status.get(f"{stem}.json") == "redo":
                     run.replaced.append(stem)
@@ -416,8 +452,19 @@ def prune_targets(
                 folder.write_circuit_figure(circuit, html_path.name)
             run.circuits.setdefault(target_name(name), []).append(circuit)
             run.files[stem] = (json_path, html_path)
+            found[stem] = circuit
             if on_circuit is not None:
                 on_circuit(stem, circuit, run.out)
+        if len(seeds) >= 2:  # each circuit records how often its target's seeds keep each edge
+            for group in run.circuits.values():
+                attach_seed_consensus(group)
+            for (
+                stem,
+                circuit,
+            ) in found.items():  # rewritten with it (unchanged files stay as they are)
+                json_path, html_path = run.files[stem]
+                folder.write_circuit(circuit, json_path.name)
+                folder.write_circuit_figure(circuit, html_path.name)
     names = list(run.circuits)
     for a, b in zip(names, names[1:], strict=False):
         run.overlaps.append((a, b, overlap(run.circuits[a][0], run.circuits[b][0])))
@@ -506,13 +553,17 @@ def joint_prune_checkpoint(
         folder = out_dir
         claimed: Any = contextlib.nullcontext()
     else:
-        folder = claimed = outputs.OutputFolder(out_dir, "prune --share", force=force, inputs=[source_path(source)])
+        folder = claimed = outputs.OutputFolder(
+            out_dir, "prune --share", force=force, inputs=[source_path(source)]
+        )
     with claimed:
         ckpt = open_checkpoint(source, device)
         lds_config(ckpt)
         path = str(source_path(source))
 
-        @functools.lru_cache(maxsize=1)  # the check below and the sweep's first seed share one build
+        @functools.lru_cache(
+            maxsize=1
+        )  # the check below and the sweep's first seed share one build
         def data_of(seed: int) -> PruneData:
             return nih_data(
                 ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
@@ -533,7 +584,9 @@ def joint_prune_checkpoint(
         def file_of(share: float, seed: int, name: str) -> str:
             return f"{share_label(share)}/{name}_seed{seed}.json"
 
-        plan = {file_of(sh, sd, nm): record(sh, sd, nm) for sd in seeds for sh in shares for nm in names}
+        plan = {
+            file_of(sh, sd, nm): record(sh, sd, nm) for sd in seeds for sh in shares for nm in names
+        }
         status = folder.plan(plan) if folder is not None else {}
 
         def save(result: JointResult, seed: int) -> None:
@@ -593,9 +646,13 @@ def joint_prune_targets(
         **settings: As :func:`joint_prune_checkpoint`.
     """
     if len(targets) < 2:
-        raise ValueError(f"--share prunes targets jointly: give two or more --target, got {list(targets)}")
+        raise ValueError(
+            f"--share prunes targets jointly: give two or more --target, got {list(targets)}"
+        )
     base = Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
-    folder = outputs.OutputFolder(base / "joint", "prune --share", force=force, inputs=[source_path(source)])
+    folder = outputs.OutputFolder(
+        base / "joint", "prune --share", force=force, inputs=[source_path(source)]
+    )
     with folder:
         ckpt = open_checkpoint(source, settings.pop("device", None))
         with warnings.catch_warnings():  # each circuit keeps its warnings in its metadata
@@ -605,7 +662,10 @@ def joint_prune_targets(
         for result in sweep.results:  # the JSON files were written as each result was found
             for name, circuit in result.circuits.items():
                 stem = f"{share_label(result.share)}/{name}_seed{circuit.metadata['seed']}"
-                if folder.file(f"{stem}.json") not in folder.reused or not folder.file(f"{stem}.html").is_file():
+                if (
+                    folder.file(f"{stem}.json") not in folder.reused
+                    or not folder.file(f"{stem}.html").is_file()
+                ):
                     folder.write_circuit_figure(circuit, f"{stem}.html")
                 circuits[stem] = circuit
         table = folder.write_json("joint.json", sweep.to_dict())

@@ -44,7 +44,12 @@ from mechlab.prune.circuit import (
     seed_stability,
 )
 from mechlab.prune.config import PROTOCOLS, PruneConfig
-from mechlab.prune.consensus import attach_consensus, consensus_prune, consensus_scores
+from mechlab.prune.consensus import (
+    attach_consensus,
+    attach_seed_consensus,
+    consensus_prune,
+    consensus_scores,
+)
 from mechlab.prune.curves import FaithfulnessCurve, faithfulness_curve
 from mechlab.prune.engine import prune, prune_seeds
 from mechlab.prune.evaluate import evaluate_circuit, evaluate_masks, target_outputs
@@ -66,6 +71,7 @@ __all__ = [
     "PROTOCOLS",
     "PruneConfig",
     "attach_consensus",
+    "attach_seed_consensus",
     "consensus_prune",
     "consensus_scores",
     "ABLATIONS",

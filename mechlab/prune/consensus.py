@@ -85,6 +85,15 @@ def attach_consensus(
     return circuit
 
 
+def attach_seed_consensus(circuits: Sequence[Circuit]) -> None:
+    """Record on each of one target's ``circuits`` (one per seed, at one budget) the
+    consensus of them all (what ``mechlab prune`` and ``mechlab report`` record when they
+    run two or more seeds); nothing with fewer than two."""
+    if len(circuits) >= 2:
+        for circuit in circuits:
+            attach_consensus(circuit, circuits)
+
+
 def consensus_scores(circuit: Circuit) -> dict[Edge, float] | None:
     """Edge -> consensus score recorded on ``circuit`` (None when it records none);
     an edge of the circuit that no recorded run kept cannot occur (the circuit is a run)."""
@@ -94,7 +103,9 @@ def consensus_scores(circuit: Circuit) -> dict[Edge, float] | None:
     return {(w, r): float(f) for w, r, f in entry["scores"]}
 
 
-def nearby_sparsities(n_countable: int, sparsity: float, factors: Sequence[float] = BUDGET_FACTORS) -> list[float]:
+def nearby_sparsities(
+    n_countable: int, sparsity: float, factors: Sequence[float] = BUDGET_FACTORS
+) -> list[float]:
     """The asked sparsity and the nearby ones: edge counts ``round(f * k)`` (at least 1,
     at most ``n_countable - 1``; duplicates dropped), as sparsities, densest last."""
     k = hc.keep_count(n_countable, sparsity)
@@ -137,7 +148,9 @@ def consensus_prune(
 
     if not seeds:
         raise ValueError("consensus_prune needs at least one seed")
-    run_args = {k: settings.pop(k) for k in ("position_aware", "checkpoint_sha256") if k in settings}
+    run_args = {
+        k: settings.pop(k) for k in ("position_aware", "checkpoint_sha256") if k in settings
+    }
     config = prune_config(sparsity, config, **settings)
     graph = pruning_graph(model, data.train.windows, run_args.get("position_aware"))
     scored = target_positions(target, data.train) if graph.windows else None
@@ -146,7 +159,9 @@ def consensus_prune(
     runs, main = [], None
     for seed in seeds:
         for s in budgets:
-            circuit = prune(model, data, target, s, config=config, seed=seed, progress=progress, **run_args)
+            circuit = prune(
+                model, data, target, s, config=config, seed=seed, progress=progress, **run_args
+            )
             runs.append(circuit)
             if main is None and s == config.sparsity:
                 main = circuit
@@ -157,6 +172,7 @@ __all__ = [
     "BUDGET_FACTORS",
     "STABLE_CONSENSUS",
     "attach_consensus",
+    "attach_seed_consensus",
     "consensus_prune",
     "consensus_scores",
     "edge_frequencies",

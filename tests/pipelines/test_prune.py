@@ -92,9 +92,34 @@ def test_cli_prune_seeds_draw_their_own_traces(lds_checkpoint, tmp_path):
             "--test-traces", "8", "--steps", "2", "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     seeds = sorted(
-        (c.metadata["seed"], c.metadata["data_seed"]) for c in map(Circuit.from_json, out.glob("*.json"))
+        (c.metadata["seed"], c.metadata["data_seed"])
+        for c in map(Circuit.from_json, out.glob("*.json"))
     )
     assert seeds == [(0, 0), (1, 1)]
+
+
+def test_cli_prune_seeds_record_their_consensus_and_a_rerun_changes_nothing(
+    lds_checkpoint, tmp_path
+):
+    path, _ = lds_checkpoint
+    out = tmp_path / "c"
+    argv = ["prune", "--ckpt", str(path), "--seed", "0", "--seed", "1", "--seed", "2", "--traces", "8",
+            "--test-traces", "8", "--steps", "3", "--sparsity", "0.9", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    circuits = [Circuit.from_json(out / f"1-after_seed{s}.json") for s in range(3)]
+    # independent count: for every edge any seed keeps, the fraction of the three that keep it
+    every = {e for c in circuits for e in c.edges}
+    expected = {e: sum(e in c.edges for c in circuits) / 3 for e in every}
+    for c in circuits:
+        entry = c.metadata["consensus"]
+        assert entry["n_runs"] == 3 and entry["seeds"] == [0, 1, 2]
+        assert {(w, r): f for w, r, f in entry["scores"]} == pytest.approx(expected)
+    assert "consensus" in (out / "1-after_seed0.html").read_text()  # the view shows it
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".html")}
+    assert main(argv) == 0  # read back: the same files, byte for byte
+    assert {
+        p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".html")
+    } == before
 
 
 def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
@@ -103,7 +128,9 @@ def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, mon
     path, _ = lds_checkpoint
     loads: list[str] = []
     real_load = torch.load
-    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(str(f)) or real_load(f, *a, **k))
+    monkeypatch.setattr(
+        torch, "load", lambda f, *a, **k: loads.append(str(f)) or real_load(f, *a, **k)
+    )
     argv = ["prune", "--ckpt", str(path), "--target", "1-after", "--target", "2-after", "--seed", "0",
             "--seed", "1", "--traces", "8", "--test-traces", "8", "--steps", "2", "--sparsity", "0.9",
             "--out", str(tmp_path / "c"), "--no-progress"]  # fmt: skip
@@ -112,7 +139,9 @@ def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, mon
     assert len(list((tmp_path / "c").glob("*.json"))) == 4
 
 
-def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engine(lds_checkpoint, monkeypatch):
+def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engine(
+    lds_checkpoint, monkeypatch
+):
     """prune_checkpoint builds the edge graph and checks the sparsity exactly as often as the
     engine's prune() alone does (main at 4d72a04 did both twice per prune)."""
     import mechlab.prune.engine as engine
@@ -155,5 +184,7 @@ def test_prune_settings_resolve_the_search_defaults(tiny_lds_checkpoint):
     ckpt = open_checkpoint(tiny_lds_checkpoint)
     plain = prune_settings(ckpt, "1-after")
     assert plain["steps"] == PruneConfig().steps and plain["warm_start"] == PruneConfig().warm_start
-    assert plain == prune_settings(ckpt, "1-after", steps=PruneConfig().steps, warmup=PruneConfig().steps // 2)
+    assert plain == prune_settings(
+        ckpt, "1-after", steps=PruneConfig().steps, warmup=PruneConfig().steps // 2
+    )
     assert plain != prune_settings(ckpt, "1-after", steps=7)
