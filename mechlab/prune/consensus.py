@@ -168,6 +168,41 @@ def consensus_prune(
     return attach_consensus(main, runs, seeds, budgets)
 
 
+def target_consensus(circuits: Sequence[Circuit]) -> dict[Edge, float]:
+    """Edge -> how often one target's circuits keep it: the fraction of its circuits
+    (its seeds) when there are several, else the consensus the circuit records
+    (:mod:`mechlab.prune.consensus`), else 1 for each of its edges."""
+    if len(circuits) == 1:
+        recorded = consensus_scores(circuits[0])
+        if recorded is not None:
+            return dict(sorted(recorded.items(), key=lambda kv: -kv[1]))
+    return edge_frequencies(circuits)
+
+
+def stable_edges(a: dict[Edge, float], b: dict[Edge, float], stable: float = STABLE_CONSENSUS) -> dict[str, Any]:
+    """The two targets' edges by sharing and stability.
+
+    An edge is *shared* when both targets keep it in some run, and *stable* in a target
+    when its consensus there is at least ``stable``. Lists of ``[writer, reader, score a,
+    score b]`` (0 where a target never keeps it): ``shared_stable`` (stable in both),
+    ``shared_unstable``, ``a_only_stable``, ``a_only_unstable``, ``b_only_stable``,
+    ``b_only_unstable``, with their counts.
+    """
+    out: dict[str, list[list[Any]]] = {k: [] for k in (
+        "shared_stable", "shared_unstable", "a_only_stable", "a_only_unstable",
+        "b_only_stable", "b_only_unstable")}  # fmt: skip
+    for edge in list(a) + [e for e in b if e not in a]:
+        fa, fb = a.get(edge, 0.0), b.get(edge, 0.0)
+        if fa > 0 and fb > 0:
+            key = "shared_stable" if min(fa, fb) >= stable else "shared_unstable"
+        elif fa > 0:
+            key = "a_only_stable" if fa >= stable else "a_only_unstable"
+        else:
+            key = "b_only_stable" if fb >= stable else "b_only_unstable"
+        out[key].append([edge[0], edge[1], fa, fb])
+    return {**out, **{f"n_{k}": len(v) for k, v in out.items()}, "stable_at": stable}
+
+
 __all__ = [
     "BUDGET_FACTORS",
     "STABLE_CONSENSUS",
@@ -177,4 +212,6 @@ __all__ = [
     "consensus_scores",
     "edge_frequencies",
     "nearby_sparsities",
+    "stable_edges",
+    "target_consensus",
 ]

@@ -4,7 +4,9 @@
 takes one), prepares the search (:func:`prepare_search`: the graph, the countable edges,
 the ablation, the reference outputs, the fully ablated loss), runs the one search core
 (:func:`mechlab.prune.search.optimise_masks`, shared with the joint search), chooses the
-circuit and scores it on the held-out traces (:func:`finish_circuit`).
+circuit and scores it on the held-out traces (:func:`finish_circuit`). The preparation
+lives in :mod:`mechlab.prune.setup`, the masks-to-circuit step (:func:`binarize`) in
+:mod:`mechlab.prune.choose`; their names are re-exported here.
 
 The default (docs/pruning.md, "Optimisation"): masks warm-started from an attribution
 ranking (:func:`warm_start_scores`: exact single-edge ablation on graphs up to 1000
@@ -38,342 +40,43 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mechlab.models.base import predict_in_chunks
 from mechlab.prune import masks as hc
+from mechlab.prune.choose import (  # re-exported: the engine's names before the split
+    WARN_COMPLEMENT,
+    WARN_FAITHFULNESS,
+    BinaryMasks,
+    binarize,
+    check_sparsity,
+    faithfulness_warning,
+)
 from mechlab.prune.circuit import Circuit
-from mechlab.prune.config import EXACT_WARM_MAX, NOISE_RUNS, PruneConfig, prune_config
+from mechlab.prune.config import NOISE_RUNS, PruneConfig, prune_config
 from mechlab.prune.evaluate import evaluate_masks
-from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward, select_traces
+from mechlab.prune.forward import frozen_eval
 from mechlab.prune.graph import (
     EdgeGraph,
     countable_edges,
     inert_writers,
-    pruning_graph,
     target_windows,
     unreachable_edges,
 )
-from mechlab.prune.paths import live_edges, select_on_paths
 from mechlab.prune.refine import Selection, kept_log_alpha, loss_function, select_edges
-from mechlab.prune.search import MaskResult, optimise_masks, task_loss, warm_logits
+from mechlab.prune.search import MaskResult, optimise_masks, warm_logits
+from mechlab.prune.setup import (  # re-exported: the engine's names before the split
+    SearchSetup,
+    ablated_loss,
+    check_prune_args,
+    check_prune_data,
+    prepare_search,
+    warm_method,
+    warm_start_scores,
+)
 from mechlab.traces import (
     PruneData,
     Target,
-    Traces,
     check_target,
-    target_mask,
     target_name,
-    target_positions,
 )
-
-WARN_FAITHFULNESS = 0.1  # warn below this faithfulness ...
-WARN_COMPLEMENT = 0.9  # ... or above this complement faithfulness
-
-
-# ---------------------------------------------------------------------------------------
-# Preparing a search
-# ---------------------------------------------------------------------------------------
-
-
-def check_prune_args(sparsity: float | None = None, **settings: Any) -> PruneConfig:
-    """Validate :func:`prune`'s settings before any work; returns their :class:`PruneConfig`.
-
-    Args:
-        sparsity: Edge sparsity (None: the config's default).
-        **settings: :class:`PruneConfig` fields (``config=`` a base config) and
-            :func:`prune`'s run arguments (:data:`~mechlab.prune.config.RUN_ARGUMENTS`,
-            ignored here).
-
-    Raises:
-        ValueError: A bad value or an unknown setting (one line).
-    """
-    config = settings.pop("config", None)
-    return prune_config(sparsity, config, **settings)
-
-
-@dataclass
-class SearchSetup:
-    """Everything a search needs besides its settings, built once on the training traces.
-
-    Attributes:
-        graph: The graph pruned.
-        train: The training traces, on the model's device.
-        positions: Per target, ``[batch, pos]`` bool.
-        reference: The full model's outputs (or the truth).
-        ablated: The ablated writer outputs.
-        scored: Per target, its scored positions (a windowed graph) or None.
-        countable: Per target, ``[n_edges]`` bool.
-        n_keep: Per target, the edges the sparsity keeps.
-        ablated_losses: Per target, the fully ablated model's training loss (computed
-            when normalising, else 1.0).
-        norms: Per target, what its task loss is divided by.
-        warm: Per target, the warm start's attribution scores (``[n_edges]``), or None.
-    """
-
-    graph: EdgeGraph
-    train: Traces
-    positions: list[Tensor]
-    reference: Tensor
-    ablated: Any
-    scored: list[list[int] | None]
-    countable: list[Tensor]
-    n_keep: list[int]
-    ablated_losses: list[float]
-    norms: list[float]
-    warm: list[Tensor] | None = None
-
-
-def check_prune_data(config: PruneConfig, data: PruneData) -> None:
-    """A one-line ValueError when the traces lack what the loss or the ablation needs."""
-    if config.loss == "truth" and (data.train.truth is None or data.test.truth is None):
-        raise ValueError("loss 'truth' needs traces with ground truth (Traces.truth)")
-    if config.ablation == "interchange" and (data.train.corrupted is None or data.test.corrupted is None):
-        raise ValueError("ablation 'interchange' needs corrupted traces (Traces.corrupted)")
-
-
-def prepare_search(
-    model: nn.Module,
-    data: PruneData,
-    targets: Sequence[Target],
-    config: PruneConfig,
-    position_aware: bool | None = None,
-    ablated_losses: bool | None = None,
-) -> SearchSetup:
-    """Check the data and the sparsity, then build the search's inputs (no optimisation).
-
-    Args:
-        model: The model (frozen and in eval mode for the forward passes inside).
-        data: The traces.
-        targets: The targets (already checked against the traces).
-        config: The settings.
-        position_aware: As :func:`prune`.
-        ablated_losses: Compute the fully ablated losses (default: when normalising).
-
-    Raises:
-        ValueError: Missing ground truth or corrupted traces, a sparsity that keeps no edge.
-    """
-    check_prune_data(config, data)
-    graph = pruning_graph(model, data.train.windows, position_aware)
-    scored = [target_positions(t, data.train) if graph.windows else None for t in targets]
-    n_keep = [check_sparsity(graph, config.ablation, config.sparsity, s) for s in scored]
-    countable = [countable_edges(graph, config.ablation, s) for s in scored]
-    device = next(model.parameters()).device
-    train = data.train.to(device)
-    compute = config.normalize_loss if ablated_losses is None else ablated_losses
-    with frozen_eval(model), torch.no_grad():
-        positions = [target_mask(t, train) for t in targets]
-        ablated = make_ablation(model, config.ablation, train, graph=graph)
-        reference = train.truth if config.loss == "truth" else predict_in_chunks(model, train.inputs)
-        losses = (
-            [ablated_loss(model, graph, train, pos, reference, ablated) for pos in positions]
-            if compute else [1.0] * len(targets)
-        )  # fmt: skip
-    norms = losses if config.normalize_loss else [1.0] * len(targets)
-    warm = None
-    if config.warm_start != "none":
-        with frozen_eval(model):
-            warm = [warm_start_scores(model, train, t, graph, config) for t in targets]
-    return SearchSetup(graph, train, positions, reference, ablated, scored, countable, n_keep,
-                       losses, norms, warm)  # fmt: skip
-
-
-def warm_start_scores(
-    model: nn.Module, traces: Traces, target: Target, graph: EdgeGraph, config: PruneConfig
-) -> Tensor:
-    """``[n_edges]`` the scores of ``config.warm_start`` (an attribution method,
-    :func:`mechlab.prune.attribution.score_edges`; ``"auto"``: exact single-edge ablation up
-    to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else EAP-IG) on the
-    training traces, with the search's ablation and its task loss as the metric. The model
-    must be frozen and in eval mode."""
-    from mechlab.prune.attribution import build_objective, score_edges
-
-    obj = build_objective(model, traces, target, config.ablation, "loss", graph)
-    return score_edges(obj, warm_method(config, int(obj.countable.sum())), steps=config.warm_steps).float().cpu()
-
-
-def warm_method(config: PruneConfig, n_countable: int) -> str | None:
-    """The attribution method a search starts from (None: no warm start); ``"auto"``:
-    ``"exact"`` up to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else ``"eap-ig"``."""
-    if config.warm_start == "none":
-        return None
-    if config.warm_start == "auto":
-        return "exact" if n_countable <= EXACT_WARM_MAX else "eap-ig"
-    return config.warm_start
-
-
-@torch.no_grad()
-def ablated_loss(
-    model: nn.Module, graph: EdgeGraph, traces: Traces, positions: Tensor, reference: Tensor,
-    ablated: Tensor, batch_size: int = 128,
-) -> float:
-    """The task loss of the model with every edge ablated (the loss an empty circuit has).
-
-    Dividing the task loss by it makes the search indifferent to the scale of the
-    model's outputs: the loss becomes ``1 - faithfulness`` of the batch, so a circuit
-    whose effect is small in absolute terms is found as readily as a large one.
-
-    Returns:
-        The mean loss at the target positions (1.0 when it is 0, so it can divide).
-    """
-    zeros = torch.zeros(graph.n_edges, device=ablated.device)
-    losses = []
-    for start in range(0, len(traces), batch_size):
-        index = torch.arange(start, min(start + batch_size, len(traces)), device=ablated.device)
-        abl = select_traces(ablated, index)
-        pred = masked_forward(model, graph, traces.inputs[index], abl, zeros)
-        mask = positions[index]
-        n = int(mask.sum())
-        if n:
-            losses.append((task_loss(pred[mask], reference[index][mask], model.cfg.io).double() * n, n))
-    total, count = sum(v for v, _ in losses), sum(n for _, n in losses)
-    value = float(total / count) if count else 0.0
-    return value if value > 0 else 1.0
-
-
-# ---------------------------------------------------------------------------------------
-# Choosing the circuit
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class BinaryMasks:
-    """The circuit as masks: kept edges and nodes, and how they were chosen.
-
-    Attributes:
-        edges: ``[n_edges]`` bool, the kept edges (all open and on a complete path).
-        nodes: ``[n_writers]`` bool, the kept writers.
-        edge_threshold: On ``log_alpha`` (``inf`` when no edge is kept).
-        node_threshold: On the nodes' ``log_alpha``, or None without node masks.
-        n_countable: Edges the sparsity counts (those not from an inert writer).
-        n_open: Countable edges that are open (and whose writer is kept).
-        n_wanted: Edges the asked sparsity keeps; more than ``n_open`` when limited.
-        n_open_on_paths: Open edges on a complete path through open edges
-            (:func:`live_edges`); the others could not change the output.
-    """
-
-    edges: Tensor
-    nodes: Tensor
-    edge_threshold: float
-    node_threshold: float | None
-    n_countable: int
-    n_open: int
-    n_wanted: int
-    n_open_on_paths: int = -1
-
-    @property
-    def limited_by_open_edges(self) -> bool:
-        """Whether fewer edges than asked are kept because too few are open."""
-        return self.n_open < self.n_wanted
-
-    @property
-    def limited_by_paths(self) -> bool:
-        """Whether fewer edges than asked (and open) are kept because the next ones by
-        ``log_alpha`` would not all lie on complete paths within the quota."""
-        return int(self.edges.sum()) < min(self.n_wanted, self.n_open)
-
-
-def binarize(
-    graph: EdgeGraph,
-    result: MaskResult,
-    sparsity: float,
-    node_sparsity: float | None,
-    countable: Tensor | None = None,
-    ablation: str = "interchange",
-) -> BinaryMasks:
-    """Choose the circuit: whole paths of open edges of highest mask, within the quota.
-
-    Nodes first (when node masks were trained): keep the ``round((1 - node_sparsity) n)``
-    writers of highest ``log_alpha`` among the open ones. Then edges: among the
-    countable, open edges (deterministic mask > 0) whose writer is kept, at most
-    ``round((1 - sparsity) n_countable)``, ranked by ``log_alpha`` (which orders them
-    as the deterministic mask does, without the ties of its clamp) and kept only where
-    they complete a path from the input to the read-out (:func:`select_on_paths`);
-    fewer when fewer are open (:attr:`BinaryMasks.limited_by_open_edges`) or when the
-    next path does not fit (:attr:`BinaryMasks.limited_by_paths`).
-
-    Args:
-        graph: The edge graph.
-        result: The optimised masks.
-        sparsity: Edge sparsity over the countable edges.
-        node_sparsity: Writer sparsity, or None.
-        countable: ``[n_edges]`` bool, the edges the sparsity counts (default: all).
-        ablation: The ablation the masks were trained under (where paths may start).
-
-    Returns:
-        The :class:`BinaryMasks`.
-    """
-    nodes = torch.ones(graph.n_writers, dtype=torch.bool)
-    node_threshold = None
-    if result.node_log_alpha is not None and node_sparsity is not None:
-        node_la = result.node_log_alpha.cpu()
-        open_nodes = hc.deterministic_mask(node_la) > 0
-        n_nodes = min(hc.keep_count(graph.n_writers, node_sparsity), int(open_nodes.sum()))
-        node_threshold = hc.bisect_threshold(node_la, n_nodes, open_nodes)
-        nodes = (node_la.double() >= node_threshold) & open_nodes
-    countable = torch.ones(graph.n_edges, dtype=torch.bool) if countable is None else countable
-    edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges])
-    edge_la = result.edge_log_alpha.cpu()
-    eligible = nodes[edge_writer] & countable.cpu() & (hc.deterministic_mask(edge_la) > 0)
-    n_countable, n_open = int(countable.sum()), int(eligible.sum())
-    n_wanted = hc.keep_count(n_countable, sparsity)
-    edges, edge_threshold = select_on_paths(
-        graph, edge_la, eligible, min(n_wanted, n_open), ablation
-    )
-    n_on_paths = int(live_edges(graph, eligible, ablation).sum())
-    return BinaryMasks(
-        edges, nodes, edge_threshold, node_threshold, n_countable, n_open, n_wanted, n_on_paths
-    )
-
-
-def check_sparsity(
-    graph: EdgeGraph, ablation: str, sparsity: float, positions: list[int] | None = None
-) -> int:
-    """Raise ValueError unless ``sparsity`` keeps at least one countable edge; returns how many.
-
-    Args:
-        graph: The edge graph.
-        ablation: The ablation (it decides which edges count, see
-            :func:`mechlab.prune.graph.countable_edges`).
-        sparsity: Edge sparsity in (0, 1).
-        positions: The scored positions (in a windowed graph they decide which edges
-            can matter), or None.
-
-    Returns:
-        The number of edges the sparsity keeps.
-    """
-    n = int(countable_edges(graph, ablation, positions).sum())
-    n_keep = hc.keep_count(n, sparsity)
-    if n_keep < 1:
-        possible = ", ".join(f"{1 - k / n:.4g}" for k in range(1, min(n, 3) + 1))
-        raise ValueError(
-            f"sparsity {sparsity} keeps no edge of this {graph.arch} graph's {n} countable edges "
-            f"(of {graph.n_edges}); use at most {1 - 0.5 / n:.4g} (1 - k/{n} keeps k: {possible}, ...)"
-        )
-    return n_keep
-
-
-def faithfulness_warning(metrics: dict[str, Any]) -> str | None:
-    """A one-line warning when a circuit explains nothing or its complement explains all.
-
-    Args:
-        metrics: The metrics of :func:`mechlab.prune.evaluate.evaluate_masks`.
-
-    Returns:
-        The warning, or None when faithfulness >= 0.1 and complement faithfulness <= 0.9.
-    """
-    faith = metrics.get("faithfulness", float("nan"))
-    complement = metrics.get("complement_faithfulness", float("nan"))
-    problems = []
-    if faith < WARN_FAITHFULNESS:
-        problems.append(f"faithfulness {faith:.3f} < {WARN_FAITHFULNESS}")
-    if complement > WARN_COMPLEMENT:
-        problems.append(f"complement faithfulness {complement:.3f} > {WARN_COMPLEMENT}")
-    if not problems:
-        return None
-    return (
-        f"circuit for {metrics.get('target')!r}: {' and '.join(problems)}; the search likely "
-        "failed (try more steps, a lower sparsity or another seed)"
-    )
-
 
 # ---------------------------------------------------------------------------------------
 # The search
@@ -733,3 +436,28 @@ def prune_seeds(
                 circuit.metadata["data_seed"] = s
             found[target_name(t)].append(circuit)
     return found
+
+
+__all__ = [
+    "WARN_COMPLEMENT",
+    "WARN_FAITHFULNESS",
+    "BinaryMasks",
+    "SearchRun",
+    "SearchSetup",
+    "ablated_loss",
+    "binarize",
+    "check_prune_args",
+    "check_prune_data",
+    "check_sparsity",
+    "faithfulness_warning",
+    "finish_circuit",
+    "prepare_search",
+    "prune",
+    "prune_seeds",
+    "refine_result",
+    "run_searches",
+    "search_record",
+    "selection_record",
+    "warm_method",
+    "warm_start_scores",
+]

@@ -41,7 +41,7 @@ from torch import nn
 from mechlab.limits import check_elements
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit, jaccard, overlap
-from mechlab.prune.consensus import STABLE_CONSENSUS, consensus_scores, edge_frequencies
+from mechlab.prune.consensus import STABLE_CONSENSUS, stable_edges, target_consensus
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import graph_from_summary
 from mechlab.traces import PruneData
@@ -567,37 +567,3 @@ def overlap_report(
         report["across"][f"{na} vs {nb}"] = entry
     return report
 
-
-def target_consensus(circuits: Sequence[Circuit]) -> dict[Edge, float]:
-    """Edge -> how often one target's circuits keep it: the fraction of its circuits
-    (its seeds) when there are several, else the consensus the circuit records
-    (:mod:`mechlab.prune.consensus`), else 1 for each of its edges."""
-    if len(circuits) == 1:
-        recorded = consensus_scores(circuits[0])
-        if recorded is not None:
-            return dict(sorted(recorded.items(), key=lambda kv: -kv[1]))
-    return edge_frequencies(circuits)
-
-
-def stable_edges(a: dict[Edge, float], b: dict[Edge, float], stable: float = STABLE_CONSENSUS) -> dict[str, Any]:
-    """The two targets' edges by sharing and stability.
-
-    An edge is *shared* when both targets keep it in some run, and *stable* in a target
-    when its consensus there is at least ``stable``. Lists of ``[writer, reader, score a,
-    score b]`` (0 where a target never keeps it): ``shared_stable`` (stable in both),
-    ``shared_unstable``, ``a_only_stable``, ``a_only_unstable``, ``b_only_stable``,
-    ``b_only_unstable``, with their counts.
-    """
-    out: dict[str, list[list[Any]]] = {k: [] for k in (
-        "shared_stable", "shared_unstable", "a_only_stable", "a_only_unstable",
-        "b_only_stable", "b_only_unstable")}  # fmt: skip
-    for edge in list(a) + [e for e in b if e not in a]:
-        fa, fb = a.get(edge, 0.0), b.get(edge, 0.0)
-        if fa > 0 and fb > 0:
-            key = "shared_stable" if min(fa, fb) >= stable else "shared_unstable"
-        elif fa > 0:
-            key = "a_only_stable" if fa >= stable else "a_only_unstable"
-        else:
-            key = "b_only_stable" if fb >= stable else "b_only_unstable"
-        out[key].append([edge[0], edge[1], fa, fb])
-    return {**out, **{f"n_{k}": len(v) for k, v in out.items()}, "stable_at": stable}

@@ -144,14 +144,15 @@ def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engin
 ):
     """prune_checkpoint builds the edge graph and checks the sparsity exactly as often as the
     engine's prune() alone does (main at 4d72a04 did both twice per prune)."""
-    import mechlab.prune.engine as engine
+    import mechlab.prune.setup as setup
+    from mechlab.prune.engine import prune as engine_prune
     from mechlab.checkpoint import load_checkpoint
     from mechlab.pipelines.data import nih_data
     from mechlab.prune.graph import EdgeGraph
 
     path, _ = lds_checkpoint
     counts = {"graphs": 0, "sparsity checks": 0}
-    real_init, real_check = EdgeGraph.__init__, engine.check_sparsity
+    real_init, real_check = EdgeGraph.__init__, setup.check_sparsity
 
     def init(self, *args, **kwargs):
         counts["graphs"] += 1
@@ -162,14 +163,14 @@ def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engin
         return real_check(*args, **kwargs)
 
     monkeypatch.setattr(EdgeGraph, "__init__", init)
-    monkeypatch.setattr(engine, "check_sparsity", check)
+    monkeypatch.setattr(setup, "check_sparsity", check)
     kw = {"n_train": 8, "n_test": 8, "steps": 1, "progress": False, "seed": 0}
     prune_checkpoint(path, "1-after", 0.9, **kw)
     through_pipeline = dict(counts)
     counts.update({k: 0 for k in counts})
     ckpt = load_checkpoint(path)
     data = nih_data(ckpt, n_train=8, n_test=8)
-    engine.prune(ckpt.model, data, "1-after", 0.9, steps=1, progress=False, seed=0)
+    engine_prune(ckpt.model, data, "1-after", 0.9, steps=1, progress=False, seed=0)
     assert through_pipeline == counts
     assert counts["sparsity checks"] == 1
 

@@ -16,10 +16,11 @@ from mechlab.prune.consensus import (
     consensus_scores,
     edge_frequencies,
     nearby_sparsities,
+    stable_edges,
 )
 from mechlab.prune.graph import build_graph, countable_edges
 from mechlab.prune.planted import PLANTED_FAMILY, planted_model
-from mechlab.prune.stats import overlap_report, stable_edges
+from mechlab.prune.stats import overlap_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 GRAPH = {"arch": "transformer", "n_layers": 2, "n_heads": 2}

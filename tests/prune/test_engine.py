@@ -13,8 +13,6 @@ from mechlab.models import build_model
 from mechlab.models.transformer import Transformer, TransformerConfig
 from mechlab.prune import engine
 from mechlab.prune.engine import (
-    MaskResult,
-    binarize,
     faithfulness_warning,
     prune,
     prune_seeds,
@@ -351,28 +349,6 @@ def test_bad_arguments_raise_value_errors():
 # ---------------------------------------------------------------------------------------
 
 
-def test_binarize_keeps_only_open_edges_on_complete_paths_and_says_so():
-    graph = build_graph(small_model("lstm", n_layers=3))  # 10 edges
-    # l0.in: 0 embed; l1.in: 1 embed, 2 l0; l2.in: 3 embed, 4 l0, 5 l1; out: 6 embed, 7 l0, 8 l1, 9 l2
-    # deterministic mask > 0 iff log_alpha > log(1/11) = -2.398: edges 0, 3, 7 are open
-    la = torch.full((10,), -5.0)
-    la[[0, 3, 7]] = torch.tensor([0.5, 3.0, -2.0])
-    result = MaskResult(la, None, [])
-    b = binarize(graph, result, 0.5, None)  # asks for 5 edges
-    assert b.n_wanted == 5 and b.n_open == 3 and b.limited_by_open_edges
-    # edge 3 (embed -> l2.in) is open but l2 has no open way to the read-out
-    assert b.n_open_on_paths == 2 and b.edges.nonzero().flatten().tolist() == [0, 7]
-    b = binarize(graph, result, 0.8, None)  # asks for 2: top-k would take 3 and 0, no path
-    assert b.edges.nonzero().flatten().tolist() == [0, 7] and not b.limited_by_open_edges
-    assert not b.limited_by_paths
-    b = binarize(graph, result, 0.9, None)  # asks for 1: no single edge is a path
-    assert not b.edges.any() and b.limited_by_paths and b.edge_threshold == math.inf
-    countable = torch.ones(10, dtype=torch.bool)
-    countable[7] = False  # an inert edge is never kept, and not counted
-    b = binarize(graph, result, 0.8, None, countable)
-    assert b.n_countable == 9 and not b.edges.any()
-
-
 def test_pos_edges_are_excluded_under_interchange_and_mean_only():
     model = small_model("transformer")  # L = 2, H = 2
     graph = build_graph(model)
@@ -483,28 +459,3 @@ def test_the_default_on_the_bundled_checkpoint_fills_its_budget_and_beats_attrib
     meta = circuit.metadata
     assert circuit.n_edges == meta["n_edges_asked"] == 25 or meta["edges_without_effect"]
     assert meta["metrics"]["faithfulness"] >= best_attribution
-
-
-def test_the_exact_warm_start_is_the_batched_replay_of_attribute(monkeypatch):
-    """The default warm start ("auto": exact single-edge ablation on small graphs) scores
-    with the batched replay of ``attribute(..., "exact")`` (not one masked forward per
-    edge) and gives the same scores, bit for bit."""
-    import mechlab.prune.exact as exact
-    from mechlab.prune.attribution import attribute
-    from mechlab.prune.config import PruneConfig
-
-    def no_loop(*args, **kwargs):
-        raise AssertionError("the warm start took the loop of masked forwards")
-
-    model = small_model("transformer")
-    data = random_data(model)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # ~0.1 s; seconds on two contended threads
-    try:
-        expected = attribute(model, data, "all", "exact").scores.float().cpu()
-        monkeypatch.setattr(exact, "exact_loop_scores", no_loop)
-        setup = engine.prepare_search(model, data, ["all"], PruneConfig(sparsity=0.8), None)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(setup.warm[0], expected)
-    assert int((expected != 0).sum()) > 0
