@@ -38,7 +38,7 @@ from mechlab.pipelines.data import (
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.config import JOINT_CONFIG, PROTOCOLS, RUN_ARGUMENTS, resolved_settings
-from mechlab.prune.consensus import attach_seed_consensus
+from mechlab.prune.consensus import attach_consensus, nearby_sparsities
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.joint import (
     JointResult,
@@ -353,6 +353,7 @@ def prune_targets(
     recipe: str = "default",
     on_circuit: Callable[[str, Circuit, Path], None] | None = None,
     force: bool = False,
+    nearby_budgets: bool = False,
     **settings: Any,
 ) -> PruneRun:
     """``mechlab prune``: every target with every seed, on one opened checkpoint.
@@ -374,6 +375,10 @@ def prune_targets(
             read back).
         force: Recompute and replace circuit files of other settings (without it they are
             refused, naming the settings that differ), and write into a folder git tracks.
+        nearby_budgets: Also prune every seed at the nearby budgets (0.8x and 1.25x the
+            asked edge count, :func:`~mechlab.prune.consensus.nearby_sparsities`; not
+            written, rerun on a resume), so that each circuit's consensus counts seeds and
+            budgets. Without it, two or more seeds give a consensus over the seeds.
         **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
             ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
             and every target's budget are checked before the first circuit, and the
@@ -397,6 +402,9 @@ def prune_targets(
                       protocol=prune_protocol(recipe)["nih"])  # fmt: skip
         chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
         method = chosen_method["method"] or "prune"
+        if nearby_budgets and (method != "prune" or chosen_method["n_edges"] is not None):
+            raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
+                             f"--method {method} or --edges)")  # fmt: skip
         plain = {k: v for k, v in settings.items() if k not in _METHOD_KEYS}
         if (
             method != "prune" or chosen_method["n_edges"] is not None
@@ -455,9 +463,20 @@ def prune_targets(
             found[stem] = circuit
             if on_circuit is not None:
                 on_circuit(stem, circuit, run.out)
-        if len(seeds) >= 2:  # each circuit records how often its target's seeds keep each edge
-            for group in run.circuits.values():
-                attach_seed_consensus(group)
+        runs = {t: list(group) for t, group in run.circuits.items()}
+        for stem, circuit in found.items() if nearby_budgets else ():
+            name, s, _ = planned[stem]
+            asked = circuit.metadata["sparsity_asked"]
+            for nearby in nearby_sparsities(circuit.metadata["n_edges_countable"], asked):
+                if nearby != asked:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                        runs[target_name(name)].append(
+                            prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **{**settings, "sparsity": nearby}))
+        if len(seeds) >= 2 or nearby_budgets:  # each circuit records how often its target's runs keep each edge
+            for target, group in run.circuits.items():
+                for circuit in group:
+                    attach_consensus(circuit, runs[target])
             for (
                 stem,
                 circuit,

@@ -122,6 +122,31 @@ def test_cli_prune_seeds_record_their_consensus_and_a_rerun_changes_nothing(
     } == before
 
 
+def test_nearby_budgets_join_the_consensus_and_are_counted_again_here(lds_checkpoint, tmp_path, capsys):
+    from mechlab.pipelines import prune_targets
+    from mechlab.prune.consensus import nearby_sparsities
+
+    path, _ = lds_checkpoint
+    kw = {"n_train": 8, "n_test": 8, "steps": 3, "progress": False}
+    run = prune_targets(path, ["1-after"], (0, 1), tmp_path / "c", sparsity=0.9, nearby_budgets=True, **kw)
+    main_runs = run.circuits["1-after"]
+    budgets = nearby_sparsities(main_runs[0].metadata["n_edges_countable"], 0.9)
+    assert len(budgets) == 3
+    runs = [prune_checkpoint(path, "1-after", b, seed=s, **kw) for s in (0, 1) for b in budgets]
+    expected = {e: sum(e in c.edges for c in runs) / len(runs) for c in runs for e in c.edges}
+    for c in main_runs:
+        entry = c.metadata["consensus"]
+        assert entry["n_runs"] == 6 and entry["sparsities"] == sorted(budgets, reverse=True)
+        assert {(w, r): f for w, r, f in entry["scores"]} == pytest.approx(expected)
+    assert len(list((tmp_path / "c").glob("*.json"))) == 2  # the nearby runs are not written
+    with pytest.raises(ValueError, match="nearby budgets apply to edge pruning"):
+        prune_targets(path, ["1-after"], (0,), tmp_path / "d", method="eap", nearby_budgets=True, **kw)
+    assert not (tmp_path / "d").exists()
+    argv = ["prune", "--ckpt", str(path), "--method", "eap", "--nearby-budgets", "--out", str(tmp_path / "e")]
+    assert main(argv) == 2 and not (tmp_path / "e").exists()
+    assert "--nearby-budgets applies to edge pruning" in capsys.readouterr().err
+
+
 def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
     """Two targets x two seeds (and the target check before them): one read of the file
     (main at 4d72a04 read it 1 + targets x seeds times)."""
@@ -145,9 +170,9 @@ def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engin
     """prune_checkpoint builds the edge graph and checks the sparsity exactly as often as the
     engine's prune() alone does (main at 4d72a04 did both twice per prune)."""
     import mechlab.prune.setup as setup
-    from mechlab.prune.engine import prune as engine_prune
     from mechlab.checkpoint import load_checkpoint
     from mechlab.pipelines.data import nih_data
+    from mechlab.prune.engine import prune as engine_prune
     from mechlab.prune.graph import EdgeGraph
 
     path, _ = lds_checkpoint
