@@ -174,9 +174,9 @@ def test_cli_prune_protocol_explicit_options_override(ckpt_path, tmp_path, captu
     call = capture_prune[-1]
     assert (call["sparsity"], call["steps"], call["loss"]) == (0.95, 500, "truth")
     with pytest.raises(Captured):
-        main(args)  # the default recipe: the command's own defaults, as before
+        main(args)  # the default recipe: the library's own search defaults
     call = capture_prune[-1]
-    assert (call["sparsity"], call["steps"], call["loss"]) == (0.95, 500, "model")
-    assert "node_sparsity" not in call  # prune()'s own default: no node masks
+    assert (call["sparsity"], call["loss"]) == (0.95, "model")
+    assert "steps" not in call and "node_sparsity" not in call  # PruneConfig's: 200 steps, no node masks
     assert main([*args, "--recipe", "paper"]) == 2
     assert "unknown recipe 'paper'" in capsys.readouterr().err
