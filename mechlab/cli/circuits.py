@@ -40,9 +40,9 @@ def prune(
     corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation: misdirect_incorrect (query label swapped with another haystack system's), another probe, or shuffle (state tracking: random, the default there, or x<k>)."),
     loss: str = typer.Option("model", help="model (match the full model) or truth (match the ground truth)."),
     node_sparsity: float | None = typer.Option(None, help="Also mask writer nodes, at this sparsity."),
-    steps: int = typer.Option(500, min=1, help="Optimiser steps."),
-    lr: float = typer.Option(0.1, help="Adam learning rate of the masks."),
-    lambda_lr: float = typer.Option(1.0, help="Peak Adam learning rate of the Lagrange multipliers (maximised; warm-up, then linear decay)."),
+    steps: int | None = typer.Option(None, min=1, help="Optimiser steps (default: the recipe's; the library's default 200)."),
+    lr: float | None = typer.Option(None, help="Adam learning rate of the masks (default: the library's, 0.1)."),
+    lambda_lr: float | None = typer.Option(None, help="Peak Adam learning rate of the Lagrange multipliers (maximised; warm-up, then linear decay; default: the library's, 1.0)."),
     seed: list[int] = typer.Option([0], help="Pruning and data seed (seed k draws its own traces); repeat for a seed-stability estimate."),
     traces: int = typer.Option(256, min=1, help="Training traces."),
     test_traces: int = typer.Option(512, min=1, help="Held-out traces for the metrics."),
@@ -67,6 +67,7 @@ def prune(
     ig_steps: int | None = typer.Option(None, help="Integration points of eap-ig and eap-ig-inputs (default 10)."),
     acdc_max_edges: int | None = typer.Option(None, help="ACDC's limit on countable edges (default 400; each pass runs one forward per edge)."),
     force: bool = force_option("Recompute and replace circuits of other settings found in --out (refused otherwise), and write into a folder git tracks."),
+    nearby_budgets: bool = typer.Option(False, help="Also prune each seed at 0.8x and 1.25x the asked edge count (not written; 3x the time), so that each circuit's consensus counts seeds and budgets (two or more --seed alone: seeds)."),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
@@ -79,6 +80,9 @@ def prune(
     given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
     chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
                              acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
+    if nearby_budgets and (method != "prune" or edges is not None or pairs is not None or share):
+        raise UsageProblem("--nearby-budgets applies to edge pruning of --ckpt at a --sparsity only "
+                           "(not with --method, --edges, --pairs or --share)")  # fmt: skip
     if model is not None and pairs is None:
         raise UsageProblem("--model prunes on prompt pairs: give --pairs pairs.jsonl")
     prompt_only = {"tokenizer", "metric", "position", "test_fraction"} & given
@@ -127,7 +131,7 @@ def prune(
         return
     use_threads(threads)
     result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, force=force,
-                           **common)  # fmt: skip
+                           nearby_budgets=nearby_budgets, **common)  # fmt: skip
     _print_resumed(result.reused, result.replaced)
     for a, b, o in result.overlaps:
         if o.n_edges_a == 0 or o.n_edges_b == 0:

@@ -22,17 +22,31 @@ NIH_HELP = ("NiH construction: study (the default: oldest system queried, misdir
 
 def eval_(
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
-    suite: list[str] = typer.Option(["nih"], help="uninterleaved, nih, ood, dynamics (repeatable) or all."),
-    out: Path | None = typer.Option(None, help="Directory for <suite>.json and <suite>.html (default: mechlab-out/<run>/eval)."),
+    suite: list[str] = typer.Option(
+        ["nih"], help="uninterleaved, nih, ood, dynamics (repeatable) or all."
+    ),
+    out: Path | None = typer.Option(
+        None, help="Directory for <suite>.json and <suite>.html (default: mechlab-out/<run>/eval)."
+    ),
     traces: int = typer.Option(1000, min=1, help="Traces per evaluation."),
-    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
+    haystack: int | None = typer.Option(
+        None,
+        min=1,
+        help="Haystack systems (default: the run's eval setting, shrunk to fit the model).",
+    ),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
     seed: int = typer.Option(0),
     nih: str = typer.Option("study", help=NIH_HELP),
-    trials: int | None = typer.Option(None, min=1, help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples."),
+    trials: int | None = typer.Option(
+        None,
+        min=1,
+        help="nih/ood: initial-state trials per example; --traces is then the number of examples (the study: --traces 50 --trials 1000), median per example then across examples.",
+    ),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
-    force: bool = force_option("Recompute and replace suites of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."),
+    force: bool = force_option(
+        "Recompute and replace suites of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."
+    ),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
@@ -46,10 +60,14 @@ def eval_(
         _print_report(report)
 
     def start(name: str) -> None:
-        typer.echo(f"evaluating {name} ({traces} {'examples' if trials else 'traces'})...", err=True)
+        typer.echo(
+            f"evaluating {name} ({traces} {'examples' if trials else 'traces'})...", err=True
+        )
 
     def reused(name: str, path: Path) -> None:
-        typer.echo(f"{name}: read back {path} (same settings; --force and other settings recompute)")
+        typer.echo(
+            f"{name}: read back {path} (same settings; --force and other settings recompute)"
+        )
 
     evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_start=start, on_reuse=reused, n_traces=traces,
                         n_haystack=haystack, seg_len=seg_len, seed=seed, protocol=nih, trials=trials, device=device, force=force)  # fmt: skip
@@ -59,10 +77,15 @@ def _print_report(report: dict) -> None:
     r = report["result"]
     if report["suite"] == "nih":
         for j, s in r["offsets"].items():
-            typer.echo(f"  {j}-after: median {s['median']:.4f} (q1 {s['q1']:.4f}, q3 {s['q3']:.4f})")
+            typer.echo(
+                f"  {j}-after: median {s['median']:.4f} (q1 {s['q1']:.4f}, q3 {s['q3']:.4f})"
+            )
     elif report["suite"] == "ood":
         for probe, offsets in r["probes"].items():
-            typer.echo(f"  {probe:20s} " + "  ".join(f"{j}-after {s['median']:.3f}" for j, s in offsets.items()))
+            typer.echo(
+                f"  {probe:20s} "
+                + "  ".join(f"{j}-after {s['median']:.3f}" for j, s in offsets.items())
+            )
     elif report["suite"] == "uninterleaved":
         m, ls = r["model_median"], r["lstsq_median"]
         for j in (1, 2, 3, 6, 7, 10, 50, len(m)):
@@ -70,24 +93,44 @@ def _print_report(report: dict) -> None:
                 typer.echo(f"  obs {j:3d}: model {m[j - 1]:.4f}  least-squares {ls[j - 1]:.2e}")
     elif report["suite"] == "dynamics":
         for i, ex in enumerate(r["examples"]):
-            typer.echo(f"  {ex:>10,} examples: " + "  ".join(f"{j}-after {v[i]:.3f}" for j, v in r["offsets"].items()))
+            typer.echo(
+                f"  {ex:>10,} examples: "
+                + "  ".join(f"{j}-after {v[i]:.3f}" for j, v in r["offsets"].items())
+            )
 
 
 def report(
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
-    out: Path = typer.Option(..., help="Directory for index.html and the JSON behind it. A rerun resumes (circuits of the same settings are read back; a finished report is read back whole)."),
+    out: Path = typer.Option(
+        ...,
+        help="Directory for index.html and the JSON behind it. A rerun resumes (circuits of the same settings are read back; a finished report is read back whole).",
+    ),
     target: list[str] = typer.Option(["1-after", "2-after"], help="Pruning target (repeatable)."),
-    seed: list[int] = typer.Option([0, 1], help="Pruning seeds per target (repeatable; two or more give the seed baseline, three or more its intervals: --seed 0 --seed 1 --seed 2, 1.4x as long)."),
+    seed: list[int] = typer.Option(
+        [0, 1],
+        help="Pruning seeds per target (repeatable; two or more give the seed baseline, three or more its intervals: --seed 0 --seed 1 --seed 2, 1.4x as long).",
+    ),
     eval_traces: int = typer.Option(500, min=1, help="NiH traces of the evaluation."),
-    prune_traces: int = typer.Option(256, min=1, help="Training traces of each pruning run (held-out: twice as many)."),
+    prune_traces: int = typer.Option(
+        256, min=1, help="Training traces of each pruning run (held-out: twice as many)."
+    ),
     recall_traces: int = typer.Option(256, min=1, help="NiH traces of the recall verdicts."),
     components: bool = typer.Option(True, help="Patch each head / layer in the recall analysis."),
-    recipe: str = typer.Option("default", help="Pruning recipe: default, uniform or study (see mechlab prune --help); its NiH construction is used everywhere."),
-    steps: int = typer.Option(300, min=1, help="Optimiser steps of each pruning run (mechlab prune: 500)."),
+    recipe: str = typer.Option(
+        "default",
+        help="Pruning recipe: default, uniform or study (see mechlab prune --help); its NiH construction is used everywhere.",
+    ),
+    steps: int | None = typer.Option(
+        None,
+        min=1,
+        help="Optimiser steps of each pruning run (default: the recipe's, 200 for default, as mechlab prune).",
+    ),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu", help="Where every stage runs (cpu, cuda, ...)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
-    force: bool = force_option("Replace a report of other settings in --out (refused otherwise; its other circuits are removed), and write into a folder git tracks."),
+    force: bool = force_option(
+        "Replace a report of other settings in --out (refused otherwise; its other circuits are removed), and write into a folder git tracks."
+    ),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
@@ -113,25 +156,42 @@ def report(
                    f"degree {o['null_degree']:.3f}); within seeds "
                    + ", ".join(f"{t} {v:.3f}" for t, v in s["within"].items()))  # fmt: skip
     if result.reused:
-        typer.echo("read back: the report in --out was finished with the same settings (--force to recompute)")
+        typer.echo(
+            "read back: the report in --out was finished with the same settings (--force to recompute)"
+        )
     typer.echo(f"report: {result.page}")
 
 
 def recall(
     ckpt: Path | None = typer.Option(None, help="Checkpoint of a run trained on the lds task."),
-    checkpoints: Path | None = typer.Option(None, help="Run directory: the same scores across its checkpoints/step_*.pt."),
-    out: Path | None = typer.Option(None, help="Directory for recall.json/.html and recall_dynamics.json/.html (default: mechlab-out/<run>/recall)."),
+    checkpoints: Path | None = typer.Option(
+        None, help="Run directory: the same scores across its checkpoints/step_*.pt."
+    ),
+    out: Path | None = typer.Option(
+        None,
+        help="Directory for recall.json/.html and recall_dynamics.json/.html (default: mechlab-out/<run>/recall).",
+    ),
     traces: int = typer.Option(256, min=1, help="NiH traces."),
-    haystack: int | None = typer.Option(None, min=1, help="Haystack systems (default: the run's eval setting, shrunk to fit the model)."),
+    haystack: int | None = typer.Option(
+        None,
+        min=1,
+        help="Haystack systems (default: the run's eval setting, shrunk to fit the model).",
+    ),
     seg_len: int | None = typer.Option(None, min=1, help="Observations per haystack segment."),
-    offset: list[int] = typer.Option([], help="Offset j of j-after (repeatable; default every one of 1..seg_len)."),
+    offset: list[int] = typer.Option(
+        [], help="Offset j of j-after (repeatable; default every one of 1..seg_len)."
+    ),
     seed: int = typer.Option(0),
-    components: bool = typer.Option(True, help="Also patch each head / layer at the patched position (--ckpt)."),
+    components: bool = typer.Option(
+        True, help="Also patch each head / layer at the patched position (--ckpt)."
+    ),
     nih: str = typer.Option("study", help=NIH_HELP),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu"),
     progress: bool = typer.Option(True, help="Show a progress bar."),
-    force: bool = force_option("Recompute and replace reports of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."),
+    force: bool = force_option(
+        "Recompute and replace reports of other settings found in --out (refused otherwise; the same settings are read back), and write into a folder git tracks."
+    ),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Does each prediction after the query label follow the label or the observations? JSON + HTML."""

@@ -30,12 +30,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.pipelines.curves import curve_checkpoint
     from mechlab.pipelines.data import check_prune_targets, checkpoint_prune_data, circuit_data
     from mechlab.pipelines.evaluate import eval_dynamics, evaluate_checkpoint, run_suite
+    from mechlab.pipelines.joint import joint_prune_checkpoint, joint_prune_targets
     from mechlab.pipelines.methods import METHODS, check_method
     from mechlab.pipelines.prompts import prune_prompts, write_ioi_pairs
     from mechlab.pipelines.prune import (
         PRUNE_PROTOCOLS,
-        joint_prune_checkpoint,
-        joint_prune_targets,
         prune_checkpoint,
         prune_protocol,
         prune_targets,
@@ -60,8 +59,8 @@ _LAZY = {
     "describe": "mechlab.pipelines.checkpoints",
     "eval_dynamics": "mechlab.pipelines.evaluate",
     "evaluate_checkpoint": "mechlab.pipelines.evaluate",
-    "joint_prune_checkpoint": "mechlab.pipelines.prune",
-    "joint_prune_targets": "mechlab.pipelines.prune",
+    "joint_prune_checkpoint": "mechlab.pipelines.joint",
+    "joint_prune_targets": "mechlab.pipelines.joint",
     "load_circuits": "mechlab.pipelines.circuits",
     "make_report": "mechlab.pipelines.report",
     "METHODS": "mechlab.pipelines.methods",

@@ -30,6 +30,7 @@ from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
+from mechlab.prune.config import RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.evaluate import target_outputs
 from mechlab.tasks import ioi
@@ -127,6 +128,14 @@ def default_prompt_out(model_source: str | Path, pairs: str | Path) -> Path:
     return Path(outputs.DEFAULT_ROOT) / f"{name}-{Path(pairs).stem}" / "circuits"
 
 
+def _search_record(settings: dict[str, Any]) -> dict[str, Any]:
+    """The pruning settings a prompt circuit records, resolved through
+    :class:`~mechlab.prune.config.PruneConfig` and :func:`prune`'s run defaults (sparsity
+    is recorded on its own)."""
+    run = outputs.with_defaults(prune, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
+    return {**{k: v for k, v in run.items() if k != "config"}, **resolved_settings(settings, sparsity=False)}
+
+
 def source_digest(path: str | Path | None) -> str | None:
     """The SHA-256 of what a model or tokenizer source holds: a file's bytes, or a folder's
     files (names and bytes, hidden files and subfolders left out); None for None."""
@@ -219,7 +228,7 @@ def prune_prompts(
     tag = "" if method == "prune" else "_" + method
     chosen = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps, "acdc_max_edges": acdc_max_edges}
     extra = {k: v for k, v in chosen.items() if v is not None} if by_method else {}
-    planned = {f"{stem_base}{tag}_seed{s}": {**base, **outputs.with_defaults(prune, {**prune_kwargs, "seed": s}),
+    planned = {f"{stem_base}{tag}_seed{s}": {**base, **_search_record({**prune_kwargs, "seed": s}),
                                              **extra}
                for s in seeds}  # fmt: skip
     with folder:

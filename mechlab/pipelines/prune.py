@@ -3,16 +3,13 @@
 :func:`prune_checkpoint` prunes one target of a checkpoint (or its file) on its own task's
 traces; :func:`prune_targets` is ``mechlab prune``: every target and seed of one opened
 checkpoint, each circuit written as it is found, then their overlaps;
-:func:`joint_prune_checkpoint` / :func:`joint_prune_targets` prune several targets
-jointly (``mechlab prune --share``). The engine (:mod:`mechlab.prune`) knows no
+several targets pruned jointly (``mechlab prune --share``) are
+:mod:`mechlab.pipelines.joint`. The engine (:mod:`mechlab.prune`) knows no
 checkpoint and no task.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,34 +34,25 @@ from mechlab.pipelines.data import (
 )
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
+from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, resolved_settings
+from mechlab.prune.consensus import attach_consensus, nearby_sparsities
 from mechlab.prune.engine import check_prune_args, prune
-from mechlab.prune.joint import (
-    JointResult,
-    ShareSweep,
-    check_joint_targets,
-    check_shares,
-    joint_prune,
-    pairwise_jaccard,
-    share_sweep,
-)
 from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, check_target, target_name
 
+NIH_OF_RECIPE = {"default": "study", "uniform": "uniform", "study": "study"}
 PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
-    "default": {"nih": "study", "sparsity": 0.95},
-    "uniform": {"nih": "uniform", "sparsity": 0.95},
-    "study": {
-        "nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
-        "loss_scale": 1000.0, "steps": 3000,
-    },
-}  # fmt: skip
-"""The pruning recipes (``--recipe``): settings of each, with the NiH construction
-(``nih``) they prune on. ``default``: mechlab's pruning settings
-(:func:`~mechlab.prune.prune`'s defaults, 95% edge sparsity) on the study's NiH (oldest
-system queried, misdirection to the next); ``uniform``: the same settings on uniformly
-drawn NiH traces; ``study``: the recall study's settings (99% edge sparsity, node masks at
-80%, loss 1000 x MSE to the ground truth, 3000 steps) on the study's NiH. A circuit
-records its recipe as ``metadata["protocol"]``."""
+    name: {"nih": NIH_OF_RECIPE[name], "sparsity": cfg.sparsity, **cfg.overrides()}
+    for name, cfg in PROTOCOLS.items()
+}
+"""The pruning recipes (``--recipe``): each one's NiH construction (``nih``, the data
+side) and its search settings (the :class:`~mechlab.prune.config.PruneConfig` instances
+of :data:`mechlab.prune.config.PROTOCOLS`, as the fields that differ from the defaults).
+``default``: mechlab's default search at 95% edge sparsity on the study's NiH (oldest
+system queried, misdirection to the next); ``uniform``: the same on uniformly drawn NiH
+traces; ``study``: the recall study's settings (99% edge sparsity, node masks at 80%, loss
+1000 x raw MSE to the ground truth, 3000 steps, the Lagrangian) on the study's NiH. A
+circuit records its recipe as ``metadata["protocol"]``."""
 
 FAITHFULNESS_WARNING = "circuit for"  # the engine's warning, also in metadata["warnings"]
 
@@ -120,7 +108,12 @@ def prune_settings(
         return None
     settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
-    settings = outputs.with_defaults(prune, settings)
+    # resolved through PruneConfig (its defaults, the effective warm-ups) and prune's run
+    # defaults (seed, position_aware), so a default and the same value given record alike
+    run = outputs.with_defaults(prune, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
+    settings = {**{k: v for k, v in run.items() if k != "config"},
+                **resolved_settings({**settings, "sparsity": sparsity})}  # fmt: skip
+    sparsity = settings.pop("sparsity")
     data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
                             "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
     if ckpt.task == "state_tracking":
@@ -136,9 +129,17 @@ def prune_settings(
             "sparsity": sparsity, **data, **settings}  # fmt: skip
 
 
+def _run_defaults(fn: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """``fn``'s run arguments (seed, ...), its defaults filled in, without ``config``."""
+    run = outputs.with_defaults(fn, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
+    return {k: v for k, v in run.items() if k != "config"}
+
+
 def _state_tracking_name(ckpt: Any, target: Target, length: int | None, corruption: str) -> str:
     """The name of a state-tracking target on its traces (``<target>_n<length>``)."""
-    _, resolved = state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+    _, resolved = state_tracking_data(
+        ckpt, target, length, n_train=1, n_test=1, corruption=corruption
+    )
     return target_name(resolved)
 
 
@@ -218,7 +219,9 @@ def prune_checkpoint(
     data_seed = settings.get("seed", 0) if data_seed is None else data_seed
     method_settings = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps,
                        "acdc_max_edges": acdc_max_edges}  # fmt: skip
-    check_method(method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
+    check_method(
+        method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges
+    )
     ckpt = open_checkpoint(source, device)
     if ckpt.task == "state_tracking":
         data, target = state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
@@ -238,7 +241,15 @@ def prune_checkpoint(
                             seg_len=seg_len, corruption=corruption, data_seed=data_seed, recipe=recipe,
                             length=length, **settings)  # fmt: skip
     # the engine builds the (windowed) graph and checks the sparsity, once, before any work
-    circuit = _find(ckpt.model, data, target, sparsity, checkpoint_sha256=ckpt.sha256, **method_settings, **settings)
+    circuit = _find(
+        ckpt.model,
+        data,
+        target,
+        sparsity,
+        checkpoint_sha256=ckpt.sha256,
+        **method_settings,
+        **settings,
+    )
     circuit.metadata["checkpoint"] = str(source_path(source))
     circuit.metadata["checkpoint_step"] = ckpt.step
     circuit.metadata["protocol"] = recipe
@@ -247,13 +258,19 @@ def prune_checkpoint(
     return circuit
 
 
-def _with_method(record: dict[str, Any] | None, method_settings: dict[str, Any]) -> dict[str, Any] | None:
+def _with_method(
+    record: dict[str, Any] | None, method_settings: dict[str, Any]
+) -> dict[str, Any] | None:
     """A settings record with the method's settings when they are not edge pruning's
     defaults (so that a plain pruning run's record stays what it was)."""
     method = method_settings.get("method") or "prune"
     if record is None or (method == "prune" and method_settings.get("n_edges") is None):
         return record
-    return {**record, **{k: v for k, v in method_settings.items() if v is not None}, "method": method}
+    return {
+        **record,
+        **{k: v for k, v in method_settings.items() if v is not None},
+        "method": method,
+    }
 
 
 def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = "prune",
@@ -324,6 +341,7 @@ def prune_targets(
     recipe: str = "default",
     on_circuit: Callable[[str, Circuit, Path], None] | None = None,
     force: bool = False,
+    nearby_budgets: bool = False,
     **settings: Any,
 ) -> PruneRun:
     """``mechlab prune``: every target with every seed, on one opened checkpoint.
@@ -345,6 +363,10 @@ def prune_targets(
             read back).
         force: Recompute and replace circuit files of other settings (without it they are
             refused, naming the settings that differ), and write into a folder git tracks.
+        nearby_budgets: Also prune every seed at the nearby budgets (0.8x and 1.25x the
+            asked edge count, :func:`~mechlab.prune.consensus.nearby_sparsities`; not
+            written, rerun on a resume), so that each circuit's consensus counts seeds and
+            budgets. Without it, two or more seeds give a consensus over the seeds.
         **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
             ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
             and every target's budget are checked before the first circuit, and the
@@ -356,7 +378,9 @@ def prune_targets(
     device = settings.pop("device", None)
     given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _PRUNE_ONLY})
     check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
-    run = PruneRun(Path(out) if out is not None else outputs.default_out(source_path(source), "circuits"))
+    run = PruneRun(
+        Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
+    )
     folder = outputs.OutputFolder(run.out, "prune", force=force, inputs=[source_path(source)])
     with folder:
         ckpt = open_checkpoint(source, device)
@@ -366,9 +390,22 @@ def prune_targets(
                       protocol=prune_protocol(recipe)["nih"])  # fmt: skip
         chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
         method = chosen_method["method"] or "prune"
+        if nearby_budgets and (method != "prune" or chosen_method["n_edges"] is not None):
+            raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
+                             f"--method {method} or --edges)")  # fmt: skip
         plain = {k: v for k, v in settings.items() if k not in _METHOD_KEYS}
-        if method != "prune" or chosen_method["n_edges"] is not None:  # refused before the first circuit
-            data_keys = ("n_train", "n_test", "n_haystack", "seg_len", "corruption", "data_seed", "length")
+        if (
+            method != "prune" or chosen_method["n_edges"] is not None
+        ):  # refused before the first circuit
+            data_keys = (
+                "n_train",
+                "n_test",
+                "n_haystack",
+                "seg_len",
+                "corruption",
+                "data_seed",
+                "length",
+            )
             chosen = {k: chosen_method[k] for k in _METHOD_KEYS[1:]}
             given = prune_protocol(recipe, **{k: v for k, v in plain.items() if k not in data_keys})
             sparsity = given.pop("sparsity")
@@ -388,7 +425,10 @@ def prune_targets(
                 planned[stem] = (name, s, record)
         if len(planned) < len(targets) * len(seeds):
             raise ValueError("targets and seeds must not repeat")
-        status = folder.plan({f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None})
+        status = folder.plan(
+            {f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None}
+        )
+        found: dict[str, Circuit] = {}
         for stem, (name, s, _) in planned.items():
             json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
             if status.get(f"{stem}.json") == "same":
@@ -398,7 +438,9 @@ def prune_targets(
                     folder.write_circuit_figure(circuit, html_path.name)
             else:
                 with warnings.catch_warnings():  # the metadata keeps them (callers print them)
-                    warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                    warnings.filterwarnings(
+                        "ignore", message=FAITHFULNESS_WARNING, category=UserWarning
+                    )
                     circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
                 if status.get(f"{stem}.json") == "redo":
                     run.replaced.append(stem)
@@ -406,8 +448,30 @@ def prune_targets(
                 folder.write_circuit_figure(circuit, html_path.name)
             run.circuits.setdefault(target_name(name), []).append(circuit)
             run.files[stem] = (json_path, html_path)
+            found[stem] = circuit
             if on_circuit is not None:
                 on_circuit(stem, circuit, run.out)
+        runs = {t: list(group) for t, group in run.circuits.items()}
+        for stem, circuit in found.items() if nearby_budgets else ():
+            name, s, _ = planned[stem]
+            asked = circuit.metadata["sparsity_asked"]
+            for nearby in nearby_sparsities(circuit.metadata["n_edges_countable"], asked):
+                if nearby != asked:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                        runs[target_name(name)].append(
+                            prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **{**settings, "sparsity": nearby}))
+        if len(seeds) >= 2 or nearby_budgets:  # each circuit records how often its target's runs keep each edge
+            for target, group in run.circuits.items():
+                for circuit in group:
+                    attach_consensus(circuit, runs[target])
+            for (
+                stem,
+                circuit,
+            ) in found.items():  # rewritten with it (unchanged files stay as they are)
+                json_path, html_path = run.files[stem]
+                folder.write_circuit(circuit, json_path.name)
+                folder.write_circuit_figure(circuit, html_path.name)
     names = list(run.circuits)
     for a, b in zip(names, names[1:], strict=False):
         run.overlaps.append((a, b, overlap(run.circuits[a][0], run.circuits[b][0])))
@@ -422,181 +486,3 @@ _METHOD_KEYS = ("method", "n_edges", "ig_steps", "acdc_max_edges")
 # The settings of prune_targets that the recipe and the engine's check take (not the data's).
 _PRUNE_ONLY = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
                "loss_scale", "normalize_loss")  # fmt: skip
-
-
-def joint_prune_checkpoint(
-    source: Source,
-    targets: Sequence[Target],
-    shares: Sequence[float | str],
-    seeds: Sequence[int] = (0,),
-    sparsity: float | None = None,
-    *,
-    n_train: int = 256,
-    n_test: int = 512,
-    n_haystack: int | None = None,
-    seg_len: int | None = None,
-    corruption: str = DEFAULT_CORRUPTION,
-    device: str | None = None,
-    recipe: str = "default",
-    loss_scale: float | None = None,
-    out_dir: str | Path | outputs.OutputFolder | None = None,
-    force: bool = False,
-    **prune_kwargs: Any,
-) -> ShareSweep:
-    """Prune several targets of a checkpoint jointly, for each sharing weight and seed.
-
-    The traces are built as :func:`prune_checkpoint` builds them, seed ``k`` drawing its
-    own (so the seeds vary data and optimiser), and every share of a seed prunes the
-    same traces: the cost of sharing is measured on equal terms.
-
-    Args:
-        source: A checkpoint or its file.
-        targets: At least two targets (``"k-after"``, ``"all"``).
-        shares: Sharing weights (numbers >= 0, ``"tied"``); include 0 for the cost column.
-        seeds: Pruning and data seeds.
-        sparsity: Edge sparsity of every target's circuit (default the recipe's).
-        n_train: Training traces.
-        n_test: Held-out traces.
-        n_haystack: Haystack systems.
-        seg_len: Observations per haystack segment.
-        corruption: How interchange-ablation traces are corrupted.
-        device: Where to run.
-        recipe: As :func:`prune_checkpoint`.
-        loss_scale: As :func:`prune_checkpoint`.
-        out_dir: Where each (share, seed)'s circuits are written as soon as they are found
-            (``share-<share>/<target>_seed<k>.json``; a folder, claimed for the run, or an
-            :class:`~mechlab.pipelines.outputs.OutputFolder` already claimed); a re-run
-            takes a circuit from there instead of pruning again only when the file records
-            the same settings (checkpoint, traces, haystack, corruption, share, seed and
-            every pruning setting), so an interrupted sweep resumes, and a file of other
-            settings is refused before any work (recomputed with ``force``).
-        force: Recompute and replace circuit files of other settings.
-        **prune_kwargs: Passed to :func:`~mechlab.prune.joint.joint_prune`.
-
-    Returns:
-        The :class:`~mechlab.prune.joint.ShareSweep`; each circuit's metadata records the
-        checkpoint and the ``data_seed``.
-
-    Raises:
-        ValueError: As :func:`prune_checkpoint`, fewer than two targets, a bad share.
-    """
-    recipe = _recipe(recipe, prune_kwargs, "joint_prune_checkpoint")
-    settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
-    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
-    if settings.pop("node_sparsity", None) is not None:
-        raise ValueError(
-            f"joint pruning masks edges only, but recipe {recipe!r} or the settings ask for "
-            "node masks; use --recipe default or uniform, without node sparsity"
-        )
-    check_prune_args(sparsity, **settings)
-    shares = check_shares(shares)
-    if len(set(seeds)) != len(seeds) or len(set(shares)) != len(shares):
-        raise ValueError("shares and seeds must not repeat")
-    if out_dir is None or isinstance(out_dir, outputs.OutputFolder):
-        folder = out_dir
-        claimed: Any = contextlib.nullcontext()
-    else:
-        folder = claimed = outputs.OutputFolder(out_dir, "prune --share", force=force, inputs=[source_path(source)])
-    with claimed:
-        ckpt = open_checkpoint(source, device)
-        lds_config(ckpt)
-        path = str(source_path(source))
-
-        @functools.lru_cache(maxsize=1)  # the check below and the sweep's first seed share one build
-        def data_of(seed: int) -> PruneData:
-            return nih_data(
-                ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-                corruption=corruption, data_seed=seed, protocol=nih,
-            )  # fmt: skip
-
-        check_joint_targets(targets, data_of(seeds[0] if seeds else 0))
-        names = [target_name(t) for t in targets]
-        n, s = haystack(ckpt, n_haystack, seg_len)
-        common = {"analysis": "joint-prune", "checkpoint_sha256": ckpt.sha256, "targets": names,
-                  "recipe": recipe, "nih": nih, "sparsity": sparsity, "n_train": n_train, "n_test": n_test,
-                  "n_haystack": n, "seg_len": s, "corruption": corruption,
-                  **outputs.with_defaults(joint_prune, settings)}  # fmt: skip
-
-        def record(share: float, seed: int, name: str) -> dict[str, Any]:
-            return {**common, "target": name, "share": share, "seed": seed, "data_seed": seed}
-
-        def file_of(share: float, seed: int, name: str) -> str:
-            return f"{share_label(share)}/{name}_seed{seed}.json"
-
-        plan = {file_of(sh, sd, nm): record(sh, sd, nm) for sd in seeds for sh in shares for nm in names}
-        status = folder.plan(plan) if folder is not None else {}
-
-        def save(result: JointResult, seed: int) -> None:
-            for name, circuit in result.circuits.items():
-                circuit.metadata.update(checkpoint=path, checkpoint_step=ckpt.step, protocol=recipe,
-                                        **outputs.settings_record(record(result.share, seed, name)))  # fmt: skip
-                if folder is not None:
-                    folder.write_circuit(circuit, file_of(result.share, seed, name))
-
-        def load(share: float, seed: int) -> JointResult | None:
-            if not all(status.get(file_of(share, seed, n)) == "same" for n in names):
-                return None
-            circuits = {n: Circuit.from_json(folder.file(file_of(share, seed, n))) for n in names}
-            folder.reused.extend(folder.file(file_of(share, seed, n)) for n in names)
-            return JointResult(circuits=circuits, share=share, jaccard=pairwise_jaccard(circuits))
-
-        return share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds, load=load,
-                           save=save, sparsity=sparsity, checkpoint_sha256=ckpt.sha256, **settings)  # fmt: skip
-
-
-def share_label(share: float) -> str:
-    """The folder of a share's joint circuits: ``share-<share>`` (``share-tied``)."""
-    return "share-tied" if math.isinf(share) else f"share-{share:g}"
-
-
-@dataclass
-class JointRun:
-    """What :func:`joint_prune_targets` found and wrote: the sweep, its folder, the table
-    (``joint.json``) and each circuit by its stem (``share-<share>/<target>_seed<k>``)."""
-
-    sweep: ShareSweep
-    out: Path
-    table: Path
-    circuits: dict[str, Circuit]
-
-
-def joint_prune_targets(
-    source: Source,
-    targets: Sequence[Target],
-    shares: Sequence[float | str],
-    seeds: Sequence[int] = (0,),
-    out: str | Path | None = None,
-    *,
-    force: bool = False,
-    **settings: Any,
-) -> JointRun:
-    """``mechlab prune --share``: the share sweep of one opened checkpoint, its circuits
-    (``joint/share-<share>/<target>_seed<k>.json`` and ``.html``) and ``joint/joint.json``.
-
-    Args:
-        source: A checkpoint or its file (opened once).
-        targets: Two or more targets.
-        shares: Sharing weights.
-        seeds: Seeds.
-        out: The folder whose ``joint/`` is written (default: ``mechlab-out/<run>/circuits``).
-        force: Recompute and replace circuit files of other settings.
-        **settings: As :func:`joint_prune_checkpoint`.
-    """
-    if len(targets) < 2:
-        raise ValueError(f"--share prunes targets jointly: give two or more --target, got {list(targets)}")
-    base = Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
-    folder = outputs.OutputFolder(base / "joint", "prune --share", force=force, inputs=[source_path(source)])
-    with folder:
-        ckpt = open_checkpoint(source, settings.pop("device", None))
-        with warnings.catch_warnings():  # each circuit keeps its warnings in its metadata
-            warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-            sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, out_dir=folder, **settings)
-        circuits = {}
-        for result in sweep.results:  # the JSON files were written as each result was found
-            for name, circuit in result.circuits.items():
-                stem = f"{share_label(result.share)}/{name}_seed{circuit.metadata['seed']}"
-                if folder.file(f"{stem}.json") not in folder.reused or not folder.file(f"{stem}.html").is_file():
-                    folder.write_circuit_figure(circuit, f"{stem}.html")
-                circuits[stem] = circuit
-        table = folder.write_json("joint.json", sweep.to_dict())
-    return JointRun(sweep, folder.path, table, circuits)

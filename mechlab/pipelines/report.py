@@ -41,6 +41,7 @@ from mechlab.pipelines.evaluate import run_suite
 from mechlab.pipelines.prune import PRUNE_PROTOCOLS, prune_checkpoint, prune_settings
 from mechlab.pipelines.recall import recall_checkpoint
 from mechlab.prune.circuit import Circuit
+from mechlab.prune.consensus import attach_seed_consensus
 from mechlab.tasks.lds import check_batch
 
 Log = Callable[[str], None]
@@ -62,9 +63,9 @@ class ReportConfig:
         components: Also patch each head / layer in the recall analysis (the head heatmap).
         recipe: Pruning recipe (:data:`mechlab.pipelines.PRUNE_PROTOCOLS`); its NiH
             construction is used everywhere.
-        steps: Optimiser steps of each pruning run (300, so that the report on the bundled
-            checkpoint fits in about 5 minutes on 2 CPU cores; None: the protocol's, 500
-            for ``default``).
+        steps: Optimiser steps of each pruning run (None: the recipe's, 200 for
+            ``default``, as ``mechlab prune``; the report on the bundled checkpoint then
+            takes about 3.5 minutes on 2 quiet CPU cores).
         n_boot: Bootstrap resamples of the overlap intervals.
         n_null: Samples of each null model.
     """
@@ -76,7 +77,7 @@ class ReportConfig:
     recall_traces: int = 256
     components: bool = True
     recipe: str = "default"
-    steps: int | None = 300
+    steps: int | None = None
     n_boot: int = 1000
     n_null: int = 500
 
@@ -95,7 +96,9 @@ class ReportConfig:
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
         if self.recipe not in PRUNE_PROTOCOLS:
-            raise ValueError(f"unknown recipe {self.recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+            raise ValueError(
+                f"unknown recipe {self.recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}"
+            )
 
     @property
     def nih(self) -> str:
@@ -115,7 +118,9 @@ _dataclass_init = ReportConfig.__init__
 
 
 @functools.wraps(_dataclass_init)
-def _init_taking_protocol(self: ReportConfig, *args: Any, protocol: str | None = None, **kwargs: Any) -> None:
+def _init_taking_protocol(
+    self: ReportConfig, *args: Any, protocol: str | None = None, **kwargs: Any
+) -> None:
     if protocol is not None:  # the recipe's old name
         from mechlab._deprecated import warn_moved
 
@@ -226,18 +231,28 @@ class Report:
             _plan(folder, self.config, record, known)
             for found in self.circuits.values():
                 for c in found:
-                    folder.write_circuit(c, f"circuits/{_stem(c.metadata['target'], c.metadata['seed'])}.json")
+                    folder.write_circuit(
+                        c, f"circuits/{_stem(c.metadata['target'], c.metadata['seed'])}.json"
+                    )
             return self._write_into(folder, record)
 
     def _write_into(self, folder: outputs.OutputFolder, record: dict[str, Any]) -> Path:
-        """The evaluation, overlap, recall and page files, then ``report.json`` (finished) last."""
+        """The circuits (again: with their consensus), the evaluation, overlap, recall and
+        page files, then ``report.json`` (finished) last."""
+        for found in self.circuits.values():
+            for c in found:
+                folder.write_circuit(
+                    c, f"circuits/{_stem(c.metadata['target'], c.metadata['seed'])}.json"
+                )
         for name, rep in self.evals.items():
             folder.write_json(f"eval/{name}.json", rep)
         folder.write_json("overlap.json", self.overlap)
         folder.write_json("recall.json", self.recall)
         folder.write_plotlyjs()  # the page loads it from its folder
         page = folder.write_text("index.html", self.to_html())
-        folder.write_json("report.json", {**self.to_dict(), **outputs.settings_record(record), "finished": True})
+        folder.write_json(
+            "report.json", {**self.to_dict(), **outputs.settings_record(record), "finished": True}
+        )
         return page
 
 
@@ -251,7 +266,9 @@ def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig) -> di
     inert = set(first.metadata.get("inert_writers", []))  # their edges cannot matter
     edges = [e for e in graph_edges(first) if e[0] not in inert]
     report = overlap_report(flat, edges, n_boot=cfg.n_boot, n_null=cfg.n_null)
-    data = circuit_data(ckpt, first, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, protocol=cfg.nih)
+    data = circuit_data(
+        ckpt, first, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, protocol=cfg.nih
+    )
     report["cross_evaluation"] = cross_evaluate(ckpt.model, data, flat)
     report["excluded_writers"] = sorted(inert)
     return report
@@ -314,11 +331,17 @@ def make_report(
             )  # fmt: skip
             c = find() if prune_with is None else prune_with(target, seed, find)
             circuits.setdefault(target, []).append(c)
+    for (
+        found
+    ) in circuits.values():  # each circuit records how often its target's seeds keep each edge
+        attach_seed_consensus(found)
     timings["pruning"] = time.perf_counter() - start
 
     start = time.perf_counter()
     say("overlap: bootstrap, null models, cross-evaluation")
-    overlap = _overlap(opened, circuits, cfg) if len(cfg.targets) > 1 else {"within": {}, "across": {}}
+    overlap = (
+        _overlap(opened, circuits, cfg) if len(cfg.targets) > 1 else {"within": {}, "across": {}}
+    )
     timings["overlap"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -376,7 +399,9 @@ def _plan(folder: outputs.OutputFolder, cfg: ReportConfig, record: dict[str, Any
     if status == "new":  # no report here: the page files must not exist either
         folder.check_fresh(_REPORT_FILES)
     circuits = folder.plan({n: circuit_settings[n] for n in names if n in circuit_settings})
-    others = sorted(p for p in folder.file("circuits").glob("*.json") if f"circuits/{p.name}" not in names)
+    others = sorted(
+        p for p in folder.file("circuits").glob("*.json") if f"circuits/{p.name}" not in names
+    )
     if others and not folder.force:
         more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
         raise ValueError(f"{str(others[0])!r}{more} belongs to another report (this one makes "
@@ -450,7 +475,9 @@ def report_checkpoint(
         status, circuits = _plan(folder, cfg, record, circuit_settings)
         if status == "same":
             done = outputs.read_json(folder.file("report.json"))
-            if done.get("finished") is True and all(folder.file(n).is_file() for n in _REPORT_FILES):
+            if done.get("finished") is True and all(
+                folder.file(n).is_file() for n in _REPORT_FILES
+            ):
                 say(f"report in {str(folder.path)!r} is finished with the same settings: read back")
                 return ReportRun(folder.file("index.html"), done["summary"], reused=True)
         folder.write_json("report.json", {"checkpoint": str(source_path(ckpt)), "config": asdict(cfg),
@@ -467,6 +494,8 @@ def report_checkpoint(
             folder.write_circuit(circuit, name)
             return circuit
 
-        report = make_report(opened, cfg, device=device, progress=progress, log=log, prune_with=prune_with)
+        report = make_report(
+            opened, cfg, device=device, progress=progress, log=log, prune_with=prune_with
+        )
         page = report._write_into(folder, record)
     return ReportRun(page, report.summary(), reused=False, report=report, circuits_reused=reused)

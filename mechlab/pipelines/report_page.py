@@ -53,9 +53,7 @@ def _f(x: Any, digits: int = 3) -> str:
 
 def _table(rows: Sequence[Sequence[str]], cls: str = "") -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join(
-        "<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows[1:]
-    )
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows[1:])
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
 
 
@@ -157,7 +155,7 @@ def head_findings(recall: dict[str, Any], circuits: dict[str, list[Any]]) -> lis
         "1-after prediction (the fraction of the whole effect that patching this one head's "
         "misdirected output reproduces)."
     )
-    if len({h.split('.')[0] for h, _ in strong}) > 1 and len(strong) > 1:
+    if len({h.split(".")[0] for h, _ in strong}) > 1 and len(strong) > 1:
         text += " Heads of different layers that each carry nearly all of it lie on one path, one after the other."
     one = circuits.get("1-after", [])
     if one:
@@ -236,10 +234,14 @@ def cross_findings(rows: Sequence[dict[str, Any]], circuits: dict[str, list[Any]
     for r in rows:
         if not r["own"]:
             continue
-        match = [c for c in circuits.get(r["circuit_target"], []) if c.metadata.get("seed") == r["seed"]]
+        match = [
+            c for c in circuits.get(r["circuit_target"], []) if c.metadata.get("seed") == r["seed"]
+        ]
         f = match[0].metadata.get("metrics", {}).get("faithfulness") if match else None
         if f is not None and r["seed"] != seed0:
-            gaps.append((abs(f - r["faithfulness"]), r["circuit_target"], r["seed"], f, r["faithfulness"]))
+            gaps.append(
+                (abs(f - r["faithfulness"]), r["circuit_target"], r["seed"], f, r["faithfulness"])
+            )
     if gaps:
         _, t, s, f, g = max(gaps)
         out.append(
@@ -274,8 +276,15 @@ def caveats(report: Any) -> list[str]:
         f"{cfg.n_boot} resamples."
     )
     if cfg.steps is not None:
-        out.append(f"Each pruning ran {cfg.steps} optimiser steps (mechlab prune runs 500 by default).")
-    warned = [line for found in report.circuits.values() for c in found for line in c.metadata.get("warnings", [])]
+        out.append(
+            f"Each pruning ran {cfg.steps} optimiser steps (mechlab prune runs 200 by default)."
+        )
+    warned = [
+        line
+        for found in report.circuits.values()
+        for c in found
+        for line in c.metadata.get("warnings", [])
+    ]
     if warned:
         out.append("Pruning warned: " + "; ".join(html.escape(w) for w in warned))
     limited = [
@@ -284,7 +293,11 @@ def caveats(report: Any) -> list[str]:
     ]  # fmt: skip
     if limited:
         n_all = sum(len(found) for found in report.circuits.values())
-        which = f"all {n_all} circuits" if len(limited) == n_all else f"{len(limited)} of {n_all} circuits ({', '.join(limited)})"
+        which = (
+            f"all {n_all} circuits"
+            if len(limited) == n_all
+            else f"{len(limited)} of {n_all} circuits ({', '.join(limited)})"
+        )
         out.append(
             f"{which[0].upper()}{which[1:]} kept fewer edges than the sparsity allows (see the circuits "
             "table): the search closed the others. That is not an error: a circuit is what the masks "
@@ -299,7 +312,9 @@ def findings(report: Any) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"evaluation": _eval_findings(report.evals)}
     out["circuits"] = _circuit_findings(report.circuits)
     within = report.overlap.get("within", {})
-    out["overlap"] = [null_sentence(k, e, within) for k, e in report.overlap.get("across", {}).items()]
+    out["overlap"] = [
+        null_sentence(k, e, within) for k, e in report.overlap.get("across", {}).items()
+    ]
     out["cross"] = cross_findings(report.overlap.get("cross_evaluation", []), report.circuits)
     out["recall"] = recall_findings(report.recall)
     out["heads"] = head_findings(report.recall, report.circuits)
@@ -319,7 +334,11 @@ def _eval_findings(evals: dict[str, Any]) -> list[str]:
     mis = probes.get("misdirect_incorrect")
     clean = probes.get("clean", offsets)
     if mis:
-        parts = [f"{j}-after {_f(clean[j]['median'])} → {_f(mis[j]['median'])}" for j in mis if j in clean]
+        parts = [
+            f"{j}-after {_f(clean[j]['median'])} → {_f(mis[j]['median'])}"
+            for j in mis
+            if j in clean
+        ]
         out.append(
             "A misdirecting label (the query label names another haystack system) changes the error: "
             + ", ".join(parts) + ". A large jump at one offset and none at the next is the first sign "
@@ -365,7 +384,9 @@ def _section(sid: str, title: str, how: str, *body: str) -> str:
 
 
 def _list(items: Sequence[str]) -> str:
-    return "<ul class='findings'>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
+    return (
+        "<ul class='findings'>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
+    )
 
 
 def _fig(figure: Any) -> str:
@@ -410,7 +431,9 @@ def page(report: Any) -> str:
         _fig(figures["Needle in a haystack"]), _fig(figures["Out-of-distribution probes"]),
     )  # fmt: skip
 
-    crow = [["target", "seed", "edges kept", "edges asked", "faithfulness", "complement faithfulness"]]
+    crow = [
+        ["target", "seed", "edges kept", "edges asked", "faithfulness", "complement faithfulness"]
+    ]
     for target, cs in report.circuits.items():
         for c in cs:
             m = c.metadata.get("metrics", {})
@@ -467,8 +490,27 @@ def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> 
                      _f(e["null_uniform"]["mc_mean"]), f"{_f(d['mc_mean'])} ± {_f(d['mc_std'])}",
                      _f(d["p_greater"], 4)])  # fmt: skip
     for target, ci in ov.get("within", {}).items():
-        rows.append([f"{target}, seed vs seed", _f(ci["value"]), _interval(ci, n_seeds), "", "", ""])
+        rows.append(
+            [f"{target}, seed vs seed", _f(ci["value"]), _interval(ci, n_seeds), "", "", ""]
+        )
     excluded = ", ".join(ov.get("excluded_writers", [])) or "none"
+    srow = [["pair", "shared, stable", "shared, unstable", "only first, stable", "only first, unstable",
+             "only second, stable", "only second, unstable", "stable shared edges"]]  # fmt: skip
+    for key, e in ov["across"].items():
+        sides = e.get("edges")
+        if sides:
+            named = ", ".join(f"{w} → {r}" for w, r, *_ in sides["shared_stable"]) or "none"
+            srow.append([key, *(str(sides[f"n_{k}"]) for k in ("shared_stable", "shared_unstable", "a_only_stable",
+                                                              "a_only_unstable", "b_only_stable", "b_only_unstable")),
+                         html.escape(named)])  # fmt: skip
+    stable_at = next(
+        (e["edges"]["stable_at"] for e in ov["across"].values() if e.get("edges")), None
+    )
+    stable = "" if len(srow) == 1 else (
+        f"<p>Which edges are stable: an edge is stable in a target when at least {stable_at:.0%} of that "
+        "target's seeds keep it (its consensus), shared when both targets keep it in some seed. Shared "
+        "stable edges are what the two computations have in common beyond the seeds' noise; unstable "
+        "ones are the seeds' disagreement.</p>" + _table(srow))  # fmt: skip
     crow = [["circuit", "seed", "scored on", "faithfulness", "complement"]]
     for r in ov.get("cross_evaluation", []):
         crow.append([r["circuit_target"], str(r["seed"]), r["evaluated_on"] + (" (own)" if r["own"] else ""),
@@ -494,7 +536,7 @@ def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> 
         f"agree. Intervals are bootstraps over seeds, shown with {MIN_SEEDS_FOR_INTERVAL} or more "
         f"seeds per target. Edges of writers that cannot matter under the ablation ({excluded}) are "
         "left out of the nulls' edge pool.",
-        _table(rows), _list(found["overlap"]),
+        _table(rows), _list(found["overlap"]), stable,
     ) + cross  # fmt: skip
 
 
@@ -513,7 +555,9 @@ def _recall_section(report: Any, found: dict[str, list[str]], figure: Any) -> st
     hrows = [["head", "hook", "noise", "denoise"]]
     fraction = {(c["component"], c["direction"]): c["fraction"] for c in r.get("components", [])
                 if c["patch"] == "label" and c["offset"] == 1 and c["head"] >= 0}  # fmt: skip
-    listed = dict.fromkeys([h for h, _ in heads.get("noise", [])] + [h for h, _ in heads.get("denoise", [])])
+    listed = dict.fromkeys(
+        [h for h, _ in heads.get("noise", [])] + [h for h, _ in heads.get("denoise", [])]
+    )
     for h in list(listed)[:6]:
         hrows.append([h, f"<code>{hook_name(h)}</code>", _f(fraction.get((h, "noise")), 2),
                       _f(fraction.get((h, "denoise")), 2)])  # fmt: skip
@@ -539,28 +583,49 @@ def _recall_section(report: Any, found: dict[str, list[str]], figure: Any) -> st
 
 def _definitions() -> str:
     terms = [
-        ("faithfulness", "Faithfulness",
-         "1 − error(circuit) / error(everything ablated), both against the full model's prediction on "
-         "held-out traces: 1, the circuit alone does the job; 0, no better than ablating everything."),
-        ("complement", "Complement faithfulness",
-         "The same with only the circuit's edges ablated and everything else kept: near 0 when "
-         "nothing outside the circuit can do the job."),
-        ("nulls", "Uniform null",
-         "The Jaccard of random circuits with the same numbers of edges, drawn uniformly from the "
-         "graph's edges: what circuits of these sizes share by chance."),
-        ("nulls", "Degree-preserving null",
-         "The Jaccard of random circuits in which every writer keeps its number of outgoing and every "
-         "reader its number of incoming edges (edge swaps): what the circuits' shapes alone force."),
-        ("stability", "Seed stability",
-         "How much two prunings of one target with different seeds (and traces) agree: the baseline a "
-         "difference between targets must exceed. In the explorer, an edge's stability is the "
-         "fraction of its target's seeds that keep it."),
-        ("recall", "Label- vs observation-based recall",
-         "Whether a prediction after the query label comes from the label (which system it names) or "
-         "from the observations that follow it; decided by patching each separately."),
-        ("names", "Graph and hook names",
-         "a0.h4 (the pruning graph's name) is blocks.0.attn.hook_result[4] (the hook's); m1 is "
-         "blocks.1.hook_mlp_out; a0.h4.q, the head's query input, is blocks.0.attn.hook_q[4]."),
+        (
+            "faithfulness",
+            "Faithfulness",
+            "1 − error(circuit) / error(everything ablated), both against the full model's prediction on "
+            "held-out traces: 1, the circuit alone does the job; 0, no better than ablating everything.",
+        ),
+        (
+            "complement",
+            "Complement faithfulness",
+            "The same with only the circuit's edges ablated and everything else kept: near 0 when "
+            "nothing outside the circuit can do the job.",
+        ),
+        (
+            "nulls",
+            "Uniform null",
+            "The Jaccard of random circuits with the same numbers of edges, drawn uniformly from the "
+            "graph's edges: what circuits of these sizes share by chance.",
+        ),
+        (
+            "nulls",
+            "Degree-preserving null",
+            "The Jaccard of random circuits in which every writer keeps its number of outgoing and every "
+            "reader its number of incoming edges (edge swaps): what the circuits' shapes alone force.",
+        ),
+        (
+            "stability",
+            "Seed stability",
+            "How much two prunings of one target with different seeds (and traces) agree: the baseline a "
+            "difference between targets must exceed. In the explorer, an edge's stability is the "
+            "fraction of its target's seeds that keep it.",
+        ),
+        (
+            "recall",
+            "Label- vs observation-based recall",
+            "Whether a prediction after the query label comes from the label (which system it names) or "
+            "from the observations that follow it; decided by patching each separately.",
+        ),
+        (
+            "names",
+            "Graph and hook names",
+            "a0.h4 (the pruning graph's name) is blocks.0.attn.hook_result[4] (the hook's); m1 is "
+            "blocks.1.hook_mlp_out; a0.h4.q, the head's query input, is blocks.0.attn.hook_q[4].",
+        ),
     ]
     items = "".join(f"<dt>{concepts_link(k, t)}</dt><dd>{d}</dd>" for k, t, d in terms)
     return _section("definitions", "Definitions",
@@ -574,7 +639,8 @@ def _files(report: Any) -> str:
     settings = (f"targets {', '.join(cfg.targets)}; seeds {', '.join(map(str, cfg.seeds))}; recipe "
                 f"{cfg.recipe} (NiH construction {cfg.nih}); {cfg.steps or 'the recipe’s'} pruning steps")  # fmt: skip
     return _section(
-        "files", "Settings, timings and files",
+        "files",
+        "Settings, timings and files",
         "What ran, how long each stage took, and the JSON behind every number of this page "
         "(each file beside this page).",
         f"<p>{html.escape(settings)}.</p><p>Timings: {html.escape(t)}.</p>"

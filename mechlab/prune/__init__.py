@@ -43,6 +43,13 @@ from mechlab.prune.circuit import (
     overlap,
     seed_stability,
 )
+from mechlab.prune.config import PROTOCOLS, PruneConfig
+from mechlab.prune.consensus import (
+    attach_consensus,
+    attach_seed_consensus,
+    consensus_prune,
+    consensus_scores,
+)
 from mechlab.prune.curves import FaithfulnessCurve, faithfulness_curve
 from mechlab.prune.engine import prune, prune_seeds
 from mechlab.prune.evaluate import evaluate_circuit, evaluate_masks, target_outputs
@@ -61,6 +68,12 @@ from mechlab.prune.stats import bootstrap_overlap, cross_evaluate, null_model
 from mechlab.traces import PruneData, Traces, target_mask
 
 __all__ = [
+    "PROTOCOLS",
+    "PruneConfig",
+    "attach_consensus",
+    "attach_seed_consensus",
+    "consensus_prune",
+    "consensus_scores",
     "ABLATIONS",
     "ACDC_MAX_EDGES",
     "ATTRIBUTION_METHODS",

@@ -6,7 +6,8 @@ object::
     {"format": "mechlab-circuit", "version": 1,
      "nodes": ["embed", "a0.h1", ...],
      "edges": [["embed", "a0.h1.q", 0.93], ...],          # writer, reader, score
-     "metadata": {"checkpoint_sha256": "...", "target": "1-after", ...},
+     "metadata": {"checkpoint_sha256": "...", "target": "1-after", ...,
+                  "consensus": {"scores": [["embed", "a0.h1.q", 0.8], ...], "n_runs": 9, ...}},
      "log_alpha": [["embed", "a0.h1.q", 2.1], ...]}       # optional
 
 :func:`read_circuit_file` reads a file within limits (its size before reading, its
@@ -154,6 +155,15 @@ class _Metrics(BaseModel):
     error_complement: _Number | None = None
 
 
+class _Consensus(BaseModel):
+    """``metadata.consensus`` (:mod:`mechlab.prune.consensus`): how often runs keep each edge."""
+
+    model_config = ConfigDict(extra="allow")
+
+    scores: list[_Edge]  # writer, reader, fraction of runs keeping the edge
+    n_runs: StrictInt
+
+
 class _Metadata(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -165,6 +175,7 @@ class _Metadata(BaseModel):
     seed: StrictInt | None = None
     data_seed: StrictInt | None = None
     graph: _Graph | None = None
+    consensus: _Consensus | None = None
     data: _Data | None = None
     metrics: _Metrics | None = None
     warnings: list[StrictStr] | None = None

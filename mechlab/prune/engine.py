@@ -1,26 +1,35 @@
 """The search for a circuit: optimising hard-concrete masks, then choosing the edges.
 
-Optimisation (:func:`prune`): hard-concrete masks on every edge (and optionally every
-writer node), the task loss at the target positions (times ``loss_scale``) plus, per
-mask kind, the Lagrangian ``lambda1 (s - t) + lambda2 (s - t)^2`` (``s`` the expected
-sparsity in closed form over the countable edges, ``t`` the target ramped linearly from
-0 during the first half of the steps). One Adam optimiser minimises in the masks (lr 0.1,
-constant) and maximises in the lambdas (lr 1.0, rising linearly over the first tenth of
-the steps, then decaying linearly towards 0, so they cannot wind up late in the run and
-push the expected sparsity past its target). ``normalize_loss=True`` divides the task
-loss by the fully ablated model's (:func:`ablated_loss`). Measurements behind these
-choices: docs/pruning.md, "Optimisation". The lambdas are
-created at zero by every call, and the model is put in eval mode with its parameters
-frozen for the duration (both restored afterwards).
+:func:`prune` builds a :class:`~mechlab.prune.config.PruneConfig` from its keywords (or
+takes one), prepares the search (:func:`prepare_search`: the graph, the countable edges,
+the ablation, the reference outputs, the fully ablated loss), runs the one search core
+(:func:`mechlab.prune.search.optimise_masks`, shared with the joint search), chooses the
+circuit and scores it on the held-out traces (:func:`finish_circuit`). The preparation
+lives in :mod:`mechlab.prune.setup`, the masks-to-circuit step (:func:`binarize`) in
+:mod:`mechlab.prune.choose`; their names are re-exported here.
 
-The circuit (:func:`binarize`) keeps only open edges (deterministic mask > 0), the
-``round((1 - sparsity) n)`` of highest mask among the ``n`` countable edges (those not
-from a writer that cannot matter under the ablation, :func:`~mechlab.prune.graph.countable_edges`),
-fewer when fewer are open; a sparsity that keeps no edge is refused before any work.
+The default (docs/pruning.md, "Optimisation"): masks warm-started from an attribution
+ranking (:func:`warm_start_scores`: exact single-edge ablation on graphs up to 1000
+countable edges, EAP-IG above), the task loss divided by the fully ablated model's
+(``1 - faithfulness`` of the batch), a budget constraint that holds the expected number
+of open edges on its schedule at every step (no multipliers), and the circuit chosen on
+the true objective (:func:`mechlab.prune.refine.select_edges`: backward elimination from
+the search's and the warm start's best-ranked edges, against both rankings' own
+complete-path circuits, then a fill up to the budget with edges that measurably lower the
+loss). The metadata records the settings, the edges the
+fill added, each kept edge's effect and the kept edges without a measurable one.
+
+With ``select="rank"`` the circuit (:func:`binarize`) keeps only open edges
+(deterministic mask > 0) on complete paths, at most ``round((1 - sparsity) n)`` of
+highest mask among the ``n`` countable edges (those not from a writer that cannot
+matter under the ablation, :func:`~mechlab.prune.graph.countable_edges`). A sparsity
+that keeps no edge is refused before any work. The model is put in eval mode with its
+parameters frozen for the duration (restored afterwards).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -31,533 +40,81 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mechlab.models.base import predict_in_chunks
-from mechlab.progress import tqdm
 from mechlab.prune import masks as hc
-from mechlab.prune.circuit import Circuit
-from mechlab.prune.evaluate import evaluate_masks
-from mechlab.prune.forward import (
-    ABLATIONS,
-    divergence,
-    frozen_eval,
-    make_ablation,
-    masked_forward,
-    select_traces,
-    truth_error,
+from mechlab.prune.choose import (  # re-exported: the engine's names before the split
+    WARN_COMPLEMENT,
+    WARN_FAITHFULNESS,
+    BinaryMasks,
+    binarize,
+    check_sparsity,
+    faithfulness_warning,
 )
+from mechlab.prune.circuit import Circuit
+from mechlab.prune.config import NOISE_RUNS, PruneConfig, prune_config
+from mechlab.prune.evaluate import evaluate_masks
+from mechlab.prune.forward import frozen_eval
 from mechlab.prune.graph import (
     EdgeGraph,
     countable_edges,
     inert_writers,
-    pruning_graph,
     target_windows,
     unreachable_edges,
 )
-from mechlab.prune.paths import live_edges, select_on_paths
+from mechlab.prune.refine import Selection, kept_log_alpha, loss_function, select_edges
+from mechlab.prune.search import MaskResult, optimise_masks, warm_logits
+from mechlab.prune.setup import (  # re-exported: the engine's names before the split
+    SearchSetup,
+    ablated_loss,
+    check_prune_args,
+    check_prune_data,
+    prepare_search,
+    warm_method,
+    warm_start_scores,
+)
 from mechlab.traces import (
     PruneData,
     Target,
-    Traces,
     check_target,
-    target_mask,
     target_name,
-    target_positions,
 )
 
-LOSSES = ("model", "truth")
-LR = 0.1  # learning rate of the masks (constant)
-LAMBDA_LR = 1.0  # peak learning rate of the Lagrange multipliers
-NORMALIZED_LOSS_SCALE = 10.0  # the default loss: 10 x (task loss / fully ablated loss)
-WARN_FAITHFULNESS = 0.1  # warn below this faithfulness ...
-WARN_COMPLEMENT = 0.9  # ... or above this complement faithfulness
-
-
 # ---------------------------------------------------------------------------------------
-# Optimisation
+# The search
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class MaskResult:
-    """What the optimisation leaves: location parameters and a history.
-
-    Attributes:
-        edge_log_alpha: ``[n_edges]``.
-        node_log_alpha: ``[n_writers]`` or None.
-        history: Per logged step: ``step``, ``loss``, ``sparsity``, ``target``, ``lambda1``, ``lambda2``.
-    """
-
-    edge_log_alpha: Tensor
-    node_log_alpha: Tensor | None
-    history: list[dict[str, float]]
-
-
-class _Lagrangian(nn.Module):
-    """``lambda1 (s - t) + lambda2 (s - t)^2``, both lambdas starting at zero."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lambda1 = nn.Parameter(torch.zeros(()))
-        self.lambda2 = nn.Parameter(torch.zeros(()))
-
-    def forward(self, s: Tensor, t: float) -> Tensor:
-        gap = s - t
-        return self.lambda1 * gap + self.lambda2 * gap * gap
-
-
-def _check_unit(name: str, value: float, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not (low_ok and value < 1):
-        interval = "[0, 1)" if allow_zero else "(0, 1)"
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
-    return float(value)
-
-
-def _check_positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return float(value)
-
-
-def _check_count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _lr_factor(step: int, steps: int, warmup: int) -> float:
-    """Multiplier of the multipliers' learning rate at (0-based) ``step``: linear warm-up
-    over ``warmup`` steps, then linear decay to ``1 / (steps - warmup)`` at the last step."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return (steps - step) / max(1, steps - warmup)
-
-
-def optimise_masks(
-    model: nn.Module,
-    graph: EdgeGraph,
-    traces: Traces,
-    positions: Tensor,
-    reference: Tensor,
-    ablated: Tensor,
-    sparsity: float,
-    node_sparsity: float | None = None,
-    steps: int = 500,
-    warmup: int | None = None,
-    lr: float = LR,
-    lambda_lr: float = LAMBDA_LR,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: bool = True,
-    init_mean: float = hc.INIT_MEAN,
-    countable: Tensor | None = None,
-    loss_scale: float = 1.0,
-    lambda_warmup: int | None = None,
-    loss_norm: float = 1.0,
-    desc: str = "pruning",
-) -> MaskResult:
-    """Optimise hard-concrete edge (and node) masks; the model must be frozen and in eval mode.
-
-    One Adam optimiser holds the masks (minimised, constant learning rate) and the
-    Lagrange multipliers (maximised, their own learning rate, which warms up linearly
-    over ``lambda_warmup`` steps and then decays linearly; see the module docstring).
-
-    Args:
-        model: The model.
-        graph: Its edge graph.
-        traces: Training traces (``inputs`` used).
-        positions: ``[batch, pos]`` bool target positions.
-        reference: ``[batch, pos, d_output]`` what the circuit should output there (the
-            full model's predictions or the truth; token ids for a truth loss on tokens).
-        ablated: ``[n_writers, batch | 1, pos, d]`` ablated writer outputs (a
-            :class:`~mechlab.prune.forward.WindowedAblation` for a windowed graph).
-        sparsity: Target edge sparsity in (0, 1), over the ``countable`` edges.
-        node_sparsity: Target writer-node sparsity, or None for no node masks.
-        steps: Optimiser steps.
-        warmup: Steps over which the target rises linearly from 0 (default ``steps // 2``).
-        lr: Adam learning rate of the masks.
-        lambda_lr: Peak Adam learning rate of the multipliers.
-        batch_size: Traces per step (all of them if fewer).
-        seed: Seeds the initial masks, the noise and the batches.
-        progress: Show a tqdm bar.
-        init_mean: Mean of the initial ``log_alpha`` (see :mod:`mechlab.prune.masks`).
-        countable: ``[n_edges]`` bool, the edges the sparsity counts (default: all).
-        loss_scale: Multiplies the task loss.
-        lambda_warmup: Warm-up steps of the multipliers' learning rate (default ``steps // 10``).
-        loss_norm: The task loss is divided by it (see :func:`ablated_loss`).
-        desc: What the progress bar says it runs.
-
-    Returns:
-        The :class:`MaskResult`.
-    """
-    device = ablated.device
-    io = model.cfg.io
-    warmup = steps // 2 if warmup is None else warmup
-    lambda_warmup = max(1, steps // 10) if lambda_warmup is None else lambda_warmup
-    gen = torch.Generator().manual_seed(seed)
-    edge_la = nn.Parameter(hc.init_log_alpha(graph.n_edges, gen, init_mean).to(device))
-    node_la = None
-    params = [edge_la]
-    if node_sparsity is not None:
-        node_la = nn.Parameter(hc.init_log_alpha(graph.n_writers, gen, init_mean).to(device))
-        params.append(node_la)
-    counted = (
-        torch.ones(graph.n_edges, dtype=torch.bool) if countable is None else countable
-    ).to(device)
-    edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges], device=device)
-    lag_edge, lag_node = _Lagrangian().to(device), _Lagrangian().to(device)  # fresh lambdas
-    lambdas = [*lag_edge.parameters(), *lag_node.parameters()]
-    opt = torch.optim.Adam(
-        [{"params": params, "lr": lr}, {"params": lambdas, "lr": lambda_lr, "maximize": True}]
-    )
-    # masks: constant rate; multipliers: warm-up, then linear decay (no late wind-up)
-    factors = [lambda i: 1.0, lambda i: _lr_factor(i, steps, lambda_warmup)]
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, factors)
-    n = len(traces)
-    order, cursor = torch.randperm(n, generator=gen), 0
-    history = []
-    bar = tqdm(
-        range(1, steps + 1), disable=not progress, desc=desc, unit="step", dynamic_ncols=True
-    )
-    for step in bar:
-        if batch_size >= n:
-            index = torch.arange(n)
-        else:
-            if cursor + batch_size > n:
-                order, cursor = torch.randperm(n, generator=gen), 0
-            index = order[cursor : cursor + batch_size]
-            cursor += batch_size
-        index_d = index.to(device)
-        x = traces.inputs[index_d]
-        abl = select_traces(ablated, index_d)
-        mask = positions[index_d]
-
-        z_edge = hc.sample_mask(edge_la, hc.uniform_noise(graph.n_edges, gen).to(device))
-        z_node = None
-        if node_la is not None:
-            z_node = hc.sample_mask(node_la, hc.uniform_noise(graph.n_writers, gen).to(device))
-        pred = masked_forward(model, graph, x, abl, z_edge, z_node)
-        ref = reference[index_d][mask]
-        if io == "tokens" and ref.dtype == torch.long:
-            task = truth_error(pred[mask], ref, io).mean()
-        else:
-            task = divergence(pred[mask], ref, io).mean()
-
-        target = hc.target_schedule(step, sparsity, warmup)
-        weight = hc.prob_nonzero(node_la)[edge_writer] if node_la is not None else None
-        if weight is not None:
-            weight = weight[counted]
-        s_edge = hc.expected_sparsity(edge_la[counted], weight)
-        total = loss_scale * task / loss_norm + lag_edge(s_edge, target)
-        if node_la is not None:
-            node_target = hc.target_schedule(step, node_sparsity, warmup)
-            total = total + lag_node(hc.expected_sparsity(node_la), node_target)
-
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        opt.step()
-        schedule.step()
-
-        if step == 1 or step % 10 == 0 or step == steps:
-            record = {
-                "step": step, "loss": task.item(), "sparsity": s_edge.item(), "target": target,
-                "lambda1": lag_edge.lambda1.item(), "lambda2": lag_edge.lambda2.item(),
-            }  # fmt: skip
-            history.append(record)
-            bar.set_postfix(loss=f"{record['loss']:.4g}", sparsity=f"{record['sparsity']:.3f}")
-    bar.close()
-    return MaskResult(
-        edge_log_alpha=edge_la.detach().clone(),
-        node_log_alpha=None if node_la is None else node_la.detach().clone(),
-        history=history,
-    )
-
-
-@torch.no_grad()
-def ablated_loss(
-    model: nn.Module, graph: EdgeGraph, traces: Traces, positions: Tensor, reference: Tensor,
-    ablated: Tensor, batch_size: int = 128,
-) -> float:
-    """The task loss of the model with every edge ablated (the loss an empty circuit has).
-
-    Dividing the task loss by it makes the search indifferent to the scale of the
-    model's outputs: the loss becomes ``1 - faithfulness`` of the batch, so a circuit
-    whose effect is small in absolute terms is found as readily as a large one.
-
-    Returns:
-        The mean loss at the target positions (1.0 when it is 0, so it can divide).
-    """
-    io = model.cfg.io
-    zeros = torch.zeros(graph.n_edges, device=ablated.device)
-    losses = []
-    for start in range(0, len(traces), batch_size):
-        index = torch.arange(start, min(start + batch_size, len(traces)), device=ablated.device)
-        abl = select_traces(ablated, index)
-        pred = masked_forward(model, graph, traces.inputs[index], abl, zeros)
-        mask, ref = positions[index], reference[index][positions[index]]
-        if io == "tokens" and ref.dtype == torch.long:
-            losses.append(truth_error(pred[mask], ref, io))
-        else:
-            losses.append(divergence(pred[mask], ref, io))
-    value = float(torch.cat(losses).double().mean())
-    return value if value > 0 else 1.0
-
-
-@dataclass
-class BinaryMasks:
-    """The circuit as masks: kept edges and nodes, and how they were chosen.
-
-    Attributes:
-        edges: ``[n_edges]`` bool, the kept edges (all open and on a complete path).
-        nodes: ``[n_writers]`` bool, the kept writers.
-        edge_threshold: On ``log_alpha`` (``inf`` when no edge is kept).
-        node_threshold: On the nodes' ``log_alpha``, or None without node masks.
-        n_countable: Edges the sparsity counts (those not from an inert writer).
-        n_open: Countable edges that are open (and whose writer is kept).
-        n_wanted: Edges the asked sparsity keeps; more than ``n_open`` when limited.
-        n_open_on_paths: Open edges on a complete path through open edges
-            (:func:`live_edges`); the others could not change the output.
-    """
-
-    edges: Tensor
-    nodes: Tensor
-    edge_threshold: float
-    node_threshold: float | None
-    n_countable: int
-    n_open: int
-    n_wanted: int
-    n_open_on_paths: int = -1
-
-    @property
-    def limited_by_open_edges(self) -> bool:
-        """Whether fewer edges than asked are kept because too few are open."""
-        return self.n_open < self.n_wanted
-
-    @property
-    def limited_by_paths(self) -> bool:
-        """Whether fewer edges than asked (and open) are kept because the next ones by
-        ``log_alpha`` would not all lie on complete paths within the quota."""
-        return int(self.edges.sum()) < min(self.n_wanted, self.n_open)
-
-
-def binarize(
-    graph: EdgeGraph,
-    result: MaskResult,
-    sparsity: float,
-    node_sparsity: float | None,
-    countable: Tensor | None = None,
-    ablation: str = "interchange",
-) -> BinaryMasks:
-    """Choose the circuit: whole paths of open edges of highest mask, within the quota.
-
-    Nodes first (when node masks were trained): keep the ``round((1 - node_sparsity) n)``
-    writers of highest ``log_alpha`` among the open ones. Then edges: among the
-    countable, open edges (deterministic mask > 0) whose writer is kept, at most
-    ``round((1 - sparsity) n_countable)``, ranked by ``log_alpha`` (which orders them
-    as the deterministic mask does, without the ties of its clamp) and kept only where
-    they complete a path from the input to the read-out (:func:`select_on_paths`);
-    fewer when fewer are open (:attr:`BinaryMasks.limited_by_open_edges`) or when the
-    next path does not fit (:attr:`BinaryMasks.limited_by_paths`).
-
-    Args:
-        graph: The edge graph.
-        result: The optimised masks.
-        sparsity: Edge sparsity over the countable edges.
-        node_sparsity: Writer sparsity, or None.
-        countable: ``[n_edges]`` bool, the edges the sparsity counts (default: all).
-        ablation: The ablation the masks were trained under (where paths may start).
-
-    Returns:
-        The :class:`BinaryMasks`.
-    """
-    nodes = torch.ones(graph.n_writers, dtype=torch.bool)
-    node_threshold = None
-    if result.node_log_alpha is not None and node_sparsity is not None:
-        node_la = result.node_log_alpha.cpu()
-        open_nodes = hc.deterministic_mask(node_la) > 0
-        n_nodes = min(hc.keep_count(graph.n_writers, node_sparsity), int(open_nodes.sum()))
-        node_threshold = hc.bisect_threshold(node_la, n_nodes, open_nodes)
-        nodes = (node_la.double() >= node_threshold) & open_nodes
-    countable = torch.ones(graph.n_edges, dtype=torch.bool) if countable is None else countable
-    edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges])
-    edge_la = result.edge_log_alpha.cpu()
-    eligible = nodes[edge_writer] & countable.cpu() & (hc.deterministic_mask(edge_la) > 0)
-    n_countable, n_open = int(countable.sum()), int(eligible.sum())
-    n_wanted = hc.keep_count(n_countable, sparsity)
-    edges, edge_threshold = select_on_paths(
-        graph, edge_la, eligible, min(n_wanted, n_open), ablation
-    )
-    n_on_paths = int(live_edges(graph, eligible, ablation).sum())
-    return BinaryMasks(
-        edges, nodes, edge_threshold, node_threshold, n_countable, n_open, n_wanted, n_on_paths
-    )
-
-
-def check_sparsity(
-    graph: EdgeGraph, ablation: str, sparsity: float, positions: list[int] | None = None
-) -> int:
-    """Raise ValueError unless ``sparsity`` keeps at least one countable edge; returns how many.
-
-    Args:
-        graph: The edge graph.
-        ablation: The ablation (it decides which edges count, see
-            :func:`mechlab.prune.graph.countable_edges`).
-        sparsity: Edge sparsity in (0, 1).
-        positions: The scored positions (in a windowed graph they decide which edges
-            can matter), or None.
-
-    Returns:
-        The number of edges the sparsity keeps.
-    """
-    n = int(countable_edges(graph, ablation, positions).sum())
-    n_keep = hc.keep_count(n, sparsity)
-    if n_keep < 1:
-        possible = ", ".join(f"{1 - k / n:.4g}" for k in range(1, min(n, 3) + 1))
-        raise ValueError(
-            f"sparsity {sparsity} keeps no edge of this {graph.arch} graph's {n} countable edges "
-            f"(of {graph.n_edges}); use at most {1 - 0.5 / n:.4g} (1 - k/{n} keeps k: {possible}, ...)"
-        )
-    return n_keep
-
-
-def faithfulness_warning(metrics: dict[str, Any]) -> str | None:
-    """A one-line warning when a circuit explains nothing or its complement explains all.
-
-    Args:
-        metrics: The metrics of :func:`mechlab.prune.evaluate.evaluate_masks`.
-
-    Returns:
-        The warning, or None when faithfulness >= 0.1 and complement faithfulness <= 0.9.
-    """
-    faith = metrics.get("faithfulness", float("nan"))
-    complement = metrics.get("complement_faithfulness", float("nan"))
-    problems = []
-    if faith < WARN_FAITHFULNESS:
-        problems.append(f"faithfulness {faith:.3f} < {WARN_FAITHFULNESS}")
-    if complement > WARN_COMPLEMENT:
-        problems.append(f"complement faithfulness {complement:.3f} > {WARN_COMPLEMENT}")
-    if not problems:
-        return None
-    return (
-        f"circuit for {metrics.get('target')!r}: {' and '.join(problems)}; the search likely "
-        "failed (try more steps, a lower sparsity or another seed)"
-    )
-
-
-def check_prune_args(
-    sparsity: float,
-    *,
-    ablation: str = "interchange",
-    loss: str = "model",
-    steps: int = 500,
-    lr: float = LR,
-    lambda_lr: float = LAMBDA_LR,
-    batch_size: int = 64,
-    node_sparsity: float | None = None,
-    loss_scale: float | None = None,
-    normalize_loss: bool | None = None,
-    **_: Any,
-) -> None:
-    """Validate :func:`prune`'s scalar arguments (one-line ValueError), before any work.
-
-    Other keyword arguments are accepted and ignored, so a caller can pass on all of
-    :func:`prune`'s.
-    """
-    _check_unit("sparsity", sparsity)
-    if node_sparsity is not None:
-        _check_unit("node_sparsity", node_sparsity, allow_zero=True)
-    if ablation not in ABLATIONS:
-        raise ValueError(f"unknown ablation {ablation!r}; choose one of {ABLATIONS}")
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
-    _check_count("steps", steps)
-    _check_count("batch_size", batch_size)
-    _check_positive("lr", lr)
-    _check_positive("lambda_lr", lambda_lr)
-    if loss_scale is not None:
-        _check_positive("loss_scale", loss_scale)
-    if normalize_loss is not None and not isinstance(normalize_loss, bool):
-        raise ValueError(f"normalize_loss must be True, False or None, got {normalize_loss!r}")
-
-
-def loss_settings(loss_scale: float | None, normalize_loss: bool | None) -> tuple[float, bool]:
-    """The effective ``(loss_scale, normalize_loss)`` of :func:`prune`'s arguments.
-
-    Default (both None): the raw task loss. ``normalize_loss=True``: the task loss divided
-    by the fully ablated model's, times :data:`NORMALIZED_LOSS_SCALE` (10) unless a
-    ``loss_scale`` is given, i.e. ``10 (1 - faithfulness)`` of the batch: it recovers
-    circuits whose outputs are tiny (the planted x0.03 cases), but on the bundled
-    checkpoint's 2-after target (study NiH, seed 0) it closed every edge where the raw
-    loss found 12 edges at faithfulness 0.80 (docs/pruning.md, "Optimisation"). A
-    ``loss_scale`` given alone means the raw loss times it (the study's 1000 x MSE).
-    """
-    normalize = bool(normalize_loss)
-    if loss_scale is None:
-        loss_scale = NORMALIZED_LOSS_SCALE if normalize else 1.0
-    return float(loss_scale), normalize
 
 
 def prune(
     model: nn.Module,
     data: PruneData,
     target: Target,
-    sparsity: float = 0.95,
+    sparsity: float | None = None,
     *,
-    ablation: str = "interchange",
-    steps: int = 500,
+    config: PruneConfig | None = None,
     seed: int = 0,
-    lr: float = LR,
-    lambda_lr: float = LAMBDA_LR,
-    warmup: int | None = None,
-    lambda_warmup: int | None = None,
-    batch_size: int = 64,
-    loss: str = "model",
-    loss_scale: float | None = None,
-    normalize_loss: bool | None = None,
-    node_sparsity: float | None = None,
-    init_mean: float = hc.INIT_MEAN,
     progress: bool = True,
     checkpoint_sha256: str | None = None,
     position_aware: bool | None = None,
+    **settings: Any,
 ) -> Circuit:
-    """Find the circuit of ``model`` for a target by edge pruning.
+    """Find the circuit of ``model`` for a target by edge pruning (module docstring).
 
     Edges from writers that cannot matter under the ablation (the position table under
     interchange or mean ablation, :func:`mechlab.prune.graph.inert_writers`) are left
-    out of the sparsity count and out of the circuit; the circuit holds only open edges
-    (deterministic mask > 0), fewer than asked when fewer are open (recorded in the
-    metadata as ``sparsity_limited_by_open_edges``). A ``UserWarning`` is issued when
-    the held-out faithfulness is below 0.1 or the complement's above 0.9.
+    out of the sparsity count and out of the circuit. The metadata records every
+    setting, the held-out metrics, the edges the selection added and each kept edge's
+    effect (``edge_effects``; ``edges_without_effect`` lists those below
+    ``min_effect``). A ``UserWarning`` is issued when the held-out faithfulness is
+    below 0.1 or the complement's above 0.9.
 
     Args:
         model: A mechlab model (transformer, LSTM, dense SSM, Mamba).
         data: Training and held-out traces (:func:`mechlab.tasks.lds_prune.nih_prune_data`).
         target: ``"k-after"``, ``"all"`` or a callable (:func:`mechlab.traces.target_mask`).
-        sparsity: Fraction of the countable edges to remove, in (0, 1); it must keep
-            at least one edge.
-        ablation: ``"interchange"`` (corrupted traces), ``"mean"`` or ``"zero"``.
-        steps: Optimiser steps.
+        sparsity: Fraction of the countable edges to remove, in (0, 1); it must keep at
+            least one edge (None: the config's, 0.95 by default).
+        config: The search settings (:class:`~mechlab.prune.config.PruneConfig`;
+            default: the defaults); ``settings`` override single fields.
         seed: Seed of the masks' initialisation, noise and batches.
-        lr: Adam learning rate of the masks (constant).
-        lambda_lr: Peak Adam learning rate of the Lagrange multipliers (maximised).
-        warmup: Steps of the linear sparsity ramp (default ``steps // 2``).
-        lambda_warmup: Steps of the multipliers' learning-rate warm-up before its
-            linear decay (default ``steps // 10``).
-        batch_size: Traces per step.
-        loss: ``"model"`` (match the full model's predictions: MSE, or KL for token
-            models) or ``"truth"`` (match the ground truth).
-        loss_scale: Multiplies the task loss. None (default): 10 when the loss is
-            normalized, else 1 (the study: 1000 x MSE). See :func:`loss_settings`.
-        normalize_loss: Divide the task loss by that of the fully ablated model on the
-            training traces (:func:`ablated_loss`), so the search does not depend on
-            the scale of the outputs (for circuits with tiny outputs). None or False
-            (default): the raw loss.
-        node_sparsity: Also mask writer nodes, at this target sparsity (None: no node masks).
-        init_mean: Mean of the initial ``log_alpha`` (see :mod:`mechlab.prune.masks`).
         progress: Show a progress bar.
         checkpoint_sha256: Recorded in the circuit's metadata.
         position_aware: Graph of a recurrent model (:func:`~mechlab.prune.graph.pruning_graph`):
@@ -566,65 +123,160 @@ def prune(
             reached are then left out of the count and recorded as
             ``n_edges_excluded_unreachable``), False the plain graph, True insists on
             the windowed one.
+        **settings: Any :class:`~mechlab.prune.config.PruneConfig` field (``steps``,
+            ``lr``, ``ablation``, ``loss``, ``normalize_loss``, ``constraint``, ...).
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`, with its metrics on the held-out traces.
 
     Raises:
-        ValueError: Bad target, sparsity (or one that keeps no edge), ablation, loss,
-            learning rate, batch size or data.
+        ValueError: Bad target, sparsity (or one that keeps no edge), an unknown or bad
+            setting, or traces that lack what the loss or the ablation needs.
     """
-    check_prune_args(
-        sparsity, ablation=ablation, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
-        batch_size=batch_size, node_sparsity=node_sparsity, loss_scale=loss_scale,
-        normalize_loss=normalize_loss,
-    )  # fmt: skip
-    loss_scale, normalize_loss = loss_settings(loss_scale, normalize_loss)
+    config = prune_config(sparsity, config, **settings)
     check_target(target, data.train)
-    if loss == "truth" and (data.train.truth is None or data.test.truth is None):
-        raise ValueError("loss 'truth' needs traces with ground truth (Traces.truth)")
-    if ablation == "interchange" and (data.train.corrupted is None or data.test.corrupted is None):
-        raise ValueError("ablation 'interchange' needs corrupted traces (Traces.corrupted)")
-    graph = pruning_graph(model, data.train.windows, position_aware)
-    scored = target_positions(target, data.train) if graph.windows else None
-    check_sparsity(graph, ablation, sparsity, scored)
-    countable = countable_edges(graph, ablation, scored)
-
-    device = next(model.parameters()).device
-    train = data.train.to(device)
     started = time.perf_counter()
-    with frozen_eval(model), torch.no_grad():
-        positions = target_mask(target, train)
-        ablated = make_ablation(model, ablation, train, graph=graph)
-        reference = train.truth if loss == "truth" else predict_in_chunks(model, train.inputs)
-        loss_norm = (
-            ablated_loss(model, graph, train, positions, reference, ablated)
-            if normalize_loss else 1.0
-        )  # fmt: skip
     with frozen_eval(model):
-        result = optimise_masks(
-            model, graph, train, positions, reference, ablated, sparsity, node_sparsity,
-            steps=steps, warmup=warmup, lr=lr, lambda_lr=lambda_lr, batch_size=batch_size,
-            seed=seed, progress=progress, init_mean=init_mean, countable=countable,
-            loss_scale=loss_scale, lambda_warmup=lambda_warmup, loss_norm=loss_norm,
-            desc=f"pruning {target if isinstance(target, str) else 'custom target'} (seed {seed})",
-        )  # fmt: skip
-        settings = {
-            "checkpoint_sha256": checkpoint_sha256, "loss": loss, "loss_scale": loss_scale,
-            "loss_normalized": normalize_loss,
-            "loss_normalized_by": loss_norm,  # the fully ablated model's training loss (or 1)
-            "seed": seed, "steps": steps, "warmup": steps // 2 if warmup is None else warmup,
-            "lambda_warmup": max(1, steps // 10) if lambda_warmup is None else lambda_warmup,
-            "lr": lr, "lambda_lr": lambda_lr, "init_mean": init_mean, "batch_size": batch_size,
-        }  # fmt: skip
+        setup = prepare_search(model, data, [target], config, position_aware)
+        name = target if isinstance(target, str) else "custom target"
+        refine = lambda results, cfg: [refine_result(model, setup, results[0], cfg)]  # noqa: E731
+        run = run_searches(model, setup, config, refine, seed=seed, progress=progress,
+                           desc=f"pruning {name} (seed {seed})")  # fmt: skip
+        result, selection = run.results[0], run.selections[0]
+        settings_record = {"checkpoint_sha256": checkpoint_sha256, "seed": seed,
+                           **search_record(config, setup.norms[0]), **run.record(0),
+                           "warm_start_method": warm_method(config, int(setup.countable[0].sum()))}  # fmt: skip
         circuit = finish_circuit(
-            model, graph, data, target, ablation, result, sparsity, node_sparsity, countable,
-            scored, settings, started,
+            model, setup.graph, data, target, config.ablation, result, config.sparsity,
+            config.node_sparsity, setup.countable[0], setup.scored[0], settings_record, started,
+            selection=selection,
         )  # fmt: skip
     warning = circuit.metadata["warnings"]
     if warning:
         warnings.warn(warning[0], UserWarning, stacklevel=2)
     return circuit
+
+
+@dataclass
+class SearchRun:
+    """The chosen search of :func:`run_searches`, per target.
+
+    Attributes:
+        results: Per target, the masks (after the selection, its edges the open ones).
+        selections: Per target, the selection (None with ``select="rank"``).
+        noise: Per target, the noise of the search chosen.
+        losses: Per target, noise -> the loss of that search's circuit on the selection's traces.
+    """
+
+    results: list[MaskResult]
+    selections: list[Selection | None]
+    noise: list[str]
+    losses: list[dict[str, float]]
+
+    def record(self, t: int) -> dict[str, Any]:
+        """Target ``t``'s noise chosen and every search's loss (when there were several)."""
+        if len(self.losses[t]) < 2:
+            return {}
+        return {"noise_chosen": self.noise[t], "noise_losses": dict(self.losses[t])}
+
+
+def run_searches(
+    model: nn.Module,
+    setup: SearchSetup,
+    config: PruneConfig,
+    refine: Callable[[list[MaskResult], PruneConfig], list[tuple[MaskResult, Selection | None]]],
+    *,
+    share: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+    desc: str = "pruning",
+) -> SearchRun:
+    """Optimise and select, once per noise of ``config.noise`` (``"shared+mixed"``: one
+    search with shared and one with mixed noise), and keep the circuits of lowest loss.
+
+    The loss is the true objective on the selection's traces
+    (:func:`~mechlab.prune.refine.loss_function`) of the circuit each search hands back;
+    independent targets (``share = 0``) choose each on its own loss, otherwise the search
+    of lowest summed loss (plus ``share`` times the circuits' disagreement) is kept.
+
+    Args:
+        model: The model (frozen, in eval mode).
+        setup: :func:`prepare_search`'s.
+        config: The settings.
+        refine: ``(results, config) -> [(result, selection)]`` per target, the selection.
+        share: The sharing weight of a joint search.
+        seed: The seed (the same for every search).
+        progress: Show progress bars.
+        desc: What they say.
+    """
+    from mechlab.prune.refine import pair_disagreement
+
+    modes = NOISE_RUNS.get(config.noise, (config.noise,))
+    n_t = len(setup.positions)
+    loss_of = loss_function(model, setup.graph, setup.train, setup.positions, setup.reference,
+                            setup.ablated, setup.norms, config.refine_traces)  # fmt: skip
+    runs = []
+    for mode in modes:
+        cfg = dataclasses.replace(config, noise=mode)
+        results = optimise_masks(
+            model, setup.graph, setup.train, setup.positions, setup.reference, setup.ablated, cfg,
+            countable=setup.countable, norms=setup.norms, share=share, n_keep=setup.n_keep,
+            seed=seed, progress=progress, desc=desc if len(modes) == 1 else f"{desc}, {mode} noise",
+            warm=None if setup.warm is None else [
+                warm_logits(w, c) for w, c in zip(setup.warm, setup.countable, strict=True)
+            ],
+        )  # fmt: skip
+        selections: list[Selection | None] = [None] * n_t
+        if cfg.select == "refine":
+            pairs = refine(results, cfg)
+            results, selections = [r for r, _ in pairs], [s for _, s in pairs]
+        edges = [binarize(setup.graph, r, cfg.sparsity, cfg.node_sparsity, setup.countable[t],
+                          cfg.ablation).edges for t, r in enumerate(results)]  # fmt: skip
+        losses = [s.loss if s is not None else loss_of([t])(edges[t]) for t, s in enumerate(selections)]
+        runs.append((mode, results, selections, edges, losses))
+    if share == 0 or len(runs) == 1:
+        pick = [min(range(len(runs)), key=lambda i: (runs[i][4][t], i)) for t in range(n_t)]
+    else:
+        def objective(run) -> float:
+            spread = 0.0 if math.isinf(share) else share * pair_disagreement(run[3], setup.n_keep)
+            return sum(run[4]) + spread
+
+        best = min(range(len(runs)), key=lambda i: (objective(runs[i]), i))
+        pick = [best] * n_t
+    return SearchRun(
+        results=[runs[pick[t]][1][t] for t in range(n_t)],
+        selections=[runs[pick[t]][2][t] for t in range(n_t)],
+        noise=[runs[pick[t]][0] for t in range(n_t)],
+        losses=[{run[0]: run[4][t] for run in runs} for t in range(n_t)],
+    )
+
+
+def search_record(config: PruneConfig, norm: float) -> dict[str, Any]:
+    """The settings a circuit's metadata records (every field but the sparsities, which
+    are recorded as asked and reached), and what the loss was divided by."""
+    record = {k: v for k, v in config.to_dict().items() if k not in ("sparsity", "node_sparsity")}
+    record["loss_normalized"] = config.normalize_loss  # the older name, kept for readers
+    record["loss_normalized_by"] = norm  # the fully ablated model's training loss (or 1)
+    return record
+
+
+def refine_result(
+    model: nn.Module, setup: SearchSetup, result: MaskResult, config: PruneConfig, target: int = 0
+) -> tuple[MaskResult, Selection]:
+    """The one-target selection on the true objective (:func:`~mechlab.prune.refine.select_edges`),
+    as masks whose open countable edges are the chosen ones."""
+    loss_of = loss_function(model, setup.graph, setup.train, setup.positions, setup.reference,
+                            setup.ablated, setup.norms, config.refine_traces)([target])  # fmt: skip
+    countable = setup.countable[target]
+    if result.node_log_alpha is not None:  # edges of closed writers cannot be chosen
+        edge_writer = torch.tensor([setup.graph.writer_index[w] for w, _ in setup.graph.edges])
+        countable = countable.cpu() & (hc.deterministic_mask(result.node_log_alpha.cpu()) > 0)[edge_writer]
+    rankings = [] if setup.warm is None else [setup.warm[target].abs()]
+    selection = select_edges(setup.graph, result.edge_log_alpha, countable, setup.n_keep[target],
+                             loss_of, config.ablation, config.refine_extra, config.min_effect,
+                             rankings=rankings)  # fmt: skip
+    la = kept_log_alpha(result.edge_log_alpha, selection.edges, setup.countable[target].cpu())
+    return MaskResult(la, result.node_log_alpha, result.history), selection
 
 
 def finish_circuit(
@@ -640,6 +292,7 @@ def finish_circuit(
     scored: list[int] | None,
     settings: dict[str, Any],
     started: float,
+    selection: Selection | None = None,
 ) -> Circuit:
     """Choose the circuit from optimised masks, score it on the held-out traces, record how.
 
@@ -651,13 +304,14 @@ def finish_circuit(
         data: The traces (the held-out set is scored).
         target: The target.
         ablation: The ablation.
-        result: The optimised masks.
+        result: The optimised masks (after a selection: its edges the only open ones).
         sparsity: Edge sparsity asked.
         node_sparsity: Node sparsity asked, or None.
         countable: ``[n_edges]`` bool, the edges the sparsity counts.
         scored: The scored positions of a windowed graph, else None.
         settings: Search settings recorded in the metadata as they are (seed, lr, ...).
         started: ``time.perf_counter()`` when the search started.
+        selection: The selection on the true objective, if one chose the edges.
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`; ``metadata["warnings"]`` holds the
@@ -682,7 +336,7 @@ def finish_circuit(
         "checkpoint_sha256": settings.get("checkpoint_sha256"),
         "target": target_name(target),
         "ablation": ablation,
-        **{k: v for k, v in settings.items() if k != "checkpoint_sha256"},
+        **{k: v for k, v in settings.items() if k not in ("checkpoint_sha256", "ablation")},
         "sparsity_asked": sparsity,
         "sparsity_reached": 1.0 - n_kept / binary.n_countable,
         "n_edges_kept": n_kept,
@@ -711,15 +365,40 @@ def finish_circuit(
         "metrics": metrics,
         "warnings": [warning] if warning else [],
         "final_expected_sparsity": result.history[-1]["sparsity"],
-        "history": result.history,  # every 10th step: loss, expected sparsity, target, lambdas
+        "history": result.history,  # every 10th step: loss, expected sparsity, target, ...
         "seconds": seconds,
     }
+    if selection is not None:
+        metadata.update(selection_record(graph, selection, settings.get("min_effect", 0.0)))
     if graph.windows:  # edges no scored read-out can be reached from: out of the count
         metadata["n_edges_excluded_unreachable"] = int(unreachable_edges(graph, scored).sum())
         metadata["target_windows"] = target_windows(graph, scored)
     edges = {graph.edges[i]: float(det[i]) for i in kept}
     log_alpha = {edge: float(result.edge_log_alpha[i]) for i, edge in enumerate(graph.edges)}
     return Circuit.from_edges(edges, metadata=metadata, log_alpha=log_alpha)
+
+
+def selection_record(graph: EdgeGraph, selection: Selection, min_effect: float) -> dict[str, Any]:
+    """What the selection measured, as plain data for the metadata: the loss of the
+    chosen edges on the selection's traces, the pool, the edges the fill added, why it
+    stopped and (stopped for want of effect) the candidates it rejected, each kept edge's
+    effect, and the kept edges without a measurable effect."""
+    effects = {f"{w} -> {r}": selection.effects[i]
+               for i, (w, r) in enumerate(graph.edges) if i in selection.effects}  # fmt: skip
+    return {
+        "selection": {
+            "loss": selection.loss,
+            "n_pool": selection.n_pool,
+            "added": [list(graph.edges[i]) for i in selection.added],
+            "fill_stopped": selection.fill_stopped,
+            # the fill's last candidates and the loss decrease each gave (below min_effect)
+            "rejected": [[*graph.edges[i], v] for i, v in selection.rejected.items()],
+        },
+        "edge_effects": effects,
+        "edges_without_effect": [
+            list(graph.edges[i]) for i, v in selection.effects.items() if v < min_effect
+        ],
+    }
 
 
 def prune_seeds(
@@ -740,12 +419,12 @@ def prune_seeds(
         data: Traces, the same for every seed, or a function seed -> traces.
         targets: Targets.
         seeds: Seeds (at least two for a stability estimate).
-        **prune_kwargs: Passed to :func:`prune`.
+        **prune_kwargs: Passed to :func:`prune` (``config=``, ``sparsity=`` or any setting).
 
     Returns:
         Target name -> circuits, in the order of ``seeds``.
     """
-    check_prune_args(**{"sparsity": 0.95, **prune_kwargs})
+    check_prune_args(**prune_kwargs)
     found: dict[str, list[Circuit]] = {target_name(t): [] for t in targets}
     for s in seeds:
         seed_data = data(s) if callable(data) else data
@@ -757,3 +436,28 @@ def prune_seeds(
                 circuit.metadata["data_seed"] = s
             found[target_name(t)].append(circuit)
     return found
+
+
+__all__ = [
+    "WARN_COMPLEMENT",
+    "WARN_FAITHFULNESS",
+    "BinaryMasks",
+    "SearchRun",
+    "SearchSetup",
+    "ablated_loss",
+    "binarize",
+    "check_prune_args",
+    "check_prune_data",
+    "check_sparsity",
+    "faithfulness_warning",
+    "finish_circuit",
+    "prepare_search",
+    "prune",
+    "prune_seeds",
+    "refine_result",
+    "run_searches",
+    "search_record",
+    "selection_record",
+    "warm_method",
+    "warm_start_scores",
+]

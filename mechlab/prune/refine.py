@@ -1,5 +1,6 @@
 """Greedy refinement: when the optimised masks leave more edges open than the quota allows,
-remove edges one at a time, each time the one whose removal raises the loss least.
+remove edges one at a time, each time the one whose removal raises the loss least; and
+the default search's final selection (:func:`select_edges`), which adds the fill.
 
 The hard-concrete search often ends with several equally useful routes still open
 (masks saturated at 1, the sparsity constraint not yet met). Ranking those edges by
@@ -23,17 +24,21 @@ search the whole graph.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mechlab.prune.graph import EdgeGraph
-from mechlab.prune.masks import deterministic_mask
-from mechlab.prune.paths import live_edges
+from mechlab.prune.masks import LIMIT_LEFT, LIMIT_RIGHT, deterministic_mask
+from mechlab.prune.paths import _graph_arrays, _reach, live_edges, select_on_paths
 
-REFINE_TRACES = 256  # traces the elimination scores each candidate set on
-REFINE_EXTRA = 16  # the elimination starts from at most the quota plus this many open edges
+REFINE_TRACES = 128  # traces the selection scores each candidate set on
+REFINE_EXTRA = 16  # the elimination starts from at most the quota plus this many edges
+# the smallest log_alpha whose deterministic mask is above 0 (plus a margin)
+OPEN_LOG_ALPHA = math.log(-LIMIT_LEFT / LIMIT_RIGHT) + 1e-2
 
 
 def greedy_eliminate(
@@ -57,6 +62,44 @@ def greedy_eliminate(
         Ties go to the candidate removed first in graph order.
     """
     return greedy_eliminate_joint(graph, [open_edges], [n_keep], [loss_of], 0.0, ablation)[0]
+
+
+def halving_eliminate(
+    graph: EdgeGraph,
+    open_edges: Tensor,
+    n_keep: int,
+    loss_of: Callable[[Tensor], float],
+    ablation: str = "interchange",
+) -> tuple[Tensor, float, dict[int, float]]:
+    """Backward elimination that drops up to half the excess per round.
+
+    Each round scores every kept edge's removal (``loss(live(kept - {e})) - loss(kept)``),
+    then drops the ``max(1, excess // 2)`` cheapest, one after the other (each with the
+    routes it leaves incomplete), until at most ``n_keep`` are left. About
+    ``(n_keep + extra) log2(extra)`` evaluations instead of :func:`greedy_eliminate`'s
+    ``(n_keep + extra) extra``; the last round's scores are the kept edges' effects.
+
+    Returns:
+        ``(kept [n_edges] bool, its loss, kept edge index -> removal cost)``.
+    """
+    kept = live_edges(graph, open_edges.cpu().bool(), ablation)
+    loss = loss_of(kept)
+    while True:
+        costs = {}
+        for e in kept.nonzero().flatten().tolist():
+            trial = kept.clone()
+            trial[e] = False
+            costs[e] = loss_of(live_edges(graph, trial, ablation)) - loss
+        excess = int(kept.sum()) - n_keep
+        if excess <= 0:
+            return kept, loss, costs
+        for e in sorted(costs, key=lambda i: (costs[i], i))[: max(1, excess // 2)]:
+            if int(kept.sum()) <= n_keep:
+                break
+            if kept[e]:
+                kept[e] = False
+                kept = live_edges(graph, kept, ablation)
+        loss = loss_of(kept)
 
 
 def pair_disagreement(sets: list[Tensor], n_keep: list[int]) -> float:
@@ -169,12 +212,200 @@ def open_countable(
     return pool
 
 
+# ---------------------------------------------------------------------------------------
+# The default search's selection: eliminate from a pool, fill while it helps
+# ---------------------------------------------------------------------------------------
+
+
+def loss_function(
+    model: nn.Module,
+    graph: EdgeGraph,
+    traces,
+    positions: Sequence[Tensor],
+    reference: Tensor,
+    ablated,
+    norms: Sequence[float],
+    n_traces: int = REFINE_TRACES,
+) -> Callable[[Sequence[int]], Callable[[Tensor], float]]:
+    """``loss_of(targets)(kept)``: the summed normalised task losses of a binary edge set.
+
+    Scored on the first ``n_traces`` training traces, deterministic masks (0 or 1), the
+    search's own :func:`~mechlab.prune.search.task_loss`, each target's loss divided by
+    its ``norms`` entry (so with normalising, ``1 - faithfulness`` on those traces).
+    """
+    from mechlab.prune.forward import masked_forward, select_traces
+    from mechlab.prune.search import task_loss
+
+    io = model.cfg.io
+    n = min(len(traces), n_traces)
+    index = torch.arange(n, device=reference.device)
+    x = traces.inputs[index]
+    abl = select_traces(ablated, index)
+    dtype = next(model.parameters()).dtype
+
+    def loss_of(targets: Sequence[int]) -> Callable[[Tensor], float]:
+        def loss(kept: Tensor) -> float:
+            with torch.no_grad():
+                pred = masked_forward(model, graph, x, abl, kept.to(x.device, dtype))
+                total = 0.0
+                for t in targets:
+                    mask = positions[t][index]
+                    total += float(task_loss(pred[mask], reference[index][mask], io)) / norms[t]
+            return total if math.isfinite(total) else math.inf
+
+        return loss
+
+    return loss_of
+
+
+@dataclass
+class Selection:
+    """The edges chosen on the true objective, and what was measured on the way.
+
+    Attributes:
+        edges: ``[n_edges]`` bool, the circuit (live, at most the quota).
+        loss: Its loss.
+        n_pool: Edges the elimination started from (live ones).
+        added: Edges the fill added (in order).
+        effects: Kept edge -> loss increase when it alone is removed (with the route it
+            completes), the circuit's own single-edge ablation.
+        fill_stopped: Why the fill stopped: ``"budget"`` (the quota is met), ``"no effect"``
+            (no candidate lowered the loss by ``min_effect``) or ``"no candidate"``.
+        rejected: When the fill stopped for want of effect: each candidate it tried last
+            -> the loss decrease its addition gave (below ``min_effect``).
+    """
+
+    edges: Tensor
+    loss: float
+    n_pool: int
+    added: list[int] = field(default_factory=list)
+    effects: dict[int, float] = field(default_factory=dict)
+    fill_stopped: str = "budget"
+    rejected: dict[int, float] = field(default_factory=dict)
+
+
+def ranked_pool(log_alpha: Tensor, countable: Tensor, size: int) -> Tensor:
+    """``[n_edges]`` bool: the ``size`` countable edges of highest ``log_alpha`` (ties: graph order)."""
+    la = log_alpha.detach().cpu()
+    index = countable.cpu().bool().nonzero().flatten()
+    top = index[torch.argsort(la[index], descending=True, stable=True)[:size]]
+    pool = torch.zeros(la.numel(), dtype=torch.bool)
+    pool[top] = True
+    return pool
+
+
+def select_edges(
+    graph: EdgeGraph,
+    log_alpha: Tensor,
+    countable: Tensor,
+    n_keep: int,
+    loss_of: Callable[[Tensor], float],
+    ablation: str = "interchange",
+    extra: int = REFINE_EXTRA,
+    min_effect: float = 1e-4,
+    rankings: Sequence[Tensor] = (),
+) -> Selection:
+    """Choose ``n_keep`` edges on the true objective, starting from the search's ranking.
+
+    1. *Eliminate*: from the ``n_keep + extra`` countable edges of highest
+       ``log_alpha``, drop edges by :func:`halving_eliminate` until the live set fits;
+       keep the ranking's own complete paths (:func:`~mechlab.prune.paths.select_on_paths`)
+       instead when their loss is lower (one greedy step can go astray where only a
+       group of edges together helps, a query and a key of one head).
+    2. *Fill*: while fewer than ``n_keep`` are kept (removing an edge can take a whole
+       route with it), add the countable edge, among the ``extra`` best-ranked ones that
+       would be live with the kept set, whose addition lowers the loss most, as long as
+       that lowers it by at least ``min_effect``.
+    3. *Measure*: each kept edge's effect, the loss increase when it is removed.
+
+    Args:
+        graph: The edge graph.
+        log_alpha: ``[n_edges]`` the search's logits (the ranking).
+        countable: ``[n_edges]`` bool.
+        n_keep: The quota.
+        loss_of: Binary edge set -> loss (:func:`loss_function`).
+        ablation: The ablation (where complete paths start).
+        extra: Size of the pool beyond the quota, and of the fill's candidate list.
+        min_effect: The smallest loss change that counts as an effect.
+        rankings: Other ``[n_edges]`` rankings (a warm start's ``|score|``): their best
+            ``n_keep`` countable edges of positive score join the elimination's pool, and
+            their own complete paths among those are a candidate as the search's are.
+
+    Returns:
+        The :class:`Selection`.
+    """
+    countable = countable.cpu().bool()
+    la = log_alpha.detach().cpu()
+    pool = ranked_pool(la, countable, n_keep + extra)
+    rankings = [r.detach().cpu() for r in rankings]
+    for other in rankings:  # only edges the other ranking gives some effect
+        pool |= ranked_pool(other, countable & (other > 0), n_keep)
+    kept, loss, effects = halving_eliminate(graph, pool, n_keep, loss_of, ablation)
+    n_pool = int(live_edges(graph, pool, ablation).sum())
+    for ranking, eligible in ((la, countable), *((r, countable & (r > 0)) for r in rankings)):
+        ranked, _ = select_on_paths(graph, ranking, eligible, n_keep, ablation)
+        ranked_loss = loss_of(ranked)
+        if ranked_loss < loss:  # greedy steps can go astray where only whole groups help
+            kept, loss, effects = ranked, ranked_loss, {}
+    added: list[int] = []
+    stopped, rejected = "budget", {}
+    arrays = _graph_arrays(graph, ablation)
+    order = torch.argsort(la, descending=True, stable=True)
+    while int(kept.sum()) < n_keep:
+        fed, useful = _reach(kept, arrays)
+        onward = arrays.onward(useful)
+        candidates = [
+            i for i in order.tolist()
+            if countable[i] and not kept[i] and fed[arrays.edge_writer[i]] and onward[i]
+        ][:extra]  # fmt: skip
+        if not candidates:
+            stopped = "no candidate"
+            break
+        best, tried = None, {}
+        for i in candidates:
+            trial = kept.clone()
+            trial[i] = True
+            value = loss_of(trial)
+            tried[i] = loss - value
+            if best is None or value < best[0]:
+                best = (value, i)
+        if loss - best[0] < min_effect:
+            stopped, rejected = "no effect", tried
+            break
+        kept[best[1]] = True
+        loss = best[0]
+        added.append(best[1])
+    if added or not effects:
+        effects = {}
+        for i in kept.nonzero().flatten().tolist():
+            trial = kept.clone()
+            trial[i] = False
+            effects[i] = loss_of(live_edges(graph, trial, ablation)) - loss
+    return Selection(kept, loss, n_pool, added, effects, stopped, rejected)
+
+
+def kept_log_alpha(log_alpha: Tensor, kept: Tensor, countable: Tensor) -> Tensor:
+    """:func:`refined_log_alpha`, with every kept edge raised to at least an open mask
+    (an edge the fill added may have been closed by the search; it keeps a small score)."""
+    out = refined_log_alpha(log_alpha, kept, countable)
+    k = kept.to(out.device).bool()
+    out[k] = out[k].clamp(min=OPEN_LOG_ALPHA)
+    return out
+
+
 __all__ = [
+    "OPEN_LOG_ALPHA",
     "REFINE_EXTRA",
     "REFINE_TRACES",
+    "Selection",
     "greedy_eliminate",
     "greedy_eliminate_joint",
+    "halving_eliminate",
+    "kept_log_alpha",
+    "loss_function",
     "open_countable",
     "pair_disagreement",
+    "ranked_pool",
     "refined_log_alpha",
+    "select_edges",
 ]

@@ -41,6 +41,7 @@ from torch import nn
 from mechlab.limits import check_elements
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit, jaccard, overlap
+from mechlab.prune.consensus import STABLE_CONSENSUS, stable_edges, target_consensus
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import graph_from_summary
 from mechlab.traces import PruneData
@@ -526,10 +527,11 @@ def overlap_report(
 
     Returns:
         JSON-ready dict: ``within`` (target -> Jaccard interval, targets with >= 2
-        circuits) and ``across`` (``"a vs b"`` -> ``jaccard``, ``overlap_coefficient``
-        intervals (None with one circuit per target), ``jaccard_observed`` and
-        ``overlap_coefficient_observed`` (mean over every pair), ``null_uniform``,
-        ``null_degree``).
+        circuits), ``consensus`` (target -> :func:`target_consensus`) and ``across``
+        (``"a vs b"`` -> ``jaccard``, ``overlap_coefficient`` intervals (None with one
+        circuit per target), ``jaccard_observed`` and ``overlap_coefficient_observed``
+        (mean over every pair), ``null_uniform``, ``null_degree``, and ``edges``:
+        :func:`stable_edges` of the two targets).
     """
     if not circuits:
         raise ValueError("overlap_report needs at least one circuit")
@@ -539,6 +541,10 @@ def overlap_report(
     universe = _universe(graph_edges(circuits[0]) if universe is None else universe, circuits)
     boot = {"n_boot": n_boot, "level": level, "seed": seed}
     report: dict[str, Any] = {"n_universe": len(universe), "within": {}, "across": {}}
+    consensus = {name: target_consensus(group) for name, group in groups.items()}
+    report["consensus"] = {name: {"scores": [[w, r, f] for (w, r), f in c.items()],
+                                  "stable_at": STABLE_CONSENSUS}
+                           for name, c in consensus.items()}  # fmt: skip
     for name, group in groups.items():
         if len(group) >= 2:
             report["within"][name] = bootstrap_overlap(group, **boot).to_dict()
@@ -557,5 +563,7 @@ def overlap_report(
             entry[f"null_{kind}"] = null_model(
                 ga, gb, universe, kind=kind, n_samples=n_null, seed=seed, progress=progress
             ).to_dict()
+        entry["edges"] = stable_edges(consensus[na], consensus[nb])
         report["across"][f"{na} vs {nb}"] = entry
     return report
+

@@ -6,7 +6,8 @@ the embeddings on the left, the read-out on the right. Edges are quadratic Bezie
 that bend more the more columns they skip, so a skip edge never hides under the path it
 skips (``m0 -> m2`` arcs over ``m0 -> m1 -> m2``). A head's q, k and v inputs end at three
 ports on the head's left side, coloured q blue, k green, v red. Width and opacity follow
-the edge's mask score; hovering an edge's midpoint shows its name and score, hovering a
+the edge's mask score (opacity follows the edge's consensus instead, where the circuit
+records one: how often its runs over seeds and budgets keep it); hovering an edge's midpoint shows its name and score, hovering a
 node its kept edges. Only kept edges are drawn, so GPT-2-small-sized graphs (32,936
 candidate edges) stay light: edges are drawn in a few traces (one per kind and score
 band), not one per edge.
@@ -26,6 +27,7 @@ import plotly.graph_objects as go
 
 from mechlab.models.names import hook_name
 from mechlab.prune.circuit import Circuit, jaccard
+from mechlab.prune.consensus import consensus_scores
 from mechlab.prune.graph import component_of, parse_component, window_of
 
 _KIND_COLOUR = {
@@ -62,7 +64,9 @@ def node_positions(graph: Mapping[str, Any], names: set[str]) -> dict[str, tuple
     """
     parsed = [parse_component(n) for n in names]
     n_layers = int(graph.get("n_layers", 1 + max((p[1] for p in parsed), default=-1)))
-    windows = [w[0] for w in graph.get("windows", [])] or sorted({w for n in names if (w := window_of(n))})
+    windows = [w[0] for w in graph.get("windows", [])] or sorted(
+        {w for n in names if (w := window_of(n))}
+    )
     pos: dict[str, tuple[float, float]] = {}
     if windows:
         for row, w in enumerate(windows):
@@ -76,7 +80,9 @@ def node_positions(graph: Mapping[str, Any], names: set[str]) -> dict[str, tuple
     n_heads = max(int(graph.get("n_heads", 0) or 0), heads)
     groups = 1 + max((p[2] for p in parsed if p[0] == "group"), default=-1)
     n_groups = max(int(graph.get("n_key_value_heads", 0) or 0), groups)
-    if graph.get("arch", "transformer") == "transformer" and (n_heads or any(p[0] == "mlp" for p in parsed)):
+    if graph.get("arch", "transformer") == "transformer" and (
+        n_heads or any(p[0] == "mlp" for p in parsed)
+    ):
         half = (max(n_heads, 1) - 1) / 2
         pos["embed"], pos["pos"] = (0.0, min(0.5, half)), (0.0, -min(0.5, half))
         for layer in range(n_layers):
@@ -134,7 +140,11 @@ def _curve(
     (x0, y0), (x1, y1) = start, end
     cx, cy = _control(start, end, edge)
     t = np.linspace(0.0, 1.0, _SAMPLES)[:, None]
-    pts = (1 - t) ** 2 * np.array([x0, y0]) + 2 * (1 - t) * t * np.array([cx, cy]) + t**2 * np.array([x1, y1])
+    pts = (
+        (1 - t) ** 2 * np.array([x0, y0])
+        + 2 * (1 - t) * t * np.array([cx, cy])
+        + t**2 * np.array([x1, y1])
+    )
     mid = 0.25 * np.array([x0, y0]) + 0.5 * np.array([cx, cy]) + 0.25 * np.array([x1, y1])
     return pts[:, 0], pts[:, 1], (float(mid[0]), float(mid[1]))
 
@@ -154,14 +164,24 @@ def _axis_labels(pos: Mapping[str, tuple[float, float]]) -> tuple[list[float], l
         elif kinds <= {"embed", "pos"}:
             labels.append("embeddings")
         else:
-            labels.append(f"L{layer} " + ("heads" if "head" in kinds else "K/V groups" if "group" in kinds
-                                          else "MLP" if "mlp" in kinds else "layer"))
+            labels.append(
+                f"L{layer} "
+                + (
+                    "heads"
+                    if "head" in kinds
+                    else "K/V groups"
+                    if "group" in kinds
+                    else "MLP"
+                    if "mlp" in kinds
+                    else "layer"
+                )
+            )
     return ticks, labels
 
 
 def _draw(
     fig: go.Figure,
-    groups: dict[tuple[str, int], list[tuple[tuple[str, str], float]]],
+    groups: Mapping[tuple[Any, ...], list[tuple[tuple[str, str], float]]],
     pos: Mapping[str, tuple[float, float]],
     colours: Mapping[str, str],
     names: Mapping[str, str],
@@ -170,7 +190,9 @@ def _draw(
     """One line trace per (group, score band) and one hover trace of all midpoints."""
     mid_x, mid_y, mid_text = [], [], []
     shown: set[str] = set()
-    for (group, band), edges in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for key, edges in sorted(groups.items()):
+        group, band = key[0], key[1]
+        shade = key[2] if len(key) > 2 else band  # a third entry: the opacity's own band
         xs: list[float | None] = []
         ys: list[float | None] = []
         for edge, _ in edges:
@@ -182,7 +204,7 @@ def _draw(
             mid_text.append(hover[edge])
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="lines", hoverinfo="skip", legendgroup=group, showlegend=group not in shown,
-            name=names[group], opacity=0.35 + 0.65 * (band + 1) / 4,
+            name=names[group], opacity=(0.35 if len(key) == 2 else 0.15) + (0.65 if len(key) == 2 else 0.85) * (shade + 1) / 4,
             line={"color": colours[group], "width": 1.0 + 0.9 * (band + 1)},
         ))  # fmt: skip
         shown.add(group)
@@ -208,8 +230,12 @@ def node_labels(pos: Mapping[str, tuple[float, float]], inside: set[str]) -> lis
 
 
 def _nodes(
-    fig: go.Figure, pos: Mapping[str, tuple[float, float]], inside: set[str], info: Mapping[str, str],
-    ports: set[str], graph: Mapping[str, Any],
+    fig: go.Figure,
+    pos: Mapping[str, tuple[float, float]],
+    inside: set[str],
+    info: Mapping[str, str],
+    ports: set[str],
+    graph: Mapping[str, Any],
 ) -> None:
     """Components (named when in a circuit, small and grey otherwise) and q/k/v ports,
     each kind of mark in the legend."""
@@ -248,7 +274,10 @@ def _hook(node: str, graph: Mapping[str, Any]) -> str:
 
 
 def _finish(
-    fig: go.Figure, pos: Mapping[str, tuple[float, float]], title: str, inside: set[str] = frozenset()
+    fig: go.Figure,
+    pos: Mapping[str, tuple[float, float]],
+    title: str,
+    inside: set[str] = frozenset(),
 ) -> go.Figure:
     fig.update_layout(**circuit_layout(pos, title), annotations=node_labels(pos, inside))
     return fig
@@ -260,8 +289,16 @@ def circuit_layout(pos: Mapping[str, tuple[float, float]], title: str) -> dict[s
     ticks, labels = _axis_labels(pos)
     ys = [y for _, y in pos.values()]
     rows = {window_of(n): y for n, (_, y) in pos.items() if window_of(n)}
-    yaxis: dict[str, Any] = {"showgrid": False, "zeroline": False, "range": [min(ys) - 0.9, max(ys) + 0.9]}
-    yaxis.update({"tickvals": list(rows.values()), "ticktext": list(rows)} if rows else {"showticklabels": False})
+    yaxis: dict[str, Any] = {
+        "showgrid": False,
+        "zeroline": False,
+        "range": [min(ys) - 0.9, max(ys) + 0.9],
+    }
+    yaxis.update(
+        {"tickvals": list(rows.values()), "ticktext": list(rows)}
+        if rows
+        else {"showticklabels": False}
+    )
     height = int(min(1400, max(460, 70 * (max(ys) - min(ys) + 2))))
     return {
         "title": {"text": title}, "hovermode": "closest", "plot_bgcolor": "white", "height": height,
@@ -292,9 +329,13 @@ def _node_info(circuits: Sequence[Circuit], labels: Sequence[str]) -> dict[str, 
             out_deg[w] = out_deg.get(w, 0) + 1
             in_deg[component_of(r)] = in_deg.get(component_of(r), 0) + 1
         for n in set(out_deg) | set(in_deg):
-            info.setdefault(n, []).append(f"{label}: in {in_deg.get(n, 0)}, out {out_deg.get(n, 0)}")
+            info.setdefault(n, []).append(
+                f"{label}: in {in_deg.get(n, 0)}, out {out_deg.get(n, 0)}"
+            )
     graph = circuits[0].metadata.get("graph", {})
-    return {n: f"<b>{n}</b> ({_hook(n, graph)})<br>" + "<br>".join(lines) for n, lines in info.items()}
+    return {
+        n: f"<b>{n}</b> ({_hook(n, graph)})<br>" + "<br>".join(lines) for n, lines in info.items()
+    }
 
 
 def circuit_figure(circuit: Circuit, title: str | None = None) -> go.Figure:
@@ -308,15 +349,28 @@ def circuit_figure(circuit: Circuit, title: str | None = None) -> go.Figure:
         A plotly figure (``.show()`` inline in Jupyter; ``mechlab.viz.write_html``).
     """
     pos, _ = _placed([circuit])
-    groups: dict[tuple[str, int], list] = {}
+    consensus = consensus_scores(circuit)
+    runs = circuit.metadata.get("consensus", {}).get("n_runs") if consensus else None
+    groups: dict[tuple[str, int] | tuple[str, int, int], list] = {}
     for edge, score in circuit.edges.items():
-        groups.setdefault((_reader_kind(edge[1]), _band(score)), []).append((edge, score))
+        key = (_reader_kind(edge[1]), _band(score))
+        if consensus is not None:  # opacity follows how often the runs keep the edge
+            key = (*key, _band(consensus.get(edge, 0.0)))
+        groups.setdefault(key, []).append((edge, score))
     graph = circuit.metadata.get("graph", {})
-    hover = {e: f"{edge_text(e, graph)}<br>score {s:.3f}" for e, s in circuit.edges.items()}
+    hover = {e: f"{edge_text(e, graph)}<br>score {s:.3f}"
+                + ("" if consensus is None else
+                   f"<br>consensus {consensus.get(e, 0.0):.2f} (kept in {round(consensus.get(e, 0.0) * runs)} "
+                   f"of {runs} runs)")
+             for e, s in circuit.edges.items()}  # fmt: skip
     names = {k: f"→ {k}" for k in _KIND_COLOUR}
     fig = go.Figure()
     _draw(fig, groups, pos, _KIND_COLOUR, names, hover)
-    inside = set(circuit.nodes) | {w for w, _ in circuit.edges} | {component_of(r) for _, r in circuit.edges}
+    inside = (
+        set(circuit.nodes)
+        | {w for w, _ in circuit.edges}
+        | {component_of(r) for _, r in circuit.edges}
+    )
     heads = {n for n in inside if parse_component(n)[0] == "head"}
     _nodes(fig, pos, inside, _node_info([circuit], ["kept"]), heads, graph)
     if title is None:
@@ -326,6 +380,7 @@ def circuit_figure(circuit: Circuit, title: str | None = None) -> go.Figure:
             f"Circuit for {meta.get('target', '?')}: {circuit.n_edges} edges"
             + (f", sparsity {reached:.4f}" if isinstance(reached, float) else "")
             + (f", ablation {meta['ablation']}" if "ablation" in meta else "")
+            + ("" if consensus is None else f"; opacity: consensus over {runs} runs")
         )
     return _finish(fig, pos, title, inside)
 
@@ -353,7 +408,10 @@ def overlap_figure(
     if len(circuits) < 2:
         raise ValueError("an overlap view needs at least two circuits")
     if labels is None:
-        labels = [f"{c.metadata.get('target', '?')} s{c.metadata.get('seed', i)}" for i, c in enumerate(circuits)]
+        labels = [
+            f"{c.metadata.get('target', '?')} s{c.metadata.get('seed', i)}"
+            for i, c in enumerate(circuits)
+        ]
     if len(labels) != len(circuits):
         raise ValueError(f"{len(labels)} labels for {len(circuits)} circuits")
     graphs = {repr(sorted(c.metadata.get("graph", {}).items())) for c in circuits}
@@ -390,16 +448,24 @@ def overlap_figure(
         else:
             k = int(group.split()[0])
             shade = int(200 - 150 * (k - 1) / max(1, n - 2))
-            colours[group], names[group] = f"rgb({shade},{shade},{shade})", f"in {group} ({counts[group]})"
+            colours[group], names[group] = (
+                f"rgb({shade},{shade},{shade})",
+                f"in {group} ({counts[group]})",
+            )
     graph = circuits[0].metadata.get("graph", {})
-    hover = {e: f"{edge_text(e, graph)}<br>in: " + ", ".join(labels[i] for i in who) for e, who in holders.items()}
+    hover = {
+        e: f"{edge_text(e, graph)}<br>in: " + ", ".join(labels[i] for i in who)
+        for e, who in holders.items()
+    }
     fig = go.Figure()
     _draw(fig, groups, pos, colours, names, hover)
     inside = {w for w, _ in holders} | {component_of(r) for _, r in holders}
     heads = {m for m in inside if parse_component(m)[0] == "head"}
     _nodes(fig, pos, inside, _node_info(circuits, labels), heads, graph)
     if title is None:
-        title = "Overlap: " + " vs ".join(labels) + f" ({counts.get('shared', 0)} edges shared by all)"
+        title = (
+            "Overlap: " + " vs ".join(labels) + f" ({counts.get('shared', 0)} edges shared by all)"
+        )
     return _finish(fig, pos, title, inside)
 
 
@@ -435,7 +501,9 @@ def circuits_across_checkpoints_figure(
     if len(steps) != len(circuits):
         raise ValueError(f"{len(steps)} steps for {len(circuits)} circuits")
     if len({repr(sorted(c.metadata.get("graph", {}).items())) for c in circuits}) > 1:
-        raise ValueError("the circuits come from different graphs; they must share one model's graph")
+        raise ValueError(
+            "the circuits come from different graphs; they must share one model's graph"
+        )
     rows: list[tuple[str, str]] = []
     for c in circuits:
         rows += [e for e in c.edges if e not in rows]
@@ -443,8 +511,14 @@ def circuits_across_checkpoints_figure(
     last = set(circuits[-1].edges)
     similarity = [jaccard(c.edges, last) for c in circuits]
     labels = [str(s) for s in steps]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04,
-                        specs=[[{}], [{"secondary_y": True}]])  # the Jaccard on its own 0-1 axis
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        row_heights=[0.75, 0.25],
+        vertical_spacing=0.04,
+        specs=[[{}], [{"secondary_y": True}]],
+    )  # the Jaccard on its own 0-1 axis
     fig.add_trace(go.Heatmap(
         z=z, x=labels, y=[f"{w} → {r}" for w, r in rows], colorscale="Viridis", zmin=0, zmax=1,
         colorbar={"title": "score", "len": 0.7, "y": 0.62}, hoverongaps=False,
@@ -455,8 +529,15 @@ def circuits_across_checkpoints_figure(
     fig.add_trace(go.Scatter(x=labels, y=similarity, name="Jaccard with the last (right axis)",
                              mode="lines+markers", line={"dash": "dash"}), row=2, col=1, secondary_y=True)  # fmt: skip
     fig.update_yaxes(title_text="edges", rangemode="tozero", row=2, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="Jaccard", range=[0, 1.05], tickvals=[0, 0.5, 1], showgrid=False, row=2, col=1,
-                     secondary_y=True)
+    fig.update_yaxes(
+        title_text="Jaccard",
+        range=[0, 1.05],
+        tickvals=[0, 0.5, 1],
+        showgrid=False,
+        row=2,
+        col=1,
+        secondary_y=True,
+    )
     target = circuits[-1].metadata.get("target", "?")
     fig.update_layout(
         title=title or f"Circuit for {target} across {len(circuits)} checkpoints",

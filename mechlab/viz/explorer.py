@@ -9,8 +9,9 @@ seeds) and returns a :class:`CircuitExplorer`: one plotly figure on the layout o
   Jaccard over the edges shown;
 * filter the edges by score (the pruning mask, or ``|attribution|`` scaled to the
   largest kept) and by stability (the fraction of the circuits of the same target and
-  method, one per seed, that keep the edge; a circuit's own ``metadata["edge_stability"]``
-  is used where it records one);
+  method, one per seed, that keep the edge; a circuit's own consensus over seeds and
+  nearby budgets, ``metadata["consensus"]``, or ``metadata["edge_stability"]`` is used
+  where it records one);
 * hover or click a node or an edge to see its scores (mask score, ``log_alpha``, the
   signed attribution score where the method records one, stability) under both names,
   the pruning graph's (``a0.h4``) and the hook's (``blocks.0.attn.hook_result[4]``,
@@ -34,6 +35,7 @@ from typing import Any
 
 from mechlab.io import atomic_write_text
 from mechlab.prune.circuit import Circuit
+from mechlab.prune.consensus import consensus_scores
 from mechlab.prune.graph import parse_component
 from mechlab.viz.circuits import (
     _KIND_COLOUR,
@@ -63,16 +65,27 @@ def _edge_stability(circuits: Sequence[Circuit]) -> list[dict[tuple[str, str], t
     out: list[dict[tuple[str, str], tuple[int, int]]] = []
     for c in circuits:
         members = groups[(str(c.metadata.get("target", "?")), _method(c))]
-        out.append({e: (sum(e in circuits[j].edges for j in members), len(members)) for e in c.edges})
+        out.append(
+            {e: (sum(e in circuits[j].edges for j in members), len(members)) for e in c.edges}
+        )
     return out
 
 
 def _recorded_stability(c: Circuit) -> dict[tuple[str, str], float]:
-    """``metadata["edge_stability"]``: rows ``[writer, reader, fraction]``, where recorded."""
+    """The consensus the circuit records (:mod:`mechlab.prune.consensus`: the fraction of
+    its runs over seeds and budgets that keep each edge), else ``metadata["edge_stability"]``
+    (rows ``[writer, reader, fraction]``), where recorded."""
+    consensus = consensus_scores(c)
+    if consensus is not None:
+        return consensus
     rows = c.metadata.get("edge_stability")
     if not isinstance(rows, list):
         return {}
-    return {(str(r[0]), str(r[1])): float(r[2]) for r in rows if isinstance(r, list | tuple) and len(r) == 3}
+    return {
+        (str(r[0]), str(r[1])): float(r[2])
+        for r in rows
+        if isinstance(r, list | tuple) and len(r) == 3
+    }
 
 
 def _payload(circuits: Sequence[Circuit], labels: Sequence[str], title: str) -> dict[str, Any]:
@@ -96,7 +109,10 @@ def _payload(circuits: Sequence[Circuit], labels: Sequence[str], title: str) -> 
     stability = _edge_stability(circuits)
     shown = []
     for c, label, stab in zip(circuits, labels, stability, strict=True):
-        attribution = {(str(w), str(r)): float(s) for w, r, s in c.metadata.get("attribution", {}).get("scores", [])}
+        attribution = {
+            (str(w), str(r)): float(s)
+            for w, r, s in c.metadata.get("attribution", {}).get("scores", [])
+        }
         recorded = _recorded_stability(c)
         rows = {}
         for e, score in c.edges.items():
@@ -229,8 +245,12 @@ def circuit_explorer(
     if len(labels) != len(circuits):
         raise ValueError(f"{len(labels)} labels for {len(circuits)} circuits")
     if len({repr(sorted(c.metadata.get("graph", {}).items())) for c in circuits}) > 1:
-        raise ValueError("the circuits come from different graphs; an explorer shows one model's circuits")
-    return CircuitExplorer(circuits, labels, title or f"{len(circuits)} circuit(s): hover or click for scores")
+        raise ValueError(
+            "the circuits come from different graphs; an explorer shows one model's circuits"
+        )
+    return CircuitExplorer(
+        circuits, labels, title or f"{len(circuits)} circuit(s): hover or click for scores"
+    )
 
 
 _CONTROLS = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,16 @@ def legend_below(fig: go.Figure, plot_height: int = 380, row_height: int = 26) -
 
 
 def figure_html(fig: go.Figure, plotlyjs: str = "inline") -> str:
-    """One figure as a whole offline page (plotly.js inlined, or beside the page)."""
+    """One figure as a whole offline page (plotly.js inlined, or beside the page); the
+    page's element id comes from the figure, so the same figure writes the same bytes (a
+    rerun leaves its pages as they are)."""
     _check_mode(plotlyjs)
-    return fig.to_html(include_plotlyjs=True if plotlyjs == "inline" else "directory", full_html=True)
+    div_id = "fig-" + hashlib.sha256(fig.to_json().encode()).hexdigest()[:16]
+    return fig.to_html(
+        include_plotlyjs=True if plotlyjs == "inline" else "directory",
+        full_html=True,
+        div_id=div_id,
+    )
 
 
 def write_html(fig: go.Figure, path: str | Path, plotlyjs: str = "inline") -> Path:
@@ -179,13 +187,19 @@ def body_html(body: Any) -> str:
 def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:
     xs = list(offsets)
     med = [offsets[j]["median"] for j in xs]
-    fig = go.Figure(go.Bar(
-        x=[f"{j}-after" for j in xs], y=med,
-        error_y={"type": "data", "symmetric": False,
-                 "array": [offsets[j]["q3"] - offsets[j]["median"] for j in xs],
-                 "arrayminus": [offsets[j]["median"] - offsets[j]["q1"] for j in xs]},
-        name="median (quartiles)",
-    ))
+    fig = go.Figure(
+        go.Bar(
+            x=[f"{j}-after" for j in xs],
+            y=med,
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [offsets[j]["q3"] - offsets[j]["median"] for j in xs],
+                "arrayminus": [offsets[j]["median"] - offsets[j]["q1"] for j in xs],
+            },
+            name="median (quartiles)",
+        )
+    )
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor (mean)")
     fig.update_layout(title=title, yaxis_title="squared error (summed over dims)", yaxis_type="log")
     return fig
@@ -196,24 +210,42 @@ def figure_for_suite(report: dict[str, Any]) -> go.Figure:
     suite, r = report["suite"], report["result"]
     step = report.get("step")
     if suite == "nih":
-        return _nih_figure(r["offsets"], f"Needle in a haystack: {r['n_haystack']} systems (step {step})")
+        return _nih_figure(
+            r["offsets"], f"Needle in a haystack: {r['n_haystack']} systems (step {step})"
+        )
     if suite == "ood":
         fig = go.Figure()
         for probe, offsets in r["probes"].items():
             xs = list(offsets)
-            fig.add_trace(go.Bar(name=probe, x=[f"{j}-after" for j in xs], y=[offsets[j]["median"] for j in xs]))
+            fig.add_trace(
+                go.Bar(
+                    name=probe, x=[f"{j}-after" for j in xs], y=[offsets[j]["median"] for j in xs]
+                )
+            )
         fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor (mean)")
-        fig.update_layout(barmode="group", title=f"Out-of-distribution probes (step {step}), medians",
-                          yaxis_title="squared error", yaxis_type="log")
+        fig.update_layout(
+            barmode="group",
+            title=f"Out-of-distribution probes (step {step}), medians",
+            yaxis_title="squared error",
+            yaxis_type="log",
+        )
         return fig
     if suite == "uninterleaved":
         xs = list(range(1, len(r["model_median"]) + 1))
-        fig = go.Figure([
-            go.Scatter(x=xs, y=r["model_median"], name="model (median)"),
-            go.Scatter(x=xs, y=r["lstsq_median"], name="least squares (median)", line={"dash": "dash"}),
-        ])
-        fig.update_layout(title=f"Uninterleaved: one system (step {step})", xaxis_title="observation",
-                          yaxis_title="squared error", yaxis_type="log")
+        fig = go.Figure(
+            [
+                go.Scatter(x=xs, y=r["model_median"], name="model (median)"),
+                go.Scatter(
+                    x=xs, y=r["lstsq_median"], name="least squares (median)", line={"dash": "dash"}
+                ),
+            ]
+        )
+        fig.update_layout(
+            title=f"Uninterleaved: one system (step {step})",
+            xaxis_title="observation",
+            yaxis_title="squared error",
+            yaxis_type="log",
+        )
         return fig
     if suite == "dynamics":
         fig = go.Figure()
@@ -221,8 +253,12 @@ def figure_for_suite(report: dict[str, Any]) -> go.Figure:
         for j, med in r["offsets"].items():
             fig.add_trace(go.Scatter(x=ex, y=med, mode="lines+markers", name=f"{j}-after"))
         fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor (mean)")
-        fig.update_layout(title="Training dynamics: NiH error vs examples seen (medians)",
-                          xaxis_title="examples seen", xaxis_type="log", yaxis_title="squared error",
-                          yaxis_type="log")
+        fig.update_layout(
+            title="Training dynamics: NiH error vs examples seen (medians)",
+            xaxis_title="examples seen",
+            xaxis_type="log",
+            yaxis_title="squared error",
+            yaxis_type="log",
+        )
         return fig
     raise ValueError(f"no figure for suite {suite!r}")

@@ -117,3 +117,27 @@ def test_overlap_says_each_stage_as_it_starts(capsys):
     assert "degree null" in err  # its progress bar
     assert main(["overlap", *files, "--boot", "20", "--null", "20", "--no-progress"]) == 0
     assert "bootstrap" not in capsys.readouterr().err
+
+
+def test_prune_without_steps_or_rates_runs_the_library_defaults(tiny_lds_checkpoint, monkeypatch):
+    """`mechlab prune` leaves --steps, --lr and --lambda-lr to the recipe and PruneConfig
+    (200 steps at the default), instead of hard-coding its own values."""
+    import types
+
+    import mechlab.pipelines as pipelines
+    from mechlab.prune.config import PruneConfig, prune_config
+
+    seen = {}
+
+    def captured(ckpt, targets, seeds, out, **settings):
+        seen.update(settings)
+        return types.SimpleNamespace(overlaps=[], stability=None, reused=[], replaced=[])
+
+    monkeypatch.setattr(pipelines, "prune_targets", captured)
+    assert main(["prune", "--ckpt", str(tiny_lds_checkpoint), "--no-progress"]) == 0
+    assert seen["steps"] is None and seen["lr"] is None and seen["lambda_lr"] is None
+    given = {k: seen[k] for k in ("steps", "lr", "lambda_lr")}
+    assert prune_config(None, **given) == PruneConfig()
+    assert main(["prune", "--ckpt", str(tiny_lds_checkpoint), "--no-progress", "--steps", "7",
+                 "--lr", "0.2"]) == 0  # fmt: skip
+    assert (seen["steps"], seen["lr"], seen["lambda_lr"]) == (7, 0.2, None)

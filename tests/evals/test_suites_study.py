@@ -109,8 +109,11 @@ def test_run_suite_and_cli_validate_protocol_and_trials(ckpt_path, tmp_path, cap
 
 def test_study_prune_protocol_resolves_to_the_studys_settings():
     study = pipelines.prune_protocol("study")
+    # the study's Edge Pruning search, each setting that differs from mechlab's default
     assert study == {"nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
-                     "loss_scale": 1000.0, "steps": 3000}
+                     "loss_scale": 1000.0, "steps": 3000, "normalize_loss": False,
+                     "constraint": "lagrangian", "noise": "independent", "select": "rank",
+                     "warm_start": "none"}  # fmt: skip
     mine = pipelines.prune_protocol("study", steps=20, sparsity=0.9, node_sparsity=None)
     assert mine["steps"] == 20 and mine["sparsity"] == 0.9 and mine["node_sparsity"] == 0.8
     assert pipelines.prune_protocol("uniform") == {"nih": "uniform", "sparsity": 0.95}
@@ -171,9 +174,9 @@ def test_cli_prune_protocol_explicit_options_override(ckpt_path, tmp_path, captu
     call = capture_prune[-1]
     assert (call["sparsity"], call["steps"], call["loss"]) == (0.95, 500, "truth")
     with pytest.raises(Captured):
-        main(args)  # the default recipe: the command's own defaults, as before
+        main(args)  # the default recipe: the library's own search defaults
     call = capture_prune[-1]
-    assert (call["sparsity"], call["steps"], call["loss"]) == (0.95, 500, "model")
-    assert "node_sparsity" not in call  # prune()'s own default: no node masks
+    assert (call["sparsity"], call["loss"]) == (0.95, "model")
+    assert "steps" not in call and "node_sparsity" not in call  # PruneConfig's: 200 steps, no node masks
     assert main([*args, "--recipe", "paper"]) == 2
     assert "unknown recipe 'paper'" in capsys.readouterr().err

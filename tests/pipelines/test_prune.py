@@ -92,9 +92,59 @@ def test_cli_prune_seeds_draw_their_own_traces(lds_checkpoint, tmp_path):
             "--test-traces", "8", "--steps", "2", "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     seeds = sorted(
-        (c.metadata["seed"], c.metadata["data_seed"]) for c in map(Circuit.from_json, out.glob("*.json"))
+        (c.metadata["seed"], c.metadata["data_seed"])
+        for c in map(Circuit.from_json, out.glob("*.json"))
     )
     assert seeds == [(0, 0), (1, 1)]
+
+
+def test_cli_prune_seeds_record_their_consensus_and_a_rerun_changes_nothing(
+    lds_checkpoint, tmp_path
+):
+    path, _ = lds_checkpoint
+    out = tmp_path / "c"
+    argv = ["prune", "--ckpt", str(path), "--seed", "0", "--seed", "1", "--seed", "2", "--traces", "8",
+            "--test-traces", "8", "--steps", "3", "--sparsity", "0.9", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    circuits = [Circuit.from_json(out / f"1-after_seed{s}.json") for s in range(3)]
+    # independent count: for every edge any seed keeps, the fraction of the three that keep it
+    every = {e for c in circuits for e in c.edges}
+    expected = {e: sum(e in c.edges for c in circuits) / 3 for e in every}
+    for c in circuits:
+        entry = c.metadata["consensus"]
+        assert entry["n_runs"] == 3 and entry["seeds"] == [0, 1, 2]
+        assert {(w, r): f for w, r, f in entry["scores"]} == pytest.approx(expected)
+    assert "consensus" in (out / "1-after_seed0.html").read_text()  # the view shows it
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".html")}
+    assert main(argv) == 0  # read back: the same files, byte for byte
+    assert {
+        p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".html")
+    } == before
+
+
+def test_nearby_budgets_join_the_consensus_and_are_counted_again_here(lds_checkpoint, tmp_path, capsys):
+    from mechlab.pipelines import prune_targets
+    from mechlab.prune.consensus import nearby_sparsities
+
+    path, _ = lds_checkpoint
+    kw = {"n_train": 8, "n_test": 8, "steps": 3, "progress": False}
+    run = prune_targets(path, ["1-after"], (0, 1), tmp_path / "c", sparsity=0.9, nearby_budgets=True, **kw)
+    main_runs = run.circuits["1-after"]
+    budgets = nearby_sparsities(main_runs[0].metadata["n_edges_countable"], 0.9)
+    assert len(budgets) == 3
+    runs = [prune_checkpoint(path, "1-after", b, seed=s, **kw) for s in (0, 1) for b in budgets]
+    expected = {e: sum(e in c.edges for c in runs) / len(runs) for c in runs for e in c.edges}
+    for c in main_runs:
+        entry = c.metadata["consensus"]
+        assert entry["n_runs"] == 6 and entry["sparsities"] == sorted(budgets, reverse=True)
+        assert {(w, r): f for w, r, f in entry["scores"]} == pytest.approx(expected)
+    assert len(list((tmp_path / "c").glob("*.json"))) == 2  # the nearby runs are not written
+    with pytest.raises(ValueError, match="nearby budgets apply to edge pruning"):
+        prune_targets(path, ["1-after"], (0,), tmp_path / "d", method="eap", nearby_budgets=True, **kw)
+    assert not (tmp_path / "d").exists()
+    argv = ["prune", "--ckpt", str(path), "--method", "eap", "--nearby-budgets", "--out", str(tmp_path / "e")]
+    assert main(argv) == 2 and not (tmp_path / "e").exists()
+    assert "--nearby-budgets applies to edge pruning" in capsys.readouterr().err
 
 
 def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
@@ -103,7 +153,9 @@ def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, mon
     path, _ = lds_checkpoint
     loads: list[str] = []
     real_load = torch.load
-    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(str(f)) or real_load(f, *a, **k))
+    monkeypatch.setattr(
+        torch, "load", lambda f, *a, **k: loads.append(str(f)) or real_load(f, *a, **k)
+    )
     argv = ["prune", "--ckpt", str(path), "--target", "1-after", "--target", "2-after", "--seed", "0",
             "--seed", "1", "--traces", "8", "--test-traces", "8", "--steps", "2", "--sparsity", "0.9",
             "--out", str(tmp_path / "c"), "--no-progress"]  # fmt: skip
@@ -112,17 +164,20 @@ def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, mon
     assert len(list((tmp_path / "c").glob("*.json"))) == 4
 
 
-def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engine(lds_checkpoint, monkeypatch):
+def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engine(
+    lds_checkpoint, monkeypatch
+):
     """prune_checkpoint builds the edge graph and checks the sparsity exactly as often as the
     engine's prune() alone does (main at 4d72a04 did both twice per prune)."""
-    import mechlab.prune.engine as engine
+    import mechlab.prune.setup as setup
     from mechlab.checkpoint import load_checkpoint
     from mechlab.pipelines.data import nih_data
+    from mechlab.prune.engine import prune as engine_prune
     from mechlab.prune.graph import EdgeGraph
 
     path, _ = lds_checkpoint
     counts = {"graphs": 0, "sparsity checks": 0}
-    real_init, real_check = EdgeGraph.__init__, engine.check_sparsity
+    real_init, real_check = EdgeGraph.__init__, setup.check_sparsity
 
     def init(self, *args, **kwargs):
         counts["graphs"] += 1
@@ -133,13 +188,29 @@ def test_the_pipeline_builds_the_graph_and_checks_the_sparsity_only_in_the_engin
         return real_check(*args, **kwargs)
 
     monkeypatch.setattr(EdgeGraph, "__init__", init)
-    monkeypatch.setattr(engine, "check_sparsity", check)
+    monkeypatch.setattr(setup, "check_sparsity", check)
     kw = {"n_train": 8, "n_test": 8, "steps": 1, "progress": False, "seed": 0}
     prune_checkpoint(path, "1-after", 0.9, **kw)
     through_pipeline = dict(counts)
     counts.update({k: 0 for k in counts})
     ckpt = load_checkpoint(path)
     data = nih_data(ckpt, n_train=8, n_test=8)
-    engine.prune(ckpt.model, data, "1-after", 0.9, steps=1, progress=False, seed=0)
+    engine_prune(ckpt.model, data, "1-after", 0.9, steps=1, progress=False, seed=0)
     assert through_pipeline == counts
     assert counts["sparsity checks"] == 1
+
+
+def test_prune_settings_resolve_the_search_defaults(tiny_lds_checkpoint):
+    """The settings record resolves PruneConfig's defaults (and the effective warm-up), so a
+    rerun that gives a default explicitly reads the same circuits back."""
+    from mechlab.pipelines import open_checkpoint
+    from mechlab.pipelines.prune import prune_settings
+    from mechlab.prune.config import PruneConfig
+
+    ckpt = open_checkpoint(tiny_lds_checkpoint)
+    plain = prune_settings(ckpt, "1-after")
+    assert plain["steps"] == PruneConfig().steps and plain["warm_start"] == PruneConfig().warm_start
+    assert plain == prune_settings(
+        ckpt, "1-after", steps=PruneConfig().steps, warmup=PruneConfig().steps // 2
+    )
+    assert plain != prune_settings(ckpt, "1-after", steps=7)

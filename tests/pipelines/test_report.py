@@ -17,7 +17,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SMALL = {"eval_traces": 16, "prune_traces": 16, "recall_traces": 16, "steps": 4, "n_boot": 50,
          "n_null": 50, "seeds": (0, 1)}  # fmt: skip
 # 4 steps on an untrained model: the search fails, on purpose (the engine's warning, filtered here)
-pytestmark = [pytestmark, pytest.mark.filterwarnings("ignore:circuit for .* the search likely failed")]
+pytestmark = [
+    pytestmark,
+    pytest.mark.filterwarnings("ignore:circuit for .* the search likely failed"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,9 @@ def written(tiny_lds_checkpoint, tmp_path_factory):
 
     torch.load = counted
     try:
-        report = make_report(tiny_lds_checkpoint, ReportConfig(**SMALL), progress=False, log=lines.append)
+        report = make_report(
+            tiny_lds_checkpoint, ReportConfig(**SMALL), progress=False, log=lines.append
+        )
     finally:
         torch.load = real_load
     page = report.write(out)
@@ -63,6 +68,7 @@ def test_every_stage_runs_on_the_device_asked_for(tiny_lds_checkpoint, monkeypat
             if result is None:
                 raise Stop
             return result
+
         return record
 
     monkeypatch.setattr(report_module, "run_suite", spy("run_suite", {"result": {}}))
@@ -71,7 +77,11 @@ def test_every_stage_runs_on_the_device_asked_for(tiny_lds_checkpoint, monkeypat
     cfg = ReportConfig(**{**SMALL, "targets": ("1-after",), "seeds": (0,)})
     with pytest.raises(Stop):
         make_report(tiny_lds_checkpoint, cfg, device="cpu", progress=False)
-    assert seen == {"run_suite": ["cpu", "cpu"], "prune_checkpoint": ["cpu"], "recall_checkpoint": ["cpu"]}
+    assert seen == {
+        "run_suite": ["cpu", "cpu"],
+        "prune_checkpoint": ["cpu"],
+        "recall_checkpoint": ["cpu"],
+    }
 
 
 def test_the_page_loads_plotly_once_from_its_folder_and_draws_every_circuit(written):
@@ -79,7 +89,9 @@ def test_the_page_loads_plotly_once_from_its_folder_and_draws_every_circuit(writ
     text = page.read_text()
     assert page == out / "index.html"
     # plotly.js once, in the folder (offline), not inside the page
-    assert re.findall(r"<script[^>]+src=[^>]+>", text) == ["<script charset='utf-8' src='plotly.min.js'>"]
+    assert re.findall(r"<script[^>]+src=[^>]+>", text) == [
+        "<script charset='utf-8' src='plotly.min.js'>"
+    ]
     assert "* plotly.js v" not in text and "* plotly.js v" in (out / "plotly.min.js").read_text()
     assert len(text) < 500_000  # the page's own content, without the 4.8 MB of plotly.js
     n_figures = len(report.figures())
@@ -89,7 +101,13 @@ def test_the_page_loads_plotly_once_from_its_folder_and_draws_every_circuit(writ
     assert [c["label"] for c in explorer["circuits"]] == [
         f"{t} · prune · seed {s}" for t in ("1-after", "2-after") for s in (0, 1)
     ]  # every circuit, not only seed 0's
-    for stage in ("evaluation", "pruning 1-after, seed 0", "pruning 2-after, seed 1", "overlap", "recall"):
+    for stage in (
+        "evaluation",
+        "pruning 1-after, seed 0",
+        "pruning 2-after, seed 1",
+        "overlap",
+        "recall",
+    ):
         assert any(line.startswith(stage) for line in lines), stage
 
 
@@ -98,8 +116,14 @@ def test_the_page_explains_itself_and_says_why_there_is_no_interval(written):
     text = page.read_text()
     for section in ("findings", "evaluation", "circuits", "overlap", "cross-evaluation", "recall",
                     "definitions", "files"):  # fmt: skip
-        assert re.search(rf"<section id='{section}'><h2>[^<]+</h2><p class='how'><b>How to read this.</b> \S", text), section
-    assert "2 seeds: no interval" in text and "[0." not in text.split("id='overlap'")[1].split("</table>")[0]
+        assert re.search(
+            rf"<section id='{section}'><h2>[^<]+</h2><p class='how'><b>How to read this.</b> \S",
+            text,
+        ), section
+    assert (
+        "2 seeds: no interval" in text
+        and "[0." not in text.split("id='overlap'")[1].split("</table>")[0]
+    )
     assert "concepts.md#faithfulness-and-complement-faithfulness" in text
     found = report.findings()
     assert found["overlap"] and found["recall"] and found["caveats"]
@@ -122,15 +146,47 @@ def test_the_json_behind_the_page_is_what_the_page_reports(written):
     # across-target Jaccard: the mean over every (seed, seed) pair, computed independently
     pairs = [overlap(a, b).jaccard for a in files["1-after"] for b in files["2-after"]]
     assert summary["overlap"]["1-after vs 2-after"]["jaccard"] == pytest.approx(sum(pairs) / 4)
+    for (
+        found
+    ) in files.values():  # each circuit records its target's seed consensus, counted here again
+        every = {e for c in found for e in c.edges}
+        expected = {e: sum(e in c.edges for c in found) / len(found) for e in every}
+        for c in found:
+            assert {(w, r): f for w, r, f in c.metadata["consensus"]["scores"]} == pytest.approx(
+                expected
+            )
     saved = json.loads((out / "overlap.json").read_text())
+    edges = saved["across"]["1-after vs 2-after"]["edges"]
+    a, b = set(files["1-after"][0].edges) | set(files["1-after"][1].edges), \
+        set(files["2-after"][0].edges) | set(files["2-after"][1].edges)  # fmt: skip
+    shared = edges["n_shared_stable"] + edges["n_shared_unstable"]
+    assert shared == len(a & b) and edges["n_a_only_stable"] + edges["n_a_only_unstable"] == len(
+        a - b
+    )
+    assert "Which edges are stable" in (out / "index.html").read_text()
     assert saved["excluded_writers"] == ["pos"]
     assert len(saved["cross_evaluation"]) == 4 * 2  # every circuit on both targets
 
 
 def test_cli_report_runs_and_bad_input_creates_nothing(tiny_lds_checkpoint, tmp_path, capsys):
     out = tmp_path / "r"
-    args = ["report", "--ckpt", str(tiny_lds_checkpoint), "--eval-traces", "8", "--prune-traces", "8",
-            "--recall-traces", "8", "--steps", "2", "--seed", "0", "--no-components", "--no-progress"]
+    args = [
+        "report",
+        "--ckpt",
+        str(tiny_lds_checkpoint),
+        "--eval-traces",
+        "8",
+        "--prune-traces",
+        "8",
+        "--recall-traces",
+        "8",
+        "--steps",
+        "2",
+        "--seed",
+        "0",
+        "--no-components",
+        "--no-progress",
+    ]
     assert main([*args, "--out", str(out)]) == 0
     captured = capsys.readouterr()
     assert (out / "index.html").is_file() and "report:" in captured.out
@@ -173,10 +229,19 @@ def test_cross_evaluation_rebuilds_the_circuits_own_traces(tiny_lds_checkpoint, 
     from mechlab.pipelines.report import _overlap
 
     ckpt = open_checkpoint(tiny_lds_checkpoint)
-    kw = {"n_train": 8, "n_test": 8, "steps": 1, "progress": False, "seg_len": 3, "corruption": "shuffle"}
+    kw = {
+        "n_train": 8,
+        "n_test": 8,
+        "steps": 1,
+        "progress": False,
+        "seg_len": 3,
+        "corruption": "shuffle",
+    }
     circuits = {t: [prune_checkpoint(ckpt, t, 0.9, seed=0, **kw)] for t in ("1-after", "2-after")}
     seen = []
-    monkeypatch.setattr(stats, "cross_evaluate", lambda model, data, flat: seen.append(data.info) or [])
+    monkeypatch.setattr(
+        stats, "cross_evaluate", lambda model, data, flat: seen.append(data.info) or []
+    )
     _overlap(ckpt, circuits, ReportConfig(**SMALL))
     info = seen[0]
     assert (info["n_haystack"], info["seg_len"], info["corruption"]) == (2, 3, "shuffle")

@@ -29,11 +29,17 @@ def test_which_offsets_follow_the_label_and_why_neither():
     per = {"1": offset(1.455, 0.0, 1.0, "label", follows=0.945), "2": offset(0.066, 1.089, 0.06, "observation"),
            "3": offset(0.014, 0.489, 0.03, "observation"), "6": offset(0.002, 0.035, 0.05, "neither", "observation")}  # fmt: skip
     lines = recall_findings({"result": {"per_offset": per, "rule": RULE}})
-    assert lines[0].startswith("The 1-after prediction follows the <b>label</b>") and "94%" in lines[0]  # 94.5, printed to the percent
+    assert (
+        lines[0].startswith("The 1-after prediction follows the <b>label</b>") and "94%" in lines[0]
+    )  # 94.5, printed to the percent
     assert lines[1].startswith("The 2-after and 3-after predictions follow the <b>observations</b>")
     assert "6-after the verdict is <b>neither</b>" in lines[2]
-    assert "patching all the observations does" in lines[2]  # the single-token patch is too small there
-    mixed = recall_findings({"result": {"per_offset": {"2": offset(0.5, 0.5, 0.5, "mixed")}, "rule": RULE}})
+    assert (
+        "patching all the observations does" in lines[2]
+    )  # the single-token patch is too small there
+    mixed = recall_findings(
+        {"result": {"per_offset": {"2": offset(0.5, 0.5, 0.5, "mixed")}, "rule": RULE}}
+    )
     assert "<b>mixed</b>" in mixed[0]
 
 
@@ -77,23 +83,30 @@ def test_why_the_cross_evaluation_differs_from_the_circuits_table():
 
 
 def test_heads_that_carry_the_label_and_the_circuits_that_hold_them():
-    recall = {"result": {"label_heads": {"noise": [["a2.h4", 1.07], ["a0.h4", 1.0], ["a2.h0", 0.1]]}}}
+    recall = {
+        "result": {"label_heads": {"noise": [["a2.h4", 1.07], ["a0.h4", 1.0], ["a2.h0", 0.1]]}}
+    }
     one = [Circuit.from_edges({("embed", "a0.h4.q"): 1.0, ("a2.h4", "out"): 1.0}, {}),
            Circuit.from_edges({("embed", "a0.h4.q"): 1.0}, {})]  # fmt: skip
     text = head_findings(recall, {"1-after": one})[0]
     assert "<b>a2.h4</b> (<code>blocks.2.attn.hook_result[4]</code>, 1.07)" in text
     assert "a2.h0" not in text and "one path" in text
     assert "a2.h4 in 1 of 2, a0.h4 in 2 of 2" in text
-    assert "several heads" in head_findings({"result": {"label_heads": {"noise": [["a0.h1", 0.2]]}}}, {})[0]
+    assert (
+        "several heads"
+        in head_findings({"result": {"label_heads": {"noise": [["a0.h1", 0.2]]}}}, {})[0]
+    )
 
 
 def test_intervals_and_seed_caveats():
     assert _interval({"low": 0.737, "high": 0.737}, 2) == "2 seeds: no interval"
     assert _interval({"low": 0.65, "high": 0.844}, 5) == "[0.650, 0.844]"
-    report = SimpleNamespace(config=ReportConfig(seeds=(0, 1)), circuits={})
+    report = SimpleNamespace(config=ReportConfig(seeds=(0, 1), steps=300), circuits={})
     words = caveats(report)
     assert words[0].startswith("2 seeds per target: no interval") and "--seed 2" in words[0]
     assert "256 traces" in words[1] and "300 optimiser steps" in words[2]
+    default = caveats(SimpleNamespace(config=ReportConfig(seeds=(0, 1)), circuits={}))
+    assert not any("optimiser steps" in w for w in default)  # the default runs prune's own steps
 
 
 def test_every_link_of_the_page_finds_its_section_of_concepts_md():

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from mechlab.models.transformer import Transformer, TransformerConfig
+from mechlab.prune.config import JOINT_CONFIG
 from mechlab.prune.engine import prune
 from mechlab.prune.graph import build_graph, countable_edges
 from mechlab.prune.joint import consensus_penalty, joint_prune, share_sweep
@@ -113,15 +114,16 @@ def test_share_zero_is_independent_pruning():
     data = planted_data(1, n_pos=6)
     sparsity = two_edge_sparsity(model)
     for seed in (0, 1):
-        joint = joint_prune(model, data, [even, odd], sparsity, share=0.0, seed=seed, refine=False,
-                            progress=False)  # fmt: skip
+        # one search core: each target's run is prune()'s, selection included
+        joint = joint_prune(model, data, [even, odd], sparsity, share=0.0, seed=seed, progress=False)
         for name, target in (("even", even), ("odd", odd)):
-            alone = prune(model, data, target, sparsity, seed=seed, progress=False)
+            alone = prune(model, data, target, sparsity, seed=seed, progress=False, config=JOINT_CONFIG)
             circuit = joint.circuits[name]
             assert set(circuit.edges) == set(alone.edges)
             for edge, value in alone.log_alpha.items():
                 assert circuit.log_alpha[edge] == pytest.approx(value, abs=1e-4)
             meta = circuit.metadata
+            assert meta["edge_effects"] == pytest.approx(alone.metadata["edge_effects"])
             assert meta["joint"] and meta["share"] == 0.0 and meta["partners"] == [
                 "odd" if name == "even" else "even"
             ]
@@ -188,6 +190,8 @@ def test_bad_input_is_refused_in_one_line():
         ({"targets": ["all", "all"]}, "distinct"),
         ({"targets": ["all", "3-before"]}, "unknown target"),
         ({"sparsity": 1.5}, "sparsity"),
+        ({"node_sparsity": 0.5}, "edges only"),
+        ({"stpes": 3}, "unknown pruning setting 'stpes'"),
     ]
     for change, message in cases:
         kwargs = {"targets": [even, odd], "sparsity": 0.9, "share": 0.1, **change}
@@ -200,18 +204,19 @@ def test_bad_input_is_refused_in_one_line():
 
 @pytest.mark.filterwarnings("ignore:circuit for .* the search likely failed")  # a deliberately short search
 def test_targets_of_unequal_loss_scales_are_flagged(monkeypatch):
-    import mechlab.prune.joint as joint
+    import mechlab.prune.engine as engine
 
     model = gated_model(shared=True)
     data = planted_data(n_pos=6)
     scales = iter([1.0, 5.0] * 2)
-    monkeypatch.setattr(joint, "ablated_loss", lambda *a, **k: next(scales))
+    monkeypatch.setattr(engine, "ablated_loss", lambda *a, **k: next(scales))
     with pytest.warns(UserWarning, match=r"differ 5\.0x \(even 1, odd 5\).*normalize_loss=True"):
-        joint_prune(model, data, [even, odd], 0.9, share=1.0, steps=1, refine=False, progress=False)
+        joint_prune(model, data, [even, odd], 0.9, share=1.0, steps=1, select="rank",
+                    normalize_loss=False, progress=False)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         try:
-            joint_prune(model, data, [even, odd], 0.9, share=1.0, steps=1, refine=False,
-                        normalize_loss=True, progress=False)  # fmt: skip
+            joint_prune(model, data, [even, odd], 0.9, share=1.0, steps=1, select="rank",
+                        progress=False)  # fmt: skip (the default normalises)
         except UserWarning as w:  # only the search-failure warnings of a 1-step run may fire
             assert "differ" not in str(w)

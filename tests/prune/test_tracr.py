@@ -119,9 +119,9 @@ def test_masked_forward_invariants_no_ln_relu(causal):
 
 
 def _recover(name: str, seed: int) -> dict:
-    """Prune a compiled program with the normalised loss (compiled programs' outputs have
-    arbitrary scales; the raw default recovers xproportion 2/3 and sort_unique 1/3, empty
-    circuits otherwise, docs/pruning.md), told only the ground truth's size."""
+    """Prune a compiled program at the defaults (the normalised loss: compiled programs'
+    outputs have arbitrary scales, and the old raw-loss default recovered xproportion 2/3
+    and sort_unique 1/3, docs/pruning.md), told only the ground truth's size."""
     from mechlab.prune.engine import prune
     from mechlab.prune.graph import countable_edges
 
@@ -129,14 +129,13 @@ def _recover(name: str, seed: int) -> dict:
     data = tracr_prune_data(name, info, n_train=64, n_test=128)
     truth = ablation_edges(model, data.train)
     n = int(countable_edges(build_graph(model), "interchange").sum())
-    circuit = prune(model, data, "all", sparsity=1 - len(truth) / n, seed=seed, progress=False,
-                    normalize_loss=True)  # fmt: skip
+    circuit = prune(model, data, "all", sparsity=1 - len(truth) / n, seed=seed, progress=False)
     return edge_recovery(list(circuit.edges), truth)
 
 
 @pytest.mark.parametrize("name", ["hist", "xproportion"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_normalized_search_recovers_the_program_exactly(name, seed):
+def test_default_search_recovers_the_program_exactly(name, seed):
     result = _recover(name, seed)
     assert result["exact"] and result["precision"] == 1.0 and result["recall"] == 1.0
 
@@ -144,5 +143,5 @@ def test_normalized_search_recovers_the_program_exactly(name, seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["reverse", "sort_unique"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_normalized_search_recovers_slow_programs_exactly(name, seed):
+def test_default_search_recovers_slow_programs_exactly(name, seed):
     assert _recover(name, seed)["exact"]

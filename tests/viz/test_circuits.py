@@ -54,9 +54,19 @@ def test_every_kept_edge_is_drawn_once_and_hoverable_with_its_score():
     assert len(curves(fig)) == len(EDGES)
     texts = hover_texts(fig)
     for (w, r), s in scores.items():
-        assert sum(t.startswith(f"{w} → {r}<br>") and t.endswith(f"<br>score {s:.3f}") for t in texts) == 1
+        assert (
+            sum(t.startswith(f"{w} → {r}<br>") and t.endswith(f"<br>score {s:.3f}") for t in texts)
+            == 1
+        )
         # both names of each end: the graph's and the hook's
-        assert sum(hook_name(w) in t and hook_name(r) in t for t in texts if t.startswith(f"{w} → {r}<br>")) == 1
+        assert (
+            sum(
+                hook_name(w) in t and hook_name(r) in t
+                for t in texts
+                if t.startswith(f"{w} → {r}<br>")
+            )
+            == 1
+        )
 
 
 def test_qkv_edges_end_at_three_distinct_ports_of_the_head():
@@ -85,6 +95,23 @@ def test_width_and_opacity_grow_with_the_score():
     assert weak.opacity < strong.opacity
 
 
+def test_opacity_follows_the_recorded_consensus_and_hover_says_it():
+    rare, common = ("m0", "m1.in"), ("m1", "m2.in")
+    circuit = transformer_circuit([rare, common], scores={rare: 0.99, common: 0.99})
+    circuit.metadata["consensus"] = {"scores": [["m0", "m1.in", 0.2], ["m1", "m2.in", 1.0]], "n_runs": 5,
+                                     "seeds": [0, 1, 2, 3, 4], "sparsities": [0.9], "stable_at": 0.8}  # fmt: skip
+    fig = circuit_figure(circuit)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == 2 and lines[0].line.width == lines[1].line.width  # same score: same width
+    by_opacity = sorted(lines, key=lambda t: t.opacity)
+    assert by_opacity[0].opacity < by_opacity[1].opacity
+    assert curves(fig)[0].shape == curves(fig)[1].shape
+    texts = hover_texts(fig)
+    assert any("consensus 0.20 (kept in 1 of 5 runs)" in t for t in texts)
+    assert any("consensus 1.00 (kept in 5 of 5 runs)" in t for t in texts)
+    assert "consensus over 5 runs" in fig.layout.title.text
+
+
 def test_overlap_groups_count_shared_and_own_edges():
     rng = random.Random(0)
     graph = transformer_graph(3, 2)
@@ -107,7 +134,9 @@ def test_overlap_refuses_too_few_circuits_or_different_models():
     a = transformer_circuit(EDGES)
     with pytest.raises(ValueError, match="at least two"):
         overlap_figure([a])
-    other = Circuit.from_edges({("embed", "out"): 1.0}, {"graph": transformer_graph(2, 2).summary()})
+    other = Circuit.from_edges(
+        {("embed", "out"): 1.0}, {"graph": transformer_graph(2, 2).summary()}
+    )
     with pytest.raises(ValueError, match="different graphs"):
         overlap_figure([a, other])
     with pytest.raises(ValueError, match="2 labels for 3"):
@@ -144,7 +173,9 @@ def test_graph_of_a_built_model_places_every_component():
     pos = node_positions(graph.summary(), names)
     assert names <= set(pos)
     assert len({pos[n] for n in names}) == len(names)  # no two components on one spot
-    assert all(a != b for a, b in itertools.combinations([pos[n][0] for n in ("embed", "m0", "out")], 2))
+    assert all(
+        a != b for a, b in itertools.combinations([pos[n][0] for n in ("embed", "m0", "out")], 2)
+    )
 
 
 def test_cli_view_renders_committed_circuits_and_refuses_bad_input(tmp_path, capsys):
@@ -161,18 +192,28 @@ def test_cli_view_renders_committed_circuits_and_refuses_bad_input(tmp_path, cap
     assert "1-after · prune · seed 0" in page and "2-after · prune · seed 0" in page
     assert main(["view", str(committed[0]), "--out", str(tmp_path / "x.png")]) == 2
     fresh = tmp_path / "fresh.html"
-    assert main(["view", str(committed[0]), "--label", "a", "--label", "b", "--out", str(fresh)]) == 2
+    assert (
+        main(["view", str(committed[0]), "--label", "a", "--label", "b", "--out", str(fresh)]) == 2
+    )
     assert main(["view", str(tmp_path / "missing.json"), "--out", str(fresh)]) == 2
-    assert main(["view", str(committed[0]), "--out", str(out)]) == 2  # exists: never replaced without --force
+    assert (
+        main(["view", str(committed[0]), "--out", str(out)]) == 2
+    )  # exists: never replaced without --force
     err = capsys.readouterr().err
-    assert "must be a .html or .htm file" in err and "one --label per circuit" in err and "not found" in err
+    assert (
+        "must be a .html or .htm file" in err
+        and "one --label per circuit" in err
+        and "not found" in err
+    )
     assert "exists; pass --force" in err and not fresh.exists()
 
 
 def test_circuits_across_checkpoints_rows_scores_and_jaccard():
     from mechlab.viz import circuits_across_checkpoints_figure
 
-    early = transformer_circuit(EDGES[:3], scores={EDGES[0]: 0.5}, target="1-after", checkpoint_step=10)
+    early = transformer_circuit(
+        EDGES[:3], scores={EDGES[0]: 0.5}, target="1-after", checkpoint_step=10
+    )
     late = transformer_circuit(EDGES[2:6], target="1-after", checkpoint_step=20)
     fig = circuits_across_checkpoints_figure([early, late])
     heat = fig.data[0]
@@ -181,7 +222,9 @@ def test_circuits_across_checkpoints_rows_scores_and_jaccard():
     counts, jaccard = fig.data[1], fig.data[2]
     assert list(counts.y) == [3, 4]
     assert list(jaccard.y) == [pytest.approx(1 / 6), 1.0]
-    assert jaccard.yaxis != counts.yaxis and fig.layout[jaccard.yaxis.replace("y", "yaxis")].range == (0, 1.05)
+    assert jaccard.yaxis != counts.yaxis and fig.layout[
+        jaccard.yaxis.replace("y", "yaxis")
+    ].range == (0, 1.05)
     with pytest.raises(ValueError, match="2 steps for 1"):
         circuits_across_checkpoints_figure([early], steps=[1, 2])
     with pytest.raises(ValueError, match="at least one"):

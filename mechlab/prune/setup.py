@@ -1,0 +1,180 @@
+"""Preparing a search: its settings checked, and what every search of one model and its
+traces needs, built once (:class:`SearchSetup`: the graph, the countable edges, the
+ablation, the reference outputs, the fully ablated loss, the warm start's scores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mechlab.models.base import predict_in_chunks
+from mechlab.prune.choose import check_sparsity
+from mechlab.prune.config import EXACT_WARM_MAX, PruneConfig, prune_config
+from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward, select_traces
+from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
+from mechlab.prune.search import task_loss
+from mechlab.traces import PruneData, Target, Traces, target_mask, target_positions
+
+
+def check_prune_args(sparsity: float | None = None, **settings: Any) -> PruneConfig:
+    """Validate :func:`prune`'s settings before any work; returns their :class:`PruneConfig`.
+
+    Args:
+        sparsity: Edge sparsity (None: the config's default).
+        **settings: :class:`PruneConfig` fields (``config=`` a base config) and
+            :func:`prune`'s run arguments (:data:`~mechlab.prune.config.RUN_ARGUMENTS`,
+            ignored here).
+
+    Raises:
+        ValueError: A bad value or an unknown setting (one line).
+    """
+    config = settings.pop("config", None)
+    return prune_config(sparsity, config, **settings)
+
+
+@dataclass
+class SearchSetup:
+    """Everything a search needs besides its settings, built once on the training traces.
+
+    Attributes:
+        graph: The graph pruned.
+        train: The training traces, on the model's device.
+        positions: Per target, ``[batch, pos]`` bool.
+        reference: The full model's outputs (or the truth).
+        ablated: The ablated writer outputs.
+        scored: Per target, its scored positions (a windowed graph) or None.
+        countable: Per target, ``[n_edges]`` bool.
+        n_keep: Per target, the edges the sparsity keeps.
+        ablated_losses: Per target, the fully ablated model's training loss (computed
+            when normalising, else 1.0).
+        norms: Per target, what its task loss is divided by.
+        warm: Per target, the warm start's attribution scores (``[n_edges]``), or None.
+    """
+
+    graph: EdgeGraph
+    train: Traces
+    positions: list[Tensor]
+    reference: Tensor
+    ablated: Any
+    scored: list[list[int] | None]
+    countable: list[Tensor]
+    n_keep: list[int]
+    ablated_losses: list[float]
+    norms: list[float]
+    warm: list[Tensor] | None = None
+
+
+def check_prune_data(config: PruneConfig, data: PruneData) -> None:
+    """A one-line ValueError when the traces lack what the loss or the ablation needs."""
+    if config.loss == "truth" and (data.train.truth is None or data.test.truth is None):
+        raise ValueError("loss 'truth' needs traces with ground truth (Traces.truth)")
+    if config.ablation == "interchange" and (data.train.corrupted is None or data.test.corrupted is None):
+        raise ValueError("ablation 'interchange' needs corrupted traces (Traces.corrupted)")
+
+
+def prepare_search(
+    model: nn.Module,
+    data: PruneData,
+    targets: Sequence[Target],
+    config: PruneConfig,
+    position_aware: bool | None = None,
+    ablated_losses: bool | None = None,
+) -> SearchSetup:
+    """Check the data and the sparsity, then build the search's inputs (no optimisation).
+
+    Args:
+        model: The model (frozen and in eval mode for the forward passes inside).
+        data: The traces.
+        targets: The targets (already checked against the traces).
+        config: The settings.
+        position_aware: As :func:`prune`.
+        ablated_losses: Compute the fully ablated losses (default: when normalising).
+
+    Raises:
+        ValueError: Missing ground truth or corrupted traces, a sparsity that keeps no edge.
+    """
+    check_prune_data(config, data)
+    graph = pruning_graph(model, data.train.windows, position_aware)
+    scored = [target_positions(t, data.train) if graph.windows else None for t in targets]
+    n_keep = [check_sparsity(graph, config.ablation, config.sparsity, s) for s in scored]
+    countable = [countable_edges(graph, config.ablation, s) for s in scored]
+    device = next(model.parameters()).device
+    train = data.train.to(device)
+    compute = config.normalize_loss if ablated_losses is None else ablated_losses
+    with frozen_eval(model), torch.no_grad():
+        positions = [target_mask(t, train) for t in targets]
+        ablated = make_ablation(model, config.ablation, train, graph=graph)
+        reference = train.truth if config.loss == "truth" else predict_in_chunks(model, train.inputs)
+        losses = (
+            [ablated_loss(model, graph, train, pos, reference, ablated) for pos in positions]
+            if compute else [1.0] * len(targets)
+        )  # fmt: skip
+    norms = losses if config.normalize_loss else [1.0] * len(targets)
+    warm = None
+    if config.warm_start != "none":
+        with frozen_eval(model):
+            warm = [warm_start_scores(model, train, t, graph, config) for t in targets]
+    return SearchSetup(graph, train, positions, reference, ablated, scored, countable, n_keep,
+                       losses, norms, warm)  # fmt: skip
+
+
+def warm_start_scores(
+    model: nn.Module, traces: Traces, target: Target, graph: EdgeGraph, config: PruneConfig
+) -> Tensor:
+    """``[n_edges]`` the scores of ``config.warm_start`` (an attribution method,
+    :func:`mechlab.prune.attribution.score_edges`; ``"auto"``: exact single-edge ablation up
+    to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else EAP-IG) on the
+    training traces, with the search's ablation and its task loss as the metric. The model
+    must be frozen and in eval mode."""
+    from mechlab.prune.attribution import build_objective, score_edges
+
+    obj = build_objective(model, traces, target, config.ablation, "loss", graph)
+    return score_edges(obj, warm_method(config, int(obj.countable.sum())), steps=config.warm_steps).float().cpu()
+
+
+def warm_method(config: PruneConfig, n_countable: int) -> str | None:
+    """The attribution method a search starts from (None: no warm start); ``"auto"``:
+    ``"exact"`` up to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else ``"eap-ig"``."""
+    if config.warm_start == "none":
+        return None
+    if config.warm_start == "auto":
+        return "exact" if n_countable <= EXACT_WARM_MAX else "eap-ig"
+    return config.warm_start
+
+
+@torch.no_grad()
+def ablated_loss(
+    model: nn.Module, graph: EdgeGraph, traces: Traces, positions: Tensor, reference: Tensor,
+    ablated: Tensor, batch_size: int = 128,
+) -> float:
+    """The task loss of the model with every edge ablated (the loss an empty circuit has).
+
+    Dividing the task loss by it makes the search indifferent to the scale of the
+    model's outputs: the loss becomes ``1 - faithfulness`` of the batch, so a circuit
+    whose effect is small in absolute terms is found as readily as a large one.
+
+    Returns:
+        The mean loss at the target positions (1.0 when it is 0, so it can divide).
+    """
+    zeros = torch.zeros(graph.n_edges, device=ablated.device)
+    losses = []
+    for start in range(0, len(traces), batch_size):
+        index = torch.arange(start, min(start + batch_size, len(traces)), device=ablated.device)
+        abl = select_traces(ablated, index)
+        pred = masked_forward(model, graph, traces.inputs[index], abl, zeros)
+        mask = positions[index]
+        n = int(mask.sum())
+        if n:
+            losses.append((task_loss(pred[mask], reference[index][mask], model.cfg.io).double() * n, n))
+    total, count = sum(v for v, _ in losses), sum(n for _, n in losses)
+    value = float(total / count) if count else 0.0
+    return value if value > 0 else 1.0
+
+
+__all__ = ["SearchSetup", "ablated_loss", "check_prune_args", "check_prune_data", "prepare_search",
+           "warm_method", "warm_start_scores"]  # fmt: skip

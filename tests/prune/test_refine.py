@@ -1,0 +1,59 @@
+"""The default search's selection (mechlab.prune.refine.select_edges): elimination from the
+ranked pool, the fill up to the budget while an edge measurably helps, each kept edge's
+effect, and what the circuit's metadata says when the budget is not met."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mechlab.prune.engine import prune
+from mechlab.prune.graph import build_graph
+from mechlab.prune.refine import select_edges
+from tests.prune.test_planted_hard import PATHS, keep_sparsity, planted_data, two_path_transformer
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def test_a_budget_that_no_further_edge_can_use_is_reported():
+    """Two interchangeable two-edge paths, three edges asked: one whole path, and no single
+    edge that would help (an edge of the other path alone carries nothing)."""
+    model, paths = two_path_transformer()
+    circuit = prune(model, planted_data(0), "all", keep_sparsity(model, 3), seed=0, progress=False)
+    meta = circuit.metadata
+    assert set(circuit.edges) in [set(p) for p in paths]
+    assert meta["n_edges_asked"] == 3 and circuit.n_edges == 2
+    assert meta["selection"]["fill_stopped"] in ("no effect", "no candidate")
+    assert all(abs(v) < meta["min_effect"] for *_, v in meta["selection"]["rejected"])
+    assert set(meta["edge_effects"]) == {f"{w} -> {r}" for w, r in circuit.edges}
+    assert min(meta["edge_effects"].values()) > 0.1 and meta["edges_without_effect"] == []
+
+
+def test_selection_keeps_the_ranking_when_elimination_has_nothing_live():
+    model, _ = two_path_transformer()
+    graph = build_graph(model)
+    index = {e: i for i, e in enumerate(graph.edges)}
+    countable = torch.tensor([w != "pos" for w, _ in graph.edges])
+
+    def loss_of(kept: torch.Tensor) -> float:  # 1 - half per path kept whole
+        return 1.0 - 0.5 * sum(all(kept[index[e]] for e in p) for p in PATHS)
+
+    la = torch.full((graph.n_edges,), -5.0)
+    la[index[("embed", "a0.h0.v")]], la[index[("embed", "a0.h1.v")]] = 3.0, 2.0
+    la[index[("a0.h0", "out")]] = -4.0
+    # the pool (the two best edges) has no complete path; the ranking's complete paths do
+    sel = select_edges(graph, la, countable, 2, loss_of, extra=0, min_effect=1e-3)
+    assert {graph.edges[i] for i in sel.edges.nonzero().flatten().tolist()} == PATHS[0]
+    assert sel.loss == 0.5 and sel.effects == {index[e]: pytest.approx(0.5) for e in PATHS[0]}
+    # three asked, from a pool whose fourth edge is on no path: the path's two edges, then
+    # the fill's best-ranked live candidate (embed -> a0.h0.q, first of the tied rest in
+    # graph order) does nothing, so the fill stops and says so
+    la[index[("a1.h0", "out")]] = -4.5
+    sel = select_edges(graph, la, countable, 3, loss_of, extra=1, min_effect=1e-3)
+    assert int(sel.edges.sum()) == 2 and sel.fill_stopped == "no effect"
+    assert sel.rejected == {index[("embed", "a0.h0.q")]: 0.0}
+    la[index[("a1.h0", "out")]] = -5.0
+    # from a larger pool the quota is filled with a live edge, and its effect (0) says it
+    # does nothing (the circuit's metadata lists it under edges_without_effect)
+    sel = select_edges(graph, la, countable, 3, loss_of, extra=4, min_effect=1e-3)
+    assert int(sel.edges.sum()) == 3 and sorted(sel.effects.values()) == [0.0, 0.5, 0.5]
