@@ -164,10 +164,18 @@ class DenseSSMMixer(nn.Module):
         if read_A or (use != "write" and use_chunked(self.scan, autograd)):
             # A(x_t) is needed (read-only hook_A) or asked for: the chunked scan
             # what a cache keeps goes into reused memory (mechlab.models.buffers)
-            A_out = cache_buffer(self.hook_A, (batch, n_pos, self.d_state, self.d_state), x, autograd)
+            A_out = cache_buffer(
+                self.hook_A, (batch, n_pos, self.d_state, self.d_state), x, autograd
+            )
             h_out = cache_buffer(self.hook_h, (batch, n_pos, self.d_state), x, autograd)
             states, transitions = dense_scan(
-                x, self.W_A, h, self.chunk, keep_transitions=read_A, transitions_out=A_out, states_out=h_out
+                x,
+                self.W_A,
+                h,
+                self.chunk,
+                keep_transitions=read_A,
+                transitions_out=A_out,
+                states_out=h_out,
             )
             if transitions is not None:
                 read_trajectory(self.hook_A, transitions)

@@ -267,7 +267,9 @@ class LSTMMixer(nn.Module):
         rnn = self.rnn
         if initial_state is None:
             h0 = c0 = None
-            h_prev = torch.cat([h.new_zeros(h[:, :1].shape), h[:, :-1]], dim=1)  # [batch, pos, d_hidden]
+            h_prev = torch.cat(
+                [h.new_zeros(h[:, :1].shape), h[:, :-1]], dim=1
+            )  # [batch, pos, d_hidden]
         else:
             h0, c0 = initial_state.unbind(1)  # [batch, d_hidden] each
             h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
@@ -344,7 +346,9 @@ class LSTMBlock(ResidualBlock):
     """Pre-norm residual block: ``resid_post = resid_pre + lstm(norm(resid_pre))``."""
 
     def __init__(self, cfg: LSTMConfig):
-        super().__init__(nn.LayerNorm(cfg.d_model), "lstm", LSTMMixer(cfg.d_model, cfg.d_hidden, cfg.fused))
+        super().__init__(
+            nn.LayerNorm(cfg.d_model), "lstm", LSTMMixer(cfg.d_model, cfg.d_hidden, cfg.fused)
+        )
 
 
 class LSTM(ResidualStack):

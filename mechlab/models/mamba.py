@@ -290,7 +290,9 @@ class MambaMixer(nn.Module):
         use = hook_use(self.hook_ssm_state)
         # read-only hooks without autograd: the chunked scan writes every state straight
         # into the trajectory they get (the loop would stack 251 fresh states)
-        autograd = torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, B, C, self.A_log))
+        autograd = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (x, delta, B, C, self.A_log)
+        )
         read_in_place = use == "read" and not autograd
         if use != "write" and (use_chunked(self.scan, autograd) or read_in_place):
             h0 = None if initial_state is None else initial_state.to(delta.dtype)
@@ -298,7 +300,15 @@ class MambaMixer(nn.Module):
             shape = (batch, n_pos, d_inner, self.cfg.d_state)  # a cache's states: reused memory
             states_out = cache_buffer(self.hook_ssm_state, shape, delta, autograd) if keep else None
             y, h, states = selective_scan(
-                x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=keep, states_out=states_out
+                x.float(),
+                delta,
+                A,
+                B,
+                C,
+                h0,
+                chunk=self.chunk,
+                keep_states=keep,
+                states_out=states_out,
             )
             if states is not None:
                 read_trajectory(self.hook_ssm_state, states)

@@ -90,6 +90,7 @@ __all__ = [
     "make_norm",
 ]
 
+
 class LayerNorm(nn.Module):
     """LayerNorm with ``hook_scale`` ``[batch, pos, 1]`` and ``hook_normalized`` (pre-affine)."""
 
@@ -169,7 +170,9 @@ class Rotary(nn.Module):
         angles = torch.cat([freqs, freqs], dim=-1)  # [pos, dim]
         return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
 
-    def forward(self, x: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos head d_head"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos head d_head"]
+    ) -> Float[Tensor, "batch pos head d_head"]:
         cos, sin = self.cos_sin(x.shape[1], x)
         cos, sin = cos[:, None], sin[:, None]  # [pos, 1, dim]
         x_rot, x_pass = x[..., : self.dim], x[..., self.dim :]
@@ -202,7 +205,9 @@ class Attention(nn.Module):
         self.b_O = _bias(cfg.attn_out_bias, m)
         self.causal = cfg.causal
         self.scale = math.sqrt(d)
-        self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" else None
+        self.rotary = (
+            Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" else None
+        )
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
         self.hook_k = HookPoint()  # [batch, pos, kv_head, d_head]
@@ -243,7 +248,9 @@ class Attention(nn.Module):
         return scores
 
     def mix_values(
-        self, pattern: Float[Tensor, "batch head query_pos key_pos"], v: Float[Tensor, "batch pos kv_head d_head"]
+        self,
+        pattern: Float[Tensor, "batch head query_pos key_pos"],
+        v: Float[Tensor, "batch pos kv_head d_head"],
     ) -> Float[Tensor, "batch pos head d_head"]:
         """``z``: each query head's pattern applied to its key/value head's values."""
         if self.n_groups > 1:
@@ -429,7 +436,11 @@ class Transformer(MechModel):
             for ln in (block.ln1, block.ln2):
                 _reset_norm(ln)
             attn, mlp = block.attn, block.mlp
-            weights, out_weights, biases = [attn.W_Q, attn.W_K, attn.W_V], [attn.W_O], attn.biases() + [attn.b_O]
+            weights, out_weights, biases = (
+                [attn.W_Q, attn.W_K, attn.W_V],
+                [attn.W_O],
+                attn.biases() + [attn.b_O],
+            )
             if mlp is not None:
                 weights += [mlp.W_in] + ([mlp.W_gate] if mlp.gated else [])
                 out_weights.append(mlp.W_out)
@@ -451,9 +462,7 @@ class Transformer(MechModel):
             self.read_in.proj.reset_parameters()
             self.read_out.proj.reset_parameters()
 
-    def tokens_to_residual_directions(
-        self, tokens: int | Tensor
-    ) -> Float[Tensor, "... d_model"]:
+    def tokens_to_residual_directions(self, tokens: int | Tensor) -> Float[Tensor, "... d_model"]:
         """The residual-stream direction that the read-out reads output ``tokens`` from.
 
         That is the read-out row ``W_U[:, k]`` times the final LayerNorm's weight:
@@ -505,7 +514,9 @@ class Transformer(MechModel):
                 total = total + block.mlp.b_out
         if mlp_input:
             if layer >= self.cfg.n_layers:
-                raise ValueError(f"mlp_input needs layer < n_layers={self.cfg.n_layers}, got {layer}")
+                raise ValueError(
+                    f"mlp_input needs layer < n_layers={self.cfg.n_layers}, got {layer}"
+                )
             if self.blocks[layer].attn.b_O is not None:
                 total = total + self.blocks[layer].attn.b_O
         return total
