@@ -41,17 +41,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import (
-    RESIDUAL_BLOCK_HOOK_AXES,
-    MechModel,
-    ModelConfig,
-    ReadIn,
-    ReadOut,
-    ResidualBlock,
-)
+from mechlab.models.base import RESIDUAL_BLOCK_HOOK_AXES, ModelConfig, ResidualBlock
 from mechlab.models.buffers import cache_buffer
 from mechlab.models.recurrence import StepHook, hook_use, is_hooked, read_trajectory
-from mechlab.models.scan import DEFAULT_CHUNK, SCANS, dense_scan, use_chunked
+from mechlab.models.scan import DEFAULT_CHUNK, dense_scan, use_chunked
+from mechlab.models.stack import ResidualStack, mixer_scan
 
 # The study's Dense-SSM: one layer, hidden (state) size 256. Add io / vocabulary fields.
 PRESETS: dict[str, dict] = {
@@ -170,10 +164,18 @@ class DenseSSMMixer(nn.Module):
         if read_A or (use != "write" and use_chunked(self.scan, autograd)):
             # A(x_t) is needed (read-only hook_A) or asked for: the chunked scan
             # what a cache keeps goes into reused memory (mechlab.models.buffers)
-            A_out = cache_buffer(self.hook_A, (batch, n_pos, self.d_state, self.d_state), x, autograd)
+            A_out = cache_buffer(
+                self.hook_A, (batch, n_pos, self.d_state, self.d_state), x, autograd
+            )
             h_out = cache_buffer(self.hook_h, (batch, n_pos, self.d_state), x, autograd)
             states, transitions = dense_scan(
-                x, self.W_A, h, self.chunk, keep_transitions=read_A, transitions_out=A_out, states_out=h_out
+                x,
+                self.W_A,
+                h,
+                self.chunk,
+                keep_transitions=read_A,
+                transitions_out=A_out,
+                states_out=h_out,
             )
             if transitions is not None:
                 read_trajectory(self.hook_A, transitions)
@@ -208,7 +210,7 @@ class DenseSSMBlock(ResidualBlock):
         super().__init__(nn.LayerNorm(cfg.d_model), "ssm", DenseSSMMixer(cfg.d_model, cfg.d_state))
 
 
-class DenseSSM(MechModel):
+class DenseSSM(ResidualStack):
     """Read-in, ``n_layers`` residual dense-SSM blocks, final LayerNorm, read-out.
 
     Args:
@@ -227,41 +229,14 @@ class DenseSSM(MechModel):
     }
     STEP_HOOKS: ClassVar[frozenset[str]] = frozenset({"blocks.*.ssm.hook_A", "blocks.*.ssm.hook_h"})
 
+    scan = mixer_scan(
+        """How the blocks run the recurrence: ``"auto"``, ``"loop"`` or ``"chunked"`` (see
+        :class:`DenseSSMMixer`); ``"mixed"`` when the blocks differ."""
+    )
+
     def __init__(self, cfg: DenseSSMConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.read_in = ReadIn(cfg)
-        self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(DenseSSMBlock(cfg) for _ in range(cfg.n_layers))
-        self.ln_final = nn.LayerNorm(cfg.d_model)
-        self.read_out = ReadOut(cfg)
-        self.hook_out = HookPoint()  # [batch, pos, d_output]
-        self.setup()
+        super().__init__(cfg)
 
-    @property
-    def scan(self) -> str:
-        """How the blocks run the recurrence: ``"auto"``, ``"loop"`` or ``"chunked"`` (see :class:`DenseSSMMixer`)."""
-        kinds = {block.ssm.scan for block in self.blocks}
-        return kinds.pop() if len(kinds) == 1 else "mixed"
-
-    @scan.setter
-    def scan(self, value: str) -> None:
-        if value not in SCANS:
-            raise ValueError(f"scan must be one of {SCANS}, got {value!r}")
-        for block in self.blocks:
-            block.ssm.scan = value
-
-    def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
-        """Run the model.
-
-        Args:
-            x: ``[batch, pos, d_in]`` floats (continuous) or ``[batch, pos]`` token ids.
-
-        Returns:
-            ``[batch, pos, d_output]`` predictions or logits.
-        """
-        self.check_length(x.shape[1])
-        resid = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
-        for block in self.blocks:
-            resid = block(resid)
-        return self.hook_out(self.read_out(self.ln_final(resid)))
+    def make_block(self, cfg: DenseSSMConfig) -> DenseSSMBlock:
+        """One residual dense-SSM block."""
+        return DenseSSMBlock(cfg)

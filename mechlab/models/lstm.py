@@ -46,17 +46,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import (
-    RESIDUAL_BLOCK_HOOK_AXES,
-    MechModel,
-    ModelConfig,
-    ReadIn,
-    ReadOut,
-    ResidualBlock,
-)
+from mechlab.models.base import RESIDUAL_BLOCK_HOOK_AXES, ModelConfig, ResidualBlock
 from mechlab.models.buffers import cache_buffer
 from mechlab.models.recurrence import StepHook, hook_use, read_trajectory
 from mechlab.models.scan import linear_recurrence
+from mechlab.models.stack import ResidualStack
 
 # How read-only hooks get the steps' values: "fused" (the fused kernel, then the gates and
 # c recovered from its h: LSTMMixer.step_values), "stepped" (a lean step loop that keeps
@@ -273,7 +267,9 @@ class LSTMMixer(nn.Module):
         rnn = self.rnn
         if initial_state is None:
             h0 = c0 = None
-            h_prev = torch.cat([h.new_zeros(h[:, :1].shape), h[:, :-1]], dim=1)  # [batch, pos, d_hidden]
+            h_prev = torch.cat(
+                [h.new_zeros(h[:, :1].shape), h[:, :-1]], dim=1
+            )  # [batch, pos, d_hidden]
         else:
             h0, c0 = initial_state.unbind(1)  # [batch, d_hidden] each
             h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
@@ -350,10 +346,12 @@ class LSTMBlock(ResidualBlock):
     """Pre-norm residual block: ``resid_post = resid_pre + lstm(norm(resid_pre))``."""
 
     def __init__(self, cfg: LSTMConfig):
-        super().__init__(nn.LayerNorm(cfg.d_model), "lstm", LSTMMixer(cfg.d_model, cfg.d_hidden, cfg.fused))
+        super().__init__(
+            nn.LayerNorm(cfg.d_model), "lstm", LSTMMixer(cfg.d_model, cfg.d_hidden, cfg.fused)
+        )
 
 
-class LSTM(MechModel):
+class LSTM(ResidualStack):
     """Read-in, ``n_layers`` residual LSTM blocks, final LayerNorm, read-out.
 
     Args:
@@ -371,37 +369,18 @@ class LSTM(MechModel):
     STEP_HOOKS: ClassVar[frozenset[str]] = frozenset(f"blocks.*.lstm.hook_{g}" for g in "ifgoch")
 
     def __init__(self, cfg: LSTMConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.read_in = ReadIn(cfg)
-        self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(LSTMBlock(cfg) for _ in range(cfg.n_layers))
-        self.ln_final = nn.LayerNorm(cfg.d_model)
-        self.read_out = ReadOut(cfg)
-        self.hook_out = HookPoint()  # [batch, pos, d_output]
-        self.setup()
+        super().__init__(cfg)
+
+    def make_block(self, cfg: LSTMConfig) -> LSTMBlock:
+        """One residual LSTM block."""
+        return LSTMBlock(cfg)
 
     @property
     def fused(self) -> bool:
         """Whether unhooked layers call ``torch.nn.LSTM``; set ``False`` to force the loop."""
-        return all(block.lstm.fused for block in self.blocks)
+        return all(mixer.fused for mixer in self.mixers())
 
     @fused.setter
     def fused(self, value: bool) -> None:
-        for block in self.blocks:
-            block.lstm.fused = value
-
-    def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
-        """Run the model.
-
-        Args:
-            x: ``[batch, pos, d_in]`` floats (continuous) or ``[batch, pos]`` token ids.
-
-        Returns:
-            ``[batch, pos, d_output]`` predictions or logits.
-        """
-        self.check_length(x.shape[1])
-        resid = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
-        for block in self.blocks:
-            resid = block(resid)
-        return self.hook_out(self.read_out(self.ln_final(resid)))
+        for mixer in self.mixers():
+            mixer.fused = value

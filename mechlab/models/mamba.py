@@ -49,17 +49,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from mechlab.models.base import (
-    RESIDUAL_BLOCK_HOOK_AXES,
-    MechModel,
-    ModelConfig,
-    ReadIn,
-    ReadOut,
-    ResidualBlock,
-)
+from mechlab.models.base import RESIDUAL_BLOCK_HOOK_AXES, ModelConfig, ResidualBlock
 from mechlab.models.buffers import cache_buffer
 from mechlab.models.recurrence import StepHook, hook_use, read_trajectory
-from mechlab.models.scan import DEFAULT_CHUNK, SCANS, selective_scan, use_chunked
+from mechlab.models.scan import DEFAULT_CHUNK, selective_scan, use_chunked
+from mechlab.models.stack import ResidualStack, mixer_scan
 
 # Mamba is not in the state-tracking study; these are sized like its other models: one
 # layer of width 256 like the recurrent ones, and 6 x 256 like its transformer.
@@ -296,7 +290,9 @@ class MambaMixer(nn.Module):
         use = hook_use(self.hook_ssm_state)
         # read-only hooks without autograd: the chunked scan writes every state straight
         # into the trajectory they get (the loop would stack 251 fresh states)
-        autograd = torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, B, C, self.A_log))
+        autograd = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (x, delta, B, C, self.A_log)
+        )
         read_in_place = use == "read" and not autograd
         if use != "write" and (use_chunked(self.scan, autograd) or read_in_place):
             h0 = None if initial_state is None else initial_state.to(delta.dtype)
@@ -304,7 +300,15 @@ class MambaMixer(nn.Module):
             shape = (batch, n_pos, d_inner, self.cfg.d_state)  # a cache's states: reused memory
             states_out = cache_buffer(self.hook_ssm_state, shape, delta, autograd) if keep else None
             y, h, states = selective_scan(
-                x.float(), delta, A, B, C, h0, chunk=self.chunk, keep_states=keep, states_out=states_out
+                x.float(),
+                delta,
+                A,
+                B,
+                C,
+                h0,
+                chunk=self.chunk,
+                keep_states=keep,
+                states_out=states_out,
             )
             if states is not None:
                 read_trajectory(self.hook_ssm_state, states)
@@ -341,7 +345,7 @@ class MambaBlock(ResidualBlock):
         super().__init__(RMSNorm(cfg.d_model, cfg.norm_eps), "mixer", MambaMixer(cfg))
 
 
-class Mamba(MechModel):
+class Mamba(ResidualStack):
     """A stack of Mamba-1 blocks with mechlab's read-in and read-out.
 
     Args:
@@ -360,44 +364,21 @@ class Mamba(MechModel):
     }
     STEP_HOOKS: ClassVar[frozenset[str]] = frozenset({"blocks.*.mixer.hook_ssm_state"})
 
+    scan = mixer_scan(
+        """How the blocks run their scans: ``"loop"``, ``"chunked"`` or ``"auto"`` (see
+        :class:`MambaMixer`); ``"mixed"`` when the blocks differ."""
+    )
+
     def __init__(self, cfg: MambaConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.read_in = ReadIn(cfg)
-        self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList([MambaBlock(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.read_out = ReadOut(cfg)
-        self.hook_out = HookPoint()  # [batch, pos, d_output]
-        self.setup()
+        super().__init__(cfg)
 
-    @property
-    def scan(self) -> str:
-        """How the blocks run their scans: ``"loop"``, ``"chunked"`` or ``"auto"`` (see :class:`MambaMixer`)."""
-        kinds = {block.mixer.scan for block in self.blocks}
-        return kinds.pop() if len(kinds) == 1 else "mixed"
+    def make_block(self, cfg: MambaConfig) -> MambaBlock:
+        """One Mamba block."""
+        return MambaBlock(cfg)
 
-    @scan.setter
-    def scan(self, value: str) -> None:
-        if value not in SCANS:
-            raise ValueError(f"scan must be one of {SCANS}, got {value!r}")
-        for block in self.blocks:
-            block.mixer.scan = value
-
-    def forward(self, x: Tensor) -> Float[Tensor, "batch pos d_output"]:
-        """Run the model.
-
-        Args:
-            x: [batch, pos, d_in] floats (continuous) or [batch, pos] token ids (tokens).
-
-        Returns:
-            [batch, pos, d_output] predictions or logits.
-        """
-        self.check_length(x.shape[1])
-        resid = self.hook_embed(self.read_in(x))  # [batch, pos, d_model]
-        for block in self.blocks:
-            resid = block(resid)
-        return self.hook_out(self.read_out(self.ln_final(resid)))
+    def make_final_norm(self, cfg: MambaConfig) -> RMSNorm:
+        """Mamba's final norm is an RMSNorm (HF's ``norm_f``)."""
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module, **overrides: Any) -> Mamba:

@@ -1,0 +1,194 @@
+"""The options of :class:`~mechlab.models.transformer.Transformer`: its config dataclass
+(validated in ``__post_init__``), the choices of its string fields and the named presets.
+
+:mod:`mechlab.models.transformer` re-exports every name here, so
+``from mechlab.models.transformer import TransformerConfig, PRESETS`` keeps working; the
+layers and the model read the config from this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mechlab.models.base import ModelConfig
+
+ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
+NORMALIZATIONS = ("LN", "RMS", "none")
+POSITIONALS = ("learned", "rotary")
+
+# The recall study's models (Daniels et al. 2025): 57-dim tokens in, 5-dim states
+# out, 251 positions. Parameter counts: 212,189 / 701,381 / 2,419,717 / 10,737,413.
+_RECALL_IO = {"io": "continuous", "d_in": 57, "d_out": 5, "n_ctx": 251}
+PRESETS: dict[str, dict] = {
+    "tiny": {"d_model": 72, "n_layers": 3, "n_heads": 6, **_RECALL_IO},
+    "small": {"d_model": 96, "n_layers": 6, "n_heads": 6, **_RECALL_IO},
+    "medium": {"d_model": 128, "n_layers": 12, "n_heads": 8, **_RECALL_IO},
+    "big": {"d_model": 192, "n_layers": 24, "n_heads": 12, **_RECALL_IO},
+    # The state-tracking study's GPT-2 style models (vocabulary and n_ctx come from the task).
+    "st_transformer_6x256": {"d_model": 256, "n_layers": 6, "n_heads": 4},
+    "st_transformer_2x256": {"d_model": 256, "n_layers": 2, "n_heads": 4},
+    "st_transformer_small": {"d_model": 64, "n_layers": 2, "n_heads": 4},  # CPU-sized
+    # GPT-2 small's shape (12 x 768, 12 heads, 32,936 edges): the scale row of
+    # `mechlab bench prune` (random weights; import real ones with from_pretrained).
+    "gpt2_small_shape": {"d_model": 768, "n_layers": 12, "n_heads": 12},
+}
+
+
+def _check_bool(cfg: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """Config of :class:`Transformer`.
+
+    Args:
+        n_heads: Attention (query) heads per block.
+        d_head: Width of each head; defaults to ``d_model // n_heads`` (which must
+            then divide evenly).
+        d_mlp: Hidden width of the MLP; defaults to ``4 * d_model``.
+        act_fn: ``"gelu_new"`` (tanh approximation, GPT-2's and Hugging Face's
+            default), ``"gelu"`` (exact erf form), ``"relu"`` or ``"silu"``.
+        normalization: ``"LN"`` (a LayerNorm before attention, MLP and read-out),
+            ``"RMS"`` (RMSNorms there) or ``"none"`` (no normalisation: those three read
+            the residual stream as is).
+        causal: Each position attends to itself and earlier positions only (True), or
+            to the whole sequence (False, as in Tracr's compiled programs).
+        layer_norm_eps: Epsilon of every LayerNorm or RMSNorm.
+        init_std: Standard deviation of the normal init of weight matrices,
+            embeddings and the position table. As in GPT-2, the two projections
+            that write into the residual stream (``W_O``, ``W_out``) use
+            ``init_std / sqrt(2 * n_layers)``. Biases start at 0, norm scales at 1.
+            A continuous read-in/read-out keeps PyTorch's default ``nn.Linear`` init,
+            as in the recall study's code; a token embedding and unembedding use
+            ``init_std`` (with a zero bias).
+        positional: ``"learned"`` (a position table ``W_pos`` added to the embedding)
+            or ``"rotary"`` (rotary embeddings of queries and keys, no table).
+        rotary_dim: Dimensions of each query and key that are rotated (even, at most
+            ``d_head``); defaults to ``d_head`` with rotary embeddings. Only with
+            ``positional="rotary"``.
+        rotary_base: The rotary frequencies' base (``rope_theta``).
+        n_key_value_heads: Key/value heads per block (dividing ``n_heads``); defaults
+            to ``n_heads`` (no grouping).
+        gated_mlp: A gated MLP ``W_out (act(x W_gate) * (x W_in))``.
+        parallel_attn_mlp: Attention and MLP both read the block's input and are added
+            to it together (GPT-NeoX).
+        attn_only: Blocks without an MLP.
+        qkv_bias: Biases ``b_Q``, ``b_K``, ``b_V``.
+        attn_out_bias: The attention output bias ``b_O``.
+        mlp_bias: The MLP biases ``b_in`` (and ``b_gate``), ``b_out``.
+        tie_embeddings: The read-out's weight *is* the token embedding (tokens mode,
+            ``d_vocab_out == d_vocab``).
+    """
+
+    arch: ClassVar[str] = "transformer"
+
+    n_heads: int = 4
+    d_head: int | None = None
+    d_mlp: int | None = None
+    act_fn: str = "gelu_new"
+    normalization: str = "LN"
+    causal: bool = True
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+    positional: str = "learned"
+    rotary_dim: int | None = None
+    rotary_base: float = 10000.0
+    n_key_value_heads: int | None = None
+    gated_mlp: bool = False
+    parallel_attn_mlp: bool = False
+    attn_only: bool = False
+    qkv_bias: bool = True
+    attn_out_bias: bool = True
+    mlp_bias: bool = True
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.n_heads, int) or isinstance(self.n_heads, bool) or self.n_heads <= 0:
+            raise ValueError(f"n_heads must be a positive integer, got {self.n_heads!r}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads != 0:
+                raise ValueError(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    "change one of them or set d_head explicitly"
+                )
+            self.d_head = self.d_model // self.n_heads
+        if self.d_mlp is None:
+            self.d_mlp = 4 * self.d_model
+        if self.n_key_value_heads is None:
+            self.n_key_value_heads = self.n_heads
+        for name in ("d_head", "d_mlp", "n_key_value_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_key_value_heads != 0:
+            raise ValueError(
+                f"n_key_value_heads={self.n_key_value_heads} must divide n_heads={self.n_heads} "
+                "(each key/value head serves the same number of query heads)"
+            )
+        if self.act_fn not in ACT_FNS:
+            raise ValueError(f"act_fn must be one of {ACT_FNS}, got {self.act_fn!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
+            )
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        _check_bool(
+            self, "causal", "gated_mlp", "parallel_attn_mlp", "attn_only", "qkv_bias",
+            "attn_out_bias", "mlp_bias", "tie_embeddings",
+        )  # fmt: skip
+        if self.layer_norm_eps <= 0 or self.init_std <= 0:
+            raise ValueError("layer_norm_eps and init_std must be positive")
+        if self.positional == "rotary":
+            if self.rotary_dim is None:
+                self.rotary_dim = self.d_head
+            dim = self.rotary_dim
+            if (
+                not isinstance(dim, int)
+                or isinstance(dim, bool)
+                or not 0 < dim <= self.d_head
+                or dim % 2
+            ):
+                raise ValueError(
+                    f"rotary_dim must be an even number in 2..d_head={self.d_head}, got {dim!r}"
+                )
+            if not self.rotary_base > 0:
+                raise ValueError(f"rotary_base must be positive, got {self.rotary_base!r}")
+        elif self.rotary_dim is not None:
+            raise ValueError("rotary_dim needs positional='rotary'")
+        if self.attn_only and (self.gated_mlp or self.parallel_attn_mlp):
+            raise ValueError(
+                "attn_only blocks have no MLP: gated_mlp and parallel_attn_mlp must be False"
+            )
+        if self.tie_embeddings and (self.io != "tokens" or self.d_vocab_out != self.d_vocab):
+            raise ValueError(
+                "tie_embeddings needs io='tokens' and d_vocab_out == d_vocab (the read-out "
+                "reuses the embedding table)"
+            )
+
+    @property
+    def n_groups(self) -> int:
+        """Query heads per key/value head, ``n_heads // n_key_value_heads``."""
+        return self.n_heads // self.n_key_value_heads
+
+    # What TransformerLens' ActivationCache reads from ``model.cfg`` (``attn_only`` is a field).
+    @property
+    def normalization_type(self) -> str | None:
+        """``"LN"`` / ``"RMS"``: norms with their weights not folded into the next layer;
+        None without normalisation."""
+        return None if self.normalization == "none" else self.normalization
+
+    @property
+    def final_rms(self) -> bool:
+        """Whether the final norm is an RMSNorm."""
+        return self.normalization == "RMS"
+
+    @property
+    def positional_embedding_type(self) -> str:
+        """``"standard"`` (a learned position table added to the embedding) or ``"rotary"``."""
+        return "standard" if self.positional == "learned" else "rotary"
