@@ -444,7 +444,7 @@ def test_issue_19_hostile_sweep_config_files_are_one_line_through_the_cli(capsys
 # --------------------------------------------------------------------------- issue 19, CLI side
 # The output policy (mechlab/pipelines/outputs.py), resume keyed by settings, and checks
 # before work, through the command line; one test per case of docs/reliability.md's rows
-# marked cli. The policy's own tests: tests/pipelines/test_outputs.py.
+# marked cli. The policy's own tests: tests/pipelines/test_outputs.py (test_locks.py, test_records.py).
 
 
 def digest(path: Path) -> str:
@@ -528,7 +528,7 @@ def test_issue_19_eval_and_recall_default_outside_the_checkpoints_folder(capsys,
 
 def _hold_lock(folder: Path) -> tuple[int, int]:
     """A child process holding the lock of ``folder`` until the returned pipe closes."""
-    from tests.pipelines.test_outputs import _fork_holding
+    from tests.pipelines.test_locks import _fork_holding
 
     folder.mkdir(parents=True, exist_ok=True)
     return _fork_holding(folder, "wait")

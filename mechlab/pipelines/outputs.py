@@ -27,7 +27,9 @@ current folder (:func:`default_out`), never beside a (possibly committed) checkp
 it (``settings``: the checkpoint's sha256 and every option that changes what is computed,
 as canonical JSON) and their SHA-256 (``settings_sha256``); circuits record both in their
 metadata. Device, threads and progress bars are not settings: they change rounding or
-display, not what is computed.
+display, not what is computed. The records are made and read in
+:mod:`mechlab.pipelines.records`, the folder locks in :mod:`mechlab.pipelines.locks`; their
+names are importable from here too.
 
 Every write is atomic (a temporary file, then a rename: :func:`mechlab.io.atomic_write`);
 temporary files an interrupted run left in a folder are removed when the folder is
@@ -38,33 +40,31 @@ made for itself are removed again when nothing was written into them).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import json
-import math
 import os
 import re
 import subprocess
-import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from mechlab.io import atomic_write_text
+from mechlab.pipelines.locks import LOCK_NAME as LOCK_NAME
+from mechlab.pipelines.locks import Lock as _Lock
+from mechlab.pipelines.records import canonical as canonical
+from mechlab.pipelines.records import differences, read_record, settings_record
+from mechlab.pipelines.records import file_sha256 as file_sha256
+from mechlab.pipelines.records import read_json as read_json
+from mechlab.pipelines.records import with_defaults as with_defaults
 
 DEFAULT_ROOT = "mechlab-out"
 """The folder, in the current one, under which commands write when no ``--out`` is given."""
-
-LOCK_NAME = ".mechlab.lock"
-"""The lock file of an output folder (removed when its run ends)."""
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt", ".bin")
 _ZIP_MAGIC = b"PK\x03\x04"  # a torch checkpoint is a zip archive
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # mechlab.io's temporary files
 _CLEANED = (".json", ".html", ".csv")  # the temporary files of outputs a command removes
-_NOT_SETTINGS = ("device", "progress", "threads")
 
 
 # --------------------------------------------------------------------------- low-level writes
@@ -121,104 +121,6 @@ def write_circuit_figure(circuit: Any, path: str | Path, title: str | None = Non
     from mechlab.viz.circuits import circuit_figure
 
     return write_figure(circuit_figure(circuit, title), path)
-
-
-# --------------------------------------------------------------------------- settings records
-
-
-def canonical(settings: Mapping[str, Any]) -> str:
-    """Settings as canonical JSON (sorted keys, no spaces, tuples as lists; device,
-    threads and progress left out); a non-finite number is written as a string."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return {str(k): plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, float) and not math.isfinite(value):
-            return str(value)  # inf (a tied share) -> "inf": JSON has no infinity
-        if isinstance(value, Path):
-            return str(value)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {"type": type(value).__name__, **plain(dataclasses.asdict(value))}
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
-        raise TypeError(f"setting of type {type(value).__name__} cannot be recorded: {value!r}")
-
-    kept = {k: v for k, v in settings.items() if k not in _NOT_SETTINGS}
-    return json.dumps(plain(kept), sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def with_defaults(fn: Any, given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` with ``fn``'s defaults for every keyword-only argument it does not set (so
-    a setting left to its default and the same value given explicitly record alike);
-    device, threads, progress and the checkpoint's own digest are left out."""
-    import inspect
-
-    skip = (*_NOT_SETTINGS, "checkpoint_sha256")
-    filled = {name: p.default for name, p in inspect.signature(fn).parameters.items()
-              if p.kind is p.KEYWORD_ONLY and name not in skip and p.default is not p.empty}  # fmt: skip
-    return {**filled, **{k: v for k, v in given.items() if k not in skip}}
-
-
-def file_sha256(path: str | Path) -> str:
-    """The SHA-256 of a file's bytes (read in chunks)."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def settings_record(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"settings": ..., "settings_sha256": ...}`` of a result: what it records so that a
-    later run reuses it only when every setting matches."""
-    text = canonical(settings)
-    return {"settings": json.loads(text), "settings_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
-
-
-def read_record(path: str | Path) -> dict[str, Any] | None:
-    """The settings record a JSON output holds (top level, or a circuit's ``metadata``),
-    or None (no record, or not a readable JSON object)."""
-    try:
-        data = read_json(path)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    for holder in (data, data.get("metadata")):
-        if isinstance(holder, dict) and isinstance(holder.get("settings_sha256"), str):
-            settings = holder.get("settings")
-            return {"settings": settings if isinstance(settings, dict) else {},
-                    "settings_sha256": holder["settings_sha256"]}  # fmt: skip
-    return None
-
-
-def read_json(path: str | Path) -> Any:
-    """A JSON output read back within limits (:func:`mechlab.schema.load_json`)."""
-    from mechlab.schema import load_json
-
-    return load_json(path, "output", max_bytes=256 << 20, max_depth=64)
-
-
-def differences(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 4) -> str:
-    """The settings that differ, as ``name old (now new)``, at most ``limit`` of them."""
-    old, new = json.loads(canonical(old)), json.loads(canonical(new))  # device etc. are no settings
-    keys = sorted(set(old) | set(new), key=lambda k: (k != "checkpoint_sha256", k))
-    changed = []
-    for key in keys:
-        if old.get(key, "<unset>") != new.get(key, "<unset>"):
-            a, b = old.get(key, "unset"), new.get(key, "unset")
-            if key == "checkpoint_sha256":
-                a, b = str(a)[:12], str(b)[:12]
-            changed.append(f"{key} {_show(a)} (now {_show(b)})")
-    more = f", and {len(changed) - limit} more" if len(changed) > limit else ""
-    return ", ".join(changed[:limit]) + more if changed else "the same settings, another record"
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else value
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # --------------------------------------------------------------------------- what a path is
@@ -595,99 +497,3 @@ def _remove_temps(folder: Path, depth: int = 2) -> list[Path]:
                         path.unlink()
                         removed.append(path)
     return removed
-
-
-# --------------------------------------------------------------------------- locks
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # it exists, under another user
-    return True
-
-
-class _Lock:
-    """An exclusive lock on ``folder/.mechlab.lock`` that records its owner (pid, command,
-    start). With ``fcntl`` the lock is the kernel's (released when its process dies, even
-    by ``kill -9``, so a dead owner's lock is taken over); without it, the file's pid is
-    checked for life."""
-
-    def __init__(self, folder: Path, command: str, option: str) -> None:
-        self.path = folder / LOCK_NAME
-        self.command, self.option = command, option
-        self.fd: int | None = None
-
-    def _owner(self, text: str) -> str:
-        try:
-            owner = json.loads(text)
-            when = time.strftime("%H:%M:%S", time.localtime(float(owner["started"])))
-            return f"pid {int(owner['pid'])}, mechlab {owner['command']}, started {when}"
-        except (ValueError, KeyError, TypeError):
-            return "another process"
-
-    def _busy(self, text: str) -> ValueError:
-        folder = str(self.path.parent)
-        return ValueError(f"{folder!r} is being written by another mechlab run ({self._owner(text)}); wait "
-                          f"for it to finish, or choose another {self.option}")  # fmt: skip
-
-    def _mine(self) -> str:
-        return json.dumps({"pid": os.getpid(), "command": self.command, "started": time.time(),
-                           "argv": sys.argv[1:][:40]})  # fmt: skip
-
-    def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: a pid file
-            return self._acquire_pid_file()
-        for _ in range(100):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                text = os.read(fd, 4096).decode("utf-8", "replace")
-                os.close(fd)
-                raise self._busy(text) from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # its owner removed it as we opened it: lock the file now there
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.write(fd, self._mine().encode("utf-8"))
-            self.fd = fd
-            return None
-        raise ValueError(f"could not lock {str(self.path.parent)!r}; try again")
-
-    def _acquire_pid_file(self) -> None:
-        for _ in range(100):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                text = self.path.read_text(encoding="utf-8", errors="replace")
-                try:
-                    pid = int(json.loads(text)["pid"])
-                except (ValueError, KeyError, TypeError):
-                    pid = None
-                if pid is not None and pid != os.getpid() and _alive(pid):
-                    raise self._busy(text) from None
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()  # a dead owner's lock: taken over
-                continue
-            os.write(fd, self._mine().encode("utf-8"))
-            self.fd = fd
-            return
-        raise ValueError(f"could not lock {str(self.path.parent)!r}; try again")
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        os.close(self.fd)
-        self.fd = None

@@ -21,8 +21,6 @@ from mechlab.tasks.lds import (
     START,
     LDSBatch,
     LDSConfig,
-    SystemLibrary,
-    make_libraries,
     sample_batch,
 )
 from mechlab.tasks.lds_evals import (
@@ -35,6 +33,7 @@ from mechlab.tasks.lds_evals import (
     nih_protocol,
     uninterleaved,
 )
+from mechlab.tasks.lds_systems import SystemLibrary, make_libraries
 from mechlab.tasks.nih import NiH, default_haystack, nih
 from mechlab.tasks.prompts import (
     PromptPairs,

@@ -23,8 +23,9 @@ Windows (for a recurrent model's windowed graph): :func:`~mechlab.tasks.nih.nih_
 
 from __future__ import annotations
 
-from mechlab.tasks.lds import LDSConfig, SystemLibrary, make_libraries
+from mechlab.tasks.lds import LDSConfig
 from mechlab.tasks.lds_evals import PROBES, nih_protocol
+from mechlab.tasks.lds_systems import SystemLibrary, make_libraries
 from mechlab.tasks.nih import default_haystack, nih, nih_windows
 from mechlab.traces import PruneData, Traces
 

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechlab.tasks.lds import LDSBatch, LDSConfig, SystemLibrary, make_libraries
+from mechlab.tasks.lds import LDSBatch, LDSConfig
 from mechlab.tasks.lds_evals import NIH_OFFSETS, PROBES, needle_in_haystack, nih_protocol
+from mechlab.tasks.lds_systems import SystemLibrary, make_libraries
 from mechlab.traces import Traces, Windows
 
 

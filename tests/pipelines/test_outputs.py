@@ -1,14 +1,12 @@
 """The output policy (mechlab/pipelines/outputs.py): single files and output folders checked
 before any work, never an input or a checkpoint, nothing git tracks without force, one lock
-per folder (a dead owner's taken over), temporary files of interrupted writes removed, and
+per folder (its tests: test_locks.py), temporary files of interrupted writes removed, and
 results reused only when the settings they record are the run's."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -139,10 +137,6 @@ def test_a_file_of_an_input_folder_is_an_input(tmp_path):
     assert (model / "config.json").read_text() == "{}"
 
 
-def test_differences_leave_out_what_is_no_setting():
-    assert outputs.differences({"device": "cpu", "steps": 2}, {"steps": 3}) == "steps 2 (now 3)"
-
-
 def test_plan_reuses_only_results_of_the_same_settings(tmp_path):
     settings = {"analysis": "prune", "checkpoint_sha256": "ab" * 32, "sparsity": 0.95, "steps": 2, "device": "cpu"}
     with OutputFolder(tmp_path / "o", "prune") as folder:
@@ -160,15 +154,6 @@ def test_plan_reuses_only_results_of_the_same_settings(tmp_path):
             folder.plan({"b.json": settings})
     with OutputFolder(tmp_path / "o", "prune", force=True) as folder:
         assert folder.plan({"a.json": {**settings, "steps": 3}, "b.json": settings}) == {"a.json": "redo", "b.json": "redo"}
-
-
-def test_settings_records_are_canonical():
-    a = settings_record({"b": (1, 2), "a": float("inf"), "threads": 4, "progress": True})
-    b = settings_record({"a": float("inf"), "b": [1, 2]})
-    assert a == b and a["settings"] == {"a": "inf", "b": [1, 2]}
-    assert settings_record({"a": 0.1})["settings_sha256"] != settings_record({"a": 0.1000001})["settings_sha256"]
-    with pytest.raises(TypeError, match="cannot be recorded"):
-        settings_record({"f": object()})
 
 
 def test_a_rerun_rewrites_no_file_whose_content_it_would_not_change(tmp_path):
@@ -196,83 +181,3 @@ def test_default_folders_sit_under_mechlab_out_never_beside_the_checkpoint():
     assert outputs.run_name("runs/x/checkpoints/step_0000040.pt") == "x-step_0000040"
     assert outputs.run_name("runs/x/other.pt") == "x-other"
     assert outputs.default_out("examples/checkpoints/recall-cpu/last.pt", "eval") == Path("mechlab-out/recall-cpu/eval")
-
-
-# --------------------------------------------------------------------------- locks
-
-
-def _fork_holding(folder: Path, then: str) -> tuple[int, int]:
-    """A child process that claims ``folder``, tells the parent, then waits (``then="wait"``,
-    until its pipe closes) or dies by SIGKILL holding the lock (``then="die"``)."""
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        try:
-            os.close(ready_r)
-            os.close(go_w)
-            lock = outputs._Lock(folder, "prune", "--out")
-            lock.acquire()
-            os.write(ready_w, b"1")
-            if then == "die":
-                os.kill(os.getpid(), signal.SIGKILL)
-            os.read(go_r, 1)
-            lock.release()
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    os.close(go_r)
-    assert os.read(ready_r, 1) == b"1"
-    os.close(ready_r)
-    return pid, go_w
-
-
-def test_a_second_run_into_a_locked_folder_is_refused_naming_the_owner(tmp_path):
-    pid, go = _fork_holding(tmp_path, "wait")
-    try:
-        with pytest.raises(ValueError) as err:
-            with OutputFolder(tmp_path, "prune"):
-                pass
-        line = str(err.value)
-        assert f"being written by another mechlab run (pid {pid}, mechlab prune, started" in line
-        assert "wait for it to finish, or choose another --out" in line
-    finally:
-        os.close(go)
-        os.waitpid(pid, 0)
-    with OutputFolder(tmp_path, "prune"):  # free again
-        pass
-    assert not (tmp_path / outputs.LOCK_NAME).exists()
-
-
-def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
-    pid, go = _fork_holding(tmp_path, "die")
-    os.close(go)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    assert json.loads((tmp_path / outputs.LOCK_NAME).read_text())["pid"] == pid  # left behind
-    with OutputFolder(tmp_path, "prune") as folder:
-        assert json.loads((tmp_path / outputs.LOCK_NAME).read_text())["pid"] == os.getpid()
-        folder.write_text("x.json", "{}")
-    assert sorted(os.listdir(tmp_path)) == ["x.json"]
-
-
-def test_the_pid_file_lock_without_fcntl_takes_over_a_dead_owner(tmp_path, monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_fcntl(name, *args, **kwargs):
-        if name == "fcntl":
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_fcntl)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (tmp_path / outputs.LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "command": "prune", "started": 0}))
-    with OutputFolder(tmp_path, "prune"):
-        assert json.loads((tmp_path / outputs.LOCK_NAME).read_text())["pid"] == os.getpid()
-    (tmp_path / outputs.LOCK_NAME).write_text(json.dumps({"pid": 1, "command": "curve", "started": 0}))
-    with pytest.raises(ValueError, match=r"pid 1, mechlab curve"):
-        with OutputFolder(tmp_path, "prune"):
-            pass
