@@ -204,8 +204,8 @@ class Report:
         return circuit_explorer(flat, labels, "Circuits of the report")
 
     def findings(self) -> dict[str, list[str]]:
-        """The page's conclusions, written from the numbers (:func:`mechlab.pipelines.report_page.findings`)."""
-        from mechlab.pipelines.report_page import findings
+        """The page's conclusions, written from the numbers (:func:`mechlab.pipelines.report_findings.findings`)."""
+        from mechlab.pipelines.report_findings import findings
 
         return findings(self)
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from mechlab.pipelines.report import ReportConfig
-from mechlab.pipelines.report_page import (
-    _interval,
+from mechlab.pipelines.report_findings import (
     caveats,
     cross_findings,
     head_findings,
     null_sentence,
     recall_findings,
 )
+from mechlab.pipelines.report_page import _interval
 from mechlab.prune import Circuit
 
 RULE = {"min_effect": 0.05, "label_at": 2 / 3, "observation_at": 1 / 3}
@@ -113,7 +113,7 @@ def test_every_link_of_the_page_finds_its_section_of_concepts_md():
     import re
     from pathlib import Path
 
-    from mechlab.pipelines.report_page import CONCEPTS, concepts_link
+    from mechlab.pipelines.report_findings import CONCEPTS, concepts_link
 
     page = Path(__file__).resolve().parents[2] / "docs" / "concepts.md"
     anchors = set()
