@@ -97,12 +97,14 @@ def test_an_interrupted_joint_sweep_resumes_from_the_circuits_written(tiny_lds_c
 
 
 def test_the_budget_note_says_what_happened_and_what_to_do():
-    from pathlib import Path
-
     from mechlab.cli.circuits import budget_note
 
-    meta = Circuit.from_json(Path("circuits/recall-cpu/1-after_seed0.json")).metadata
-    assert meta["sparsity_limited_by_open_edges"]
+    # the metadata of the bundled 1-after circuit under the previous default (500 steps, no
+    # warm start), which kept 16 of the 25 edges asked; the new default keeps all 25
+    meta = {"method": "prune", "sparsity_asked": 0.95, "sparsity_reached": 0.967741935483871,
+            "sparsity_limited_by_open_edges": True, "sparsity_limited_by_paths": True, "n_edges_kept": 16,
+            "n_edges_asked": 25, "n_open_edges": 17, "n_open_edges_on_paths": 16, "n_edges_countable": 496,
+            "steps": 500, "seconds": 40.0}  # fmt: skip
     note = budget_note(meta, meta["n_edges_kept"])
     assert note.startswith("kept 16 edges where sparsity 0.95 allows 25: the search closed every other edge")
     assert "17 stayed open, 16 of them on complete paths" in note and "Not an error" in note

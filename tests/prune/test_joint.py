@@ -204,12 +204,12 @@ def test_bad_input_is_refused_in_one_line():
 
 @pytest.mark.filterwarnings("ignore:circuit for .* the search likely failed")  # a deliberately short search
 def test_targets_of_unequal_loss_scales_are_flagged(monkeypatch):
-    import mechlab.prune.engine as engine
+    import mechlab.prune.setup as setup  # where prepare_search computes each target's ablated loss
 
     model = gated_model(shared=True)
     data = planted_data(n_pos=6)
     scales = iter([1.0, 5.0] * 2)
-    monkeypatch.setattr(engine, "ablated_loss", lambda *a, **k: next(scales))
+    monkeypatch.setattr(setup, "ablated_loss", lambda *a, **k: next(scales))
     with pytest.warns(UserWarning, match=r"differ 5\.0x \(even 1, odd 5\).*normalize_loss=True"):
         joint_prune(model, data, [even, odd], 0.9, share=1.0, steps=1, select="rank",
                     normalize_loss=False, progress=False)  # fmt: skip
