@@ -29,3 +29,14 @@ def cases(seeds: Sequence[int] = (0, 1)) -> list[PlantedCase]:
                 PlantedCase(f"{name} seed {seed}", model, set(truth), planted_data(seed), seed=seed)
             )
     return out
+
+
+def family_cases(seeds: Sequence[int] = (0, 1)) -> list[PlantedCase]:
+    """Issue 18's planted family (:data:`mechlab.prune.planted.PLANTED_FAMILY`: random
+    off-circuit components, unequal paths 1:1..1:10, 2-4 layers, 2-8 heads, V and Q/K
+    composition, dense SSMs), once per seed, on the traces the family's tests prune on:
+    ``mechlab bench methods --planted tests.prune.planted_cases:family_cases``."""
+    from mechlab.prune.planted import planted_family
+
+    return [PlantedCase(f"{name} seed {seed}", planted.model, set(planted.edges), planted.data(seed), seed=seed)
+            for name, planted in planted_family().items() for seed in seeds]  # fmt: skip
