@@ -1,5 +1,5 @@
-"""The report's conclusions are written from its numbers: each case of each sentence, on
-numbers made for it (the numbers of the bundled checkpoint among them)."""
+"""mechlab.pipelines.report_findings: the report's conclusions are written from its numbers:
+each case of each sentence, on numbers made for it (the bundled checkpoint's among them)."""
 
 from __future__ import annotations
 
