@@ -359,7 +359,7 @@ def curve(
                                 help="Comma-separated edge budgets in (0, 1] (default MIB's 0.1%..50%; 100% is always added)."),
     rank: str = typer.Option("log_alpha", help="log_alpha (one pruning run ranks the edges) or reprune (one run per budget, slower)."),
     sparsity: float = typer.Option(0.95, help="Sparsity of the pruning run whose log_alpha ranks the edges."),
-    steps: int = typer.Option(500, min=1, help="Optimiser steps of each pruning run."),
+    steps: int | None = typer.Option(None, min=1, help="Optimiser steps of each pruning run (default: the library's, 200)."),
     seed: int = typer.Option(0, help="Pruning seed."),
     corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation."),
     traces: int = typer.Option(256, min=1, help="Training traces (pruning; the mean ablation's reference)."),

@@ -11,6 +11,7 @@ from typing import Any
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import haystack, nih_data
+from mechlab.prune.config import resolved_settings
 from mechlab.prune.curves import (
     RANKINGS,
     FaithfulnessCurve,
@@ -47,7 +48,7 @@ def curve_checkpoint(
     *,
     rank: str = "log_alpha",
     sparsity: float = 0.95,
-    steps: int = 500,
+    steps: int | None = None,
     seed: int = 0,
     corruption: str = DEFAULT_CORRUPTION,
     n_train: int = 256,
@@ -75,7 +76,8 @@ def curve_checkpoint(
         out: Folder (default: ``mechlab-out/<run>/curves``).
         rank: ``log_alpha`` (one pruning run ranks the edges) or ``reprune``.
         sparsity: Sparsity of the ranking run.
-        steps: Optimiser steps of each pruning run.
+        steps: Optimiser steps of each pruning run (None: the search's default,
+            :class:`~mechlab.prune.config.PruneConfig`'s 200).
         seed: Pruning seed.
         corruption: Corrupted traces of an interchange ablation.
         n_train: Training traces.
@@ -107,7 +109,9 @@ def curve_checkpoint(
         raise ValueError(f"unknown --rank {rank!r}; choose {' or '.join(RANKINGS)}")
     if len(set(targets)) != len(targets) or len(set(ablations)) != len(ablations):
         raise ValueError("targets and ablations must not repeat")
-    check_prune_args(sparsity, steps=steps)
+    given = {} if steps is None else {"steps": steps}
+    check_prune_args(sparsity, **given)
+    search = resolved_settings({"sparsity": sparsity, **given})  # the whole search: a default that moves is another setting
     path = source_path(source)
     folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(path, "curves"), "curve",
                                   force=force, inputs=[path])  # fmt: skip
@@ -120,7 +124,7 @@ def curve_checkpoint(
             check_target(name, data.train)
         n, s = haystack(ckpt, n_haystack, seg_len)
         common = {"analysis": "curve", "checkpoint_sha256": ckpt.sha256, "ablations": ablations, "budgets": grid,
-                  "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "corruption": corruption,
+                  "rank": rank, "search": search, "seed": seed, "corruption": corruption,
                   "n_train": n_train, "n_test": n_test, "n_haystack": n, "seg_len": s, "protocol": protocol}  # fmt: skip
         records = {f"curve_{name}.json": {**common, "target": name} for name in targets}
         status = folder.plan(records)
@@ -135,12 +139,12 @@ def curve_checkpoint(
                 started = time.perf_counter()
                 curves = sweep(
                     ckpt.model, data, name, ablations, grid, ranking=rank, sparsity=sparsity, seed=seed,
-                    steps=steps, progress=progress, checkpoint_sha256=ckpt.sha256,
+                    progress=progress, checkpoint_sha256=ckpt.sha256, **given,
                 )  # fmt: skip
                 seconds = time.perf_counter() - started
                 info: dict[str, Any] = {
                     "checkpoint": str(path), "checkpoint_sha256": ckpt.sha256, "target": name,
-                    "rank": rank, "sparsity": sparsity, "steps": steps, "seed": seed, "protocol": protocol,
+                    "rank": rank, "sparsity": sparsity, "steps": search["steps"], "seed": seed, "protocol": protocol,
                     "threads": torch.get_num_threads(), "seconds": seconds,
                 }  # fmt: skip
                 table = {**curves_to_dict(curves, info), **outputs.settings_record(records[json_name])}
