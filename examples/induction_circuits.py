@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sparsity", type=float, default=0.9)
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=None, help="Optimiser steps (default: prune's, 200).")
     parser.add_argument("--n-train", type=int, default=256)
     parser.add_argument("--n-test", type=int, default=512)
     parser.add_argument("--force", action="store_true", help="Overwrite what --out holds.")
@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         warnings.simplefilter("ignore", UserWarning)  # each circuit keeps its warnings in its metadata
         for seed in args.seeds:  # as `mechlab prune --ckpt ... --target all --seed k` finds them
             circuits[f"all_seed{seed}"] = prune_checkpoint(
-                ckpt, TARGET, args.sparsity, seed=seed, steps=args.steps, progress=False, **sizes
+                ckpt, TARGET, args.sparsity, seed=seed, progress=False, **sizes,
+                **({} if args.steps is None else {"steps": args.steps}),
             )
     budget = circuits[f"all_seed{args.seeds[0]}"].n_edges
     data = induction_prune_data(cfg, seed=args.seeds[0], **sizes)  # the first seed's traces
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
               f"chains through {entry['chains']}  top pair: {flags}")
     record = {
         "checkpoint": str(args.ckpt), "task_cfg": cfg.to_dict(), "sparsity": args.sparsity,
-        "steps": args.steps, "n_train": args.n_train, "n_test": args.n_test,
+        "steps": circuits[f"all_seed{args.seeds[0]}"].metadata["steps"], "n_train": args.n_train, "n_test": args.n_test,
         "heads": {"previous_token": prev_head, "induction": ind_head},
         "induction_heads": induction_heads(scores, L), "induction_head_threshold": INDUCTION_HEAD,
         "scores": scores.to_dict(), "patching": patching, "circuits": summary,

@@ -76,12 +76,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--target", default="final")
     parser.add_argument("--sparsity", type=float, default=0.9)
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=None, help="Optimiser steps (default: prune's, 200).")
     parser.add_argument("--boot", type=int, default=2000)
     parser.add_argument("--null", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--force", action="store_true", help="Overwrite what --out holds.")
     args = parser.parse_args(argv)
+    if (args.out / "summary.json").exists() and not args.force:
+        parser.error(f"{args.out} already holds circuits; pass --force to overwrite them")
     torch.set_num_threads(args.threads)
+    steps = {} if args.steps is None else {"steps": args.steps}
     ckpt = load_checkpoint(args.ckpt)
     circuits, rows = {}, []
     for n in args.lengths:
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 c = prune_checkpoint(args.ckpt, args.target, args.sparsity, length=n, seed=s,
-                                     steps=args.steps, progress=False)  # fmt: skip
+                                     progress=False, **steps)  # fmt: skip
             stem = f"{c.metadata['target']}_seed{s}"
             c.to_json(args.out / f"{stem}.json")
             circuits.setdefault(n, []).append(c)
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = {
         "checkpoint": str(args.ckpt), "checkpoint_sha256": ckpt.sha256, "arch": ckpt.model.cfg.arch,
         "task_cfg": ckpt.task_config.to_dict(), "target": args.target, "sparsity": args.sparsity,
-        "steps": args.steps, "lengths": args.lengths, "seeds": args.seeds,
+        "steps": circuits[args.lengths[0]][0].metadata["steps"], "lengths": args.lengths, "seeds": args.seeds,
         "model_accuracy": {n: model_accuracy(ckpt, n) for n in args.lengths},
         "circuits": rows, "n_universe": len(universe), "overlap": report, "cross_length": cross,
     }  # fmt: skip
