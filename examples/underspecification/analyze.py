@@ -11,7 +11,7 @@ Run from the repository root::
     # the committed evidence (examples/underspecification/logs/: each run's config.yaml,
     # metrics.jsonl and recall/recall_dynamics.json, no checkpoints)
     python examples/underspecification/analyze.py
-    # after training (train_runs.sh) and scoring (mechlab recall --checkpoints RUN) under
+    # after training (train_runs.sh) and scoring (mechlab recall --checkpoints RUN --out RUN/recall) under
     # runs/underspec: copy those three files of every run into logs/, then analyse logs/
     python examples/underspecification/analyze.py runs/underspec --collect
 

@@ -5,7 +5,7 @@
 # Usage: bash examples/underspecification/train_runs.sh [RUNS_DIR [STEPS [W:SEED ...]]]
 # (defaults: runs/underspec, 12000, the six runs w in {1, 4, 16} x seed {0, 1}). Then score
 # every checkpoint and analyse (docs/reproduction.md, "The local-underspecification test"):
-#   for r in runs/underspec/w*-seed*; do mechlab recall --checkpoints "$r" --traces 500 \
+#   for r in runs/underspec/w*-seed*; do mechlab recall --checkpoints "$r" --out "$r/recall" --traces 500 \
 #       --threads 1 --no-progress; done
 #   python examples/underspecification/analyze.py runs/underspec --collect
 set -euo pipefail
