@@ -11,6 +11,7 @@ from mechlab.cli.app import (
     DEPRECATED_PROTOCOL,
     UsageProblem,
     echo_table,
+    fmt,
     force_option,
     renamed_option,
     use_threads,
@@ -69,15 +70,18 @@ def prune(
     force: bool = force_option("Recompute and replace circuits of other settings found in --out (refused otherwise), and write into a folder git tracks."),
     nearby_budgets: bool = typer.Option(False, help="Also prune each seed at 0.8x and 1.25x the asked edge count (not written; 3x the time), so that each circuit's consensus counts seeds and budgets (two or more --seed alone: seeds)."),
     protocol: str | None = DEPRECATED_PROTOCOL,
+    checkpoints: Path | None = typer.Option(None, help="A training run directory: prune (or --method) every checkpoint of it (DIR/checkpoints/step_*.pt, lds task) into --out/step_<step>/, then across.json and across_<target>.html: per checkpoint its edges, faithfulness and Jaccard with the last checkpoint's circuit, per edge the step from which every later checkpoint keeps it (first --seed). Instead of --ckpt/--model."),
+    every: int | None = typer.Option(None, help="With --checkpoints: every K-th checkpoint in step order, plus the last (default every one)."),
 ) -> None:
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
     change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
     JSON + offline HTML per circuit."""
     from mechlab.pipelines import PRUNE_PROTOCOLS, check_method, joint_prune_targets, prune_targets
 
-    if (ckpt is None) == (model is None):
-        raise UsageProblem("give exactly one of --ckpt PATH (a mechlab checkpoint) or --model FOLDER (a model you bring)")
     given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
+    _check_run_options(checkpoints, every, given, ckpt=ckpt, model=model)
+    if checkpoints is None and (ckpt is None) == (model is None):
+        raise UsageProblem("give exactly one of --ckpt PATH (a mechlab checkpoint) or --model FOLDER (a model you bring)")
     chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
                              acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
     if nearby_budgets and (method != "prune" or edges is not None or pairs is not None or share):
@@ -119,6 +123,11 @@ def prune(
     if method != "prune" or edges is not None:
         common = {k: v for k, v in common.items() if method == "prune" or k not in (*PRUNE_ONLY, "loss")}
         common.update(chosen)
+    if checkpoints is not None:
+        use_threads(threads)
+        _prune_run(checkpoints, target, seed, out, every=every or 1, force=force,
+                   nearby_budgets=nearby_budgets, **common)  # fmt: skip
+        return
     if share:
         shares = [_share(v) for v in share]
         use_threads(threads)
@@ -142,6 +151,45 @@ def prune(
                    f"overlap coefficient {o.overlap_coefficient:.3f}")  # fmt: skip
     if result.stability is not None:
         typer.echo(result.stability.summary())
+
+
+def _check_run_options(checkpoints: Path | None, every: int | None, given: set[str], *,
+                       ckpt: Path | None, model: Path | None) -> None:  # fmt: skip
+    """Refuse (one line) what ``--checkpoints`` does not combine with, and ``--every`` without it."""
+    if checkpoints is None:
+        if every is not None:
+            raise UsageProblem("--every applies with --checkpoints RUN_DIR only")
+        return
+    if ckpt is not None or model is not None:
+        raise UsageProblem("give one of --checkpoints RUN_DIR (every checkpoint of a run), --ckpt PATH or --model FOLDER")
+    refused = sorted({"pairs", "share", "length", "tokenizer", "metric", "position", "test_fraction"} & given)
+    if refused:
+        raise UsageProblem(f"--{refused[0].replace('_', '-')} does not apply with --checkpoints (lds runs, "
+                           "targets pruned one by one)")  # fmt: skip
+    if every is not None and every < 1:
+        raise UsageProblem(f"--every {every}: give a whole number >= 1")
+
+
+def _prune_run(run_dir: Path, targets: list[str], seeds: list[int], out: Path | None, **settings) -> None:
+    """``mechlab prune --checkpoints RUN_DIR``: every checkpoint's circuits, then their table per target."""
+    from mechlab.pipelines import prune_through_training
+
+    def show(ckpt, where: Path) -> None:
+        typer.echo(f"checkpoint step {ckpt.step} ({ckpt.examples_seen} examples seen) -> {where}/")
+
+    run = prune_through_training(run_dir, targets, seeds, out, on_checkpoint=show,
+                                 on_circuit=_print_circuit, **settings)  # fmt: skip
+    _print_resumed([f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.reused],
+                   [f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.replaced])  # fmt: skip
+    for name, across in run.across.items():
+        typer.echo(f"{name} through training (seed {seeds[0]}):")
+        echo_table([("  step", "examples", "edges", "faithfulness", "Jaccard with last")]
+                   + [(f"  {r['step']}", str(r["examples"]), str(r["edges"]), fmt(r["faithfulness"]),
+                       fmt(r["jaccard_with_last"])) for r in across["checkpoints"]])  # fmt: skip
+        final = [e for e in across["edges"] if e["in_last"]]
+        typer.echo(f"  the last circuit's {len(final)} edges appear at (examples seen): " + ", ".join(
+            f"{e['writer']} -> {e['reader']} {e['appears_at_examples']}" for e in final))  # fmt: skip
+    typer.echo(f"wrote {run.json} and " + ", ".join(str(p) for p in run.figures.values()))
 
 
 def _method_options(method: str, given: set[str], *, loss: str, edges: int | None, ig_steps: int | None,

@@ -13,6 +13,7 @@ Modules: :mod:`~mechlab.pipelines.checkpoints` (opening), :mod:`~mechlab.pipelin
 :mod:`~mechlab.pipelines.circuits` (view, overlap), :mod:`~mechlab.pipelines.evaluate`,
 :mod:`~mechlab.pipelines.prompts` (prompt pairs of models you bring),
 :mod:`~mechlab.pipelines.recall`, :mod:`~mechlab.pipelines.report`,
+:mod:`~mechlab.pipelines.through_training` (circuits of every checkpoint of a run),
 :mod:`~mechlab.pipelines.train`, :mod:`~mechlab.pipelines.sweep`,
 :mod:`~mechlab.pipelines.outputs` (writing).
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
         report_checkpoint,
     )
     from mechlab.pipelines.sweep import sweep_spec, write_outputs
+    from mechlab.pipelines.through_training import prune_through_training
     from mechlab.pipelines.train import run_config, train_run
 
 _LAZY = {
@@ -71,6 +73,7 @@ _LAZY = {
     "PRUNE_PROTOCOLS": "mechlab.pipelines.prune",
     "prune_targets": "mechlab.pipelines.prune",
     "prune_prompts": "mechlab.pipelines.prompts",
+    "prune_through_training": "mechlab.pipelines.through_training",
     "recall_and_write": "mechlab.pipelines.recall",
     "recall_checkpoint": "mechlab.pipelines.recall",
     "recall_dynamics": "mechlab.pipelines.recall",
@@ -124,6 +127,7 @@ __all__ = [
     "prune_prompts",
     "prune_protocol",
     "prune_targets",
+    "prune_through_training",
     "recall_and_write",
     "recall_checkpoint",
     "recall_dynamics",

@@ -384,50 +384,8 @@ def prune_targets(
     folder = outputs.OutputFolder(run.out, "prune", force=force, inputs=[source_path(source)])
     with folder:
         ckpt = open_checkpoint(source, device)
-        check_targets(ckpt, list(targets), n_haystack=settings.get("n_haystack"),
-                      seg_len=settings.get("seg_len"), length=settings.get("length"),
-                      corruption=settings.get("corruption", DEFAULT_CORRUPTION),
-                      protocol=prune_protocol(recipe)["nih"])  # fmt: skip
-        chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
-        method = chosen_method["method"] or "prune"
-        if nearby_budgets and (method != "prune" or chosen_method["n_edges"] is not None):
-            raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
-                             f"--method {method} or --edges)")  # fmt: skip
-        plain = {k: v for k, v in settings.items() if k not in _METHOD_KEYS}
-        if (
-            method != "prune" or chosen_method["n_edges"] is not None
-        ):  # refused before the first circuit
-            data_keys = (
-                "n_train",
-                "n_test",
-                "n_haystack",
-                "seg_len",
-                "corruption",
-                "data_seed",
-                "length",
-            )
-            chosen = {k: chosen_method[k] for k in _METHOD_KEYS[1:]}
-            given = prune_protocol(recipe, **{k: v for k, v in plain.items() if k not in data_keys})
-            sparsity = given.pop("sparsity")
-            given.pop("nih")
-            check_method(method, given, **chosen)
-            _check_budgets(ckpt, list(targets), method, sparsity, recipe=recipe, n_edges=chosen["n_edges"],
-                           acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
-                           length=settings.get("length"), n_haystack=settings.get("n_haystack"),
-                           seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
-        planned = {}
-        for name in targets:
-            for s in seeds:
-                record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
-                record = _with_method(record, chosen_method)
-                tag = "" if method == "prune" else "_" + method
-                stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
-                planned[stem] = (name, s, record)
-        if len(planned) < len(targets) * len(seeds):
-            raise ValueError("targets and seeds must not repeat")
-        status = folder.plan(
-            {f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None}
-        )
+        planned, status = plan_targets(ckpt, targets, seeds, folder, recipe=recipe,
+                                       nearby_budgets=nearby_budgets, **settings)
         found: dict[str, Circuit] = {}
         for stem, (name, s, _) in planned.items():
             json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
@@ -478,6 +436,76 @@ def prune_targets(
     if len(seeds) >= 2:
         run.stability = seed_stability(run.circuits)
     return run
+
+
+def plan_targets(
+    ckpt: Any,
+    targets: Sequence[Target],
+    seeds: Sequence[int],
+    folder: outputs.OutputFolder,
+    *,
+    recipe: str = "default",
+    nearby_budgets: bool = False,
+    **settings: Any,
+) -> tuple[dict[str, tuple[Target, int, dict[str, Any] | None]], dict[str, str]]:
+    """Every check :func:`prune_targets` makes on an opened checkpoint before its first
+    circuit (targets, method, budgets, repeated targets or seeds), and the plan of its
+    folder (:meth:`~mechlab.pipelines.outputs.OutputFolder.plan`); nothing is written, so
+    a caller pruning several checkpoints checks them all first
+    (:mod:`mechlab.pipelines.through_training`).
+
+    Returns:
+        ``(planned, status)``: circuit stem -> ``(target, seed, settings record)``, and
+        ``<stem>.json`` -> ``"new"``, ``"same"`` or ``"redo"``.
+
+    Raises:
+        ValueError: As :func:`prune_targets`, one line.
+    """
+    check_targets(ckpt, list(targets), n_haystack=settings.get("n_haystack"),
+                  seg_len=settings.get("seg_len"), length=settings.get("length"),
+                  corruption=settings.get("corruption", DEFAULT_CORRUPTION),
+                  protocol=prune_protocol(recipe)["nih"])  # fmt: skip
+    chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
+    method = chosen_method["method"] or "prune"
+    if nearby_budgets and (method != "prune" or chosen_method["n_edges"] is not None):
+        raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
+                         f"--method {method} or --edges)")  # fmt: skip
+    plain = {k: v for k, v in settings.items() if k not in _METHOD_KEYS}
+    if (
+        method != "prune" or chosen_method["n_edges"] is not None
+    ):  # refused before the first circuit
+        data_keys = (
+            "n_train",
+            "n_test",
+            "n_haystack",
+            "seg_len",
+            "corruption",
+            "data_seed",
+            "length",
+        )
+        chosen = {k: chosen_method[k] for k in _METHOD_KEYS[1:]}
+        given = prune_protocol(recipe, **{k: v for k, v in plain.items() if k not in data_keys})
+        sparsity = given.pop("sparsity")
+        given.pop("nih")
+        check_method(method, given, **chosen)
+        _check_budgets(ckpt, list(targets), method, sparsity, recipe=recipe, n_edges=chosen["n_edges"],
+                       acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
+                       length=settings.get("length"), n_haystack=settings.get("n_haystack"),
+                       seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
+    planned = {}
+    for name in targets:
+        for s in seeds:
+            record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
+            record = _with_method(record, chosen_method)
+            tag = "" if method == "prune" else "_" + method
+            stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
+            planned[stem] = (name, s, record)
+    if len(planned) < len(targets) * len(seeds):
+        raise ValueError("targets and seeds must not repeat")
+    status = folder.plan(
+        {f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None}
+    )
+    return planned, status
 
 
 # The settings of prune_targets that choose the method and its budget (not edge pruning's).
