@@ -16,7 +16,9 @@ Run from the repository root::
     python examples/underspecification/analyze.py runs/underspec --collect
 
 A run that has not reached its configured ``steps`` is marked ``partial`` in the summary;
-an onset of ``null`` means "not by ``examples_run``".
+an onset of ``null`` means "not by ``examples_run``". The summary's ``verdicts`` say, for
+``follows_0.6``, ``follows_0.9`` and ``nih1_below_0.2``, whether the onset comes earlier as
+w grows seed for seed (:func:`verdict`).
 
 Onsets, in examples seen (steps x 64), each the first evaluation at or past the threshold:
 
@@ -106,6 +108,50 @@ def onsets(r: dict[str, Any]) -> dict[str, Any]:
     return o
 
 
+ONSETS = ("follows_0.6", "follows_0.9", "nih1_below_0.2")
+
+
+def _onset(o: dict[str, Any], key: str) -> float:
+    """An onset in examples; a run that never got there counts as after its last example."""
+    v = o.get(key)
+    return float("inf") if v is None else float(v)
+
+
+def verdict(table: list[dict[str, Any]], key: str = "follows_0.6") -> dict[str, Any]:
+    """Does the onset ``key`` come earlier as w grows, seed for seed?
+
+    For each pair of arms (w_lo < w_hi): ``earlier`` when every seed of w_hi reaches the onset
+    before every seed of w_lo, ``later`` when every seed of w_hi reaches it after every seed
+    of w_lo, ``overlap`` otherwise (a run that never reaches it counts as after its end).
+    The hypothesis holds when every pair is ``earlier``, fails when some pair is ``later``,
+    and is undecided otherwise, or with fewer than two finished seeds in some arm.
+    """
+    arms: dict[float, list[float]] = {}
+    partial = False
+    for o in table:
+        if key.startswith("follows") and key not in o:
+            continue  # no recall scores for this run
+        partial |= bool(o["partial"])
+        arms.setdefault(o["w"], []).append(_onset(o, key))
+    ws = sorted(arms)
+    pairs = []
+    for i, lo in enumerate(ws):
+        for hi in ws[i + 1 :]:
+            a, b = arms[lo], arms[hi]
+            order = "earlier" if max(b) < min(a) else "later" if min(b) > max(a) else "overlap"
+            pairs.append({"w_lo": lo, "w_hi": hi, "order": order})
+    enough = bool(ws) and not partial and all(len(arms[w]) >= 2 for w in ws)
+    if enough and pairs and all(p["order"] == "earlier" for p in pairs):
+        result = "holds"
+    elif enough and any(p["order"] == "later" for p in pairs):
+        result = "fails"
+    else:
+        result = "undecided"
+    return {"onset": key, "verdict": result, "seeds_per_arm": {f"{w:g}": len(arms[w]) for w in ws},
+            "onsets": {f"{w:g}": [None if v == float("inf") else v for v in arms[w]] for w in ws},
+            "pairs": pairs}  # fmt: skip
+
+
 def figure(runs: list[dict[str, Any]]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -174,6 +220,7 @@ def main(runs_dir: Path) -> dict[str, Any]:
     summary = {
         "runs_dir": str(where.relative_to(root) if where.is_relative_to(root) else where),
         "onsets": table,
+        "verdicts": [verdict(table, key) for key in ONSETS],
     }
     atomic_write_text(HERE / "summary.json", json.dumps(summary, indent=1) + "\n")
     FIGURES.mkdir(parents=True, exist_ok=True)
@@ -188,6 +235,8 @@ def main(runs_dir: Path) -> dict[str, Any]:
     atomic_write_text(FIGURES / "underspec-recall.html", html)
     for o in table:
         print(json.dumps(o))
+    for v in summary["verdicts"]:
+        print(json.dumps(v))
     return summary
 
 

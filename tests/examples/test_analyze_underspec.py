@@ -74,7 +74,37 @@ def test_collect_and_main(analyze, tmp_path, monkeypatch):
     monkeypatch.setattr(analyze, "FIGURES", tmp_path / "figures")
     summary = analyze.main(logs)
     assert [o["run"] for o in summary["onsets"]] == ["w1-seed0", "w16-seed0"]  # sorted by w
+    assert [v["onset"] for v in summary["verdicts"]] == ["follows_0.6", "follows_0.9", "nih1_below_0.2"]
+    assert summary["verdicts"][2]["verdict"] == "undecided"  # one seed each, one run partial
     first = (tmp_path / "summary.json").read_bytes(), (tmp_path / "figures" / "underspec-recall.html").read_bytes()
     analyze.main(logs)
     assert first == ((tmp_path / "summary.json").read_bytes(),
                      (tmp_path / "figures" / "underspec-recall.html").read_bytes())  # fmt: skip
+
+
+def _row(w: float, seed: int, onset: float | None, partial: bool = False) -> dict:
+    return {"w": w, "seed": seed, "partial": partial, "follows_0.6": onset}
+
+
+def test_verdict_orders_arms_seed_for_seed(analyze):
+    # Every seed of a larger w before every seed of a smaller one: holds.
+    earlier = [_row(1, 0, 4e5), _row(1, 1, 5e5), _row(4, 0, 3e5), _row(4, 1, 3.5e5),
+               _row(16, 0, 1e5), _row(16, 1, 2e5)]  # fmt: skip
+    v = analyze.verdict(earlier)
+    assert v["verdict"] == "holds" and [p["order"] for p in v["pairs"]] == ["earlier"] * 3
+    assert v["seeds_per_arm"] == {"1": 2, "4": 2, "16": 2}
+    # w = 16's seeds straddle w = 4's: that pair overlaps, nothing is later -> undecided.
+    mixed = earlier[:4] + [_row(16, 0, 2e5), _row(16, 1, 3.2e5)]
+    v = analyze.verdict(mixed)
+    assert v["verdict"] == "undecided"
+    assert {(p["w_lo"], p["w_hi"]): p["order"] for p in v["pairs"]}[(4, 16)] == "overlap"
+    # A larger w later on every seed, one run never getting there (None: after its end): fails.
+    later = earlier[:4] + [_row(16, 0, None), _row(16, 1, 6e5)]
+    v = analyze.verdict(later)
+    assert v["verdict"] == "fails" and v["onsets"]["16"] == [None, 6e5]
+    assert {(p["w_lo"], p["w_hi"]): p["order"] for p in v["pairs"]}[(1, 16)] == "later"
+    # One seed per arm, or a partial run, never decides.
+    assert analyze.verdict(earlier[::2])["verdict"] == "undecided"
+    assert analyze.verdict(earlier[:5] + [_row(16, 1, 2e5, partial=True)])["verdict"] == "undecided"
+    # Runs without recall scores are left out of a follows_label verdict.
+    assert analyze.verdict([{"w": 1, "seed": 0, "partial": False}])["seeds_per_arm"] == {}
