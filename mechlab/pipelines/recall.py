@@ -122,8 +122,13 @@ def recall_and_write(
     if offsets is not None and len(set(offsets)) != len(offsets):
         raise ValueError(f"offsets must not repeat, got {list(offsets)}")
     where = source_path(ckpt) if ckpt is not None else Path(checkpoints) / "last.pt"
+    # A run's inputs are its checkpoint files, not every file under it: the scores of an
+    # earlier `--out RUN/recall` are outputs, read back or (with --force) replaced.
+    inputs = [ckpt] if isinstance(ckpt, (str, Path)) else []
+    if checkpoints is not None:
+        inputs += sorted(Path(checkpoints).glob("checkpoints/step_*.pt"))
     folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(where, "recall"), "recall",
-                                  force=force, inputs=[p for p in (ckpt, checkpoints) if isinstance(p, (str, Path))])  # fmt: skip
+                                  force=force, inputs=inputs)  # fmt: skip
     stems = (["recall"] if ckpt is not None else []) + (["recall_dynamics"] if checkpoints is not None else [])
     for stem in stems:
         folder.check_path(f"{stem}.json")

@@ -167,7 +167,8 @@ def prune_through_training(
                              else outputs.default_out(run_dir / "last.pt", "through-training"))  # fmt: skip
     given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _PRUNE_ONLY})
     check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
-    top = outputs.OutputFolder(result.out, "prune", force=force, inputs=[run_dir])
+    # The run's inputs are its checkpoints (not every file under it: OUT may sit in the run).
+    top = outputs.OutputFolder(result.out, "prune", force=force, inputs=[c.path for c in chosen])
     circuit_records: dict[str, dict[str, str]] = {}
     names: list[str] = []
     for ckpt in chosen:  # every checkpoint checked, and every folder planned, before any work

@@ -118,3 +118,30 @@ def test_cli_dynamics_checks_every_checkpoint_before_writing(runs, tmp_path, cap
     assert main(["recall", "--checkpoints", str(runs["badrun"]), "--out", str(out), "--no-progress"]) == 2
     assert "step_0000009.pt" in capsys.readouterr().err and not out.exists()
     assert main(["recall", "--checkpoints", str(tmp_path / "nowhere"), "--no-progress"]) == 2
+
+
+def test_cli_dynamics_beside_the_run_reruns_and_replaces(runs, tmp_path, capsys):
+    # `--out RUN/recall` (the documented place): a rerun reads the scores back, other
+    # settings are refused until --force; the run's checkpoints stay untouched.
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["run"], run)
+    out = run / "recall"
+
+    def recall(traces: int, *extra: str) -> int:
+        return main(["recall", "--checkpoints", str(run), "--traces", str(traces), "--offset", "1",
+                     "--out", str(out), "--no-progress", *extra])  # fmt: skip
+
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    assert recall(8) == 0
+    first = (out / "recall_dynamics.json").read_bytes()
+    assert recall(8) == 0 and (out / "recall_dynamics.json").read_bytes() == first
+    capsys.readouterr()
+    assert recall(12) == 2
+    err = capsys.readouterr().err.strip()
+    assert "other settings" in err and "--force" in err and "\n" not in err
+    assert (out / "recall_dynamics.json").read_bytes() == first  # nothing written
+    assert recall(12, "--force") == 0
+    assert json.loads((out / "recall_dynamics.json").read_text())["n_traces"] == 12
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before

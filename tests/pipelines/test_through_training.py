@@ -120,6 +120,17 @@ def test_every_prunes_only_the_chosen_checkpoints(run_dir, tmp_path):
     assert [r["step"] for r in rows] == [0, 12]
 
 
+def test_out_inside_the_run_reruns(tmp_path):
+    # OUT under the run folder: its own files are outputs, read back on a rerun, not inputs.
+    run = tiny_run(tmp_path / "r", steps=(0, 5))
+    out = run / "through-training"
+    prune_through_training(run, ["1-after"], [0], out, **SMALL)
+    first = (out / "across.json").read_bytes()
+    again = prune_through_training(run, ["1-after"], [0], out, **SMALL)
+    assert all(len(r.reused) == 1 for r in again.runs.values())
+    assert (out / "across.json").read_bytes() == first
+
+
 def test_across_checkpoints_appearance_needs_every_later_checkpoint():
     def circuit(*edges):
         return Circuit(edges={e: 1.0 for e in edges}, nodes=set(), metadata={"metrics": {"faithfulness": 0.5}})
