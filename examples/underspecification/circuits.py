@@ -53,7 +53,8 @@ def read_source(src: dict[str, Any]) -> dict[str, Any]:
     """One folder's circuits (per target: examples, Jaccard with the last) and behaviour."""
     across = json.loads(Path(src["across"]).read_text())
     names = next(iter(across["settings"]["circuits"].values()))
-    method = re.match(r"[^_]+_(.+)_seed\d+$", next(iter(names))).group(1)
+    # `1-after_exact_seed0` (an attribution method's tag), `1-after_seed0` (edge pruning)
+    method = re.match(r"[^_]+(?:_(.+))?_seed\d+$", next(iter(names))).group(1) or "prune"
     out: dict[str, Any] = {"run": src["run"], "method": method, "every": across["every"],
                            "folder": Path(src["across"]).parent.name, "targets": {}}  # fmt: skip
     for target, t in across["targets"].items():

@@ -25,7 +25,8 @@ def _across(folder: Path, method: str, examples: list[int], jaccard: list[float]
     folder.mkdir(parents=True)
     checkpoints = [{"step": x // 64, "examples": x, "edges": 25, "faithfulness": 0.9, "jaccard_with_last": j}
                    for x, j in zip(examples, jaccard, strict=True)]  # fmt: skip
-    names = {f"{t}_{method}_seed0": "sha" for t in ("1-after", "2-after")}
+    tag = "" if method == "prune" else f"_{method}"  # as mechlab names them
+    names = {f"{t}{tag}_seed0": "sha" for t in ("1-after", "2-after")}
     across = {"run": "r", "every": 2, "seed": 0,
               "settings": {"circuits": {f"step_{x // 64:07d}": names for x in examples}},
               "targets": {"1-after": {"checkpoints": checkpoints, "edges": []},
