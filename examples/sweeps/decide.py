@@ -261,16 +261,19 @@ def kappa_ood_figure(summary: dict[str, Any]):
     return fig
 
 
-def summarize(folders: list[Path]) -> None:
+def summarize(folders: list[Path], force: bool = False) -> None:
+    """Each store's tables (rewritten in place: ``force`` for a store git tracks), its
+    figures in examples/figures, and kappa against OOD over all of them."""
     from mechlab.io import atomic_write_text
-    from mechlab.pipelines import write_outputs
+    from mechlab.pipelines import outputs, write_outputs
     from mechlab.sweep.outputs import search_rows
     from mechlab.viz.sweep import kappa_figure, n_star_figure
 
     all_rows = []
     for folder in folders:
         _, _, result = replay_all(folder)
-        write_outputs(result, folder, figures=False)
+        with outputs.OutputFolder(folder, "sweep", force=force) as out:
+            write_outputs(result, out, figures=False)
         rows = search_rows(result)
         for r in rows:
             r["sweep"] = folder.name
@@ -352,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("summarize")
     s.add_argument("folders", nargs="+", type=Path)
+    s.add_argument("--force", action="store_true", help="rewrite the tables of stores git tracks")
     c = sub.add_parser("check-steps")
     c.add_argument("folder", type=Path)
     c.add_argument("--factor", type=int, default=2)
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--which", choices=("joint", "fixed", "all"), default="all")
     args = parser.parse_args(argv)
     if args.command == "summarize":
-        summarize(args.folders)
+        summarize(args.folders, force=args.force)
     else:
         split = lambda v: set(v.split(",")) if v else None  # noqa: E731
         check_steps(args.folder, args.factor, split(args.models), split(args.formats), args.which)

@@ -172,3 +172,18 @@ def test_summarize_tables_and_figures(decide, folder, monkeypatch, tmp_path_fact
     after = {n: (path / n).read_bytes() for n in names} | {p.name: p.read_bytes() for p in figures.glob("*")}
     assert before == after
     assert {f"{path.name}-nstar.html", f"{path.name}-kappa.html", "kappa-vs-ood.html", "plotly.min.js"} <= set(after)
+
+
+def test_summarize_a_tracked_store_needs_force(decide, folder, monkeypatch, tmp_path_factory):
+    from mechlab.pipelines import outputs
+
+    path, *_ = folder
+    monkeypatch.setattr(decide, "FIGURES", tmp_path_factory.mktemp("figures"))
+    monkeypatch.setattr(outputs, "git_tracked", lambda p: [f"{p}/searches.csv"])  # as if committed
+    before = (path / "searches.csv").read_bytes() if (path / "searches.csv").exists() else None
+    with pytest.raises(ValueError, match="git tracks.*--force"):
+        decide.summarize([path])
+    assert ((path / "searches.csv").read_bytes() if (path / "searches.csv").exists() else None) == before
+    decide.summarize([path], force=True)
+    assert (path / "searches.csv").exists()
+    assert decide.main(["summarize", "--force", str(path)]) == 0
