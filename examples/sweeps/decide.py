@@ -1,16 +1,16 @@
 """Issue 23 items 1-2: tables, figures and the step-doubling check of the state-tracking
-grids (``state-tracking-z5-L4`` at 4000 steps; the 800-step ``state-tracking-cpu`` and its
-3000- and 6000-step transformer folders; an S_5 grid is not run yet).
+grids (``state-tracking-z5-L4`` and ``state-tracking-s5-L4`` at 4000 steps; the 800-step
+``state-tracking-cpu`` and its 3000- and 6000-step transformer folders).
 
 Run from the repository root::
 
     # tables (searches.json/csv, trials.json/csv) of every sweep folder, finished or not,
     # and the figures in examples/figures/ (one plotly.min.js beside them, offline); the
     # kappa-OOD correlation is over every folder named (this is how the committed ones
-    # were made; the same store writes the same bytes)
+    # were made; the same store writes the same bytes; --force: the stores are committed)
     S=examples/sweeps/state-tracking-cpu
-    python examples/sweeps/decide.py summarize examples/sweeps/state-tracking-z5-L4 \\
-        $S $S/transformer-3000-steps $S/transformer-cot-6000-steps
+    python examples/sweeps/decide.py summarize --force examples/sweeps/state-tracking-z5-L4 \\
+        $S $S/transformer-3000-steps $S/transformer-cot-6000-steps examples/sweeps/state-tracking-s5-L4
 
 An open search's bracket is the replay's, tightened by every complete grid in the store
 (:func:`store_bracket`: an earlier pass from another ``start`` counts); kappas of open
@@ -305,7 +305,7 @@ def check_steps(
     from mechlab.io import atomic_write_text
     from mechlab.sweep.runner import succeeded
     from mechlab.sweep.store import TrialStore
-    from mechlab.train.trials import run_trials
+    from mechlab.train.dispatch import run_trials
 
     torch.set_num_threads(1)
     spec, store, result = replay_all(folder)

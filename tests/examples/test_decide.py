@@ -187,3 +187,36 @@ def test_summarize_a_tracked_store_needs_force(decide, folder, monkeypatch, tmp_
     decide.summarize([path], force=True)
     assert (path / "searches.csv").exists()
     assert decide.main(["summarize", "--force", str(path)]) == 0
+
+
+def test_check_steps_trains_finished_searches_at_lo_with_more_steps(decide, folder, monkeypatch):
+    import mechlab.train.dispatch as dispatch
+
+    path, spec, store, keys = folder
+    calls: list[list[dict]] = []
+
+    def fake(specs, losses):
+        calls.append([dict(s) for s in specs])
+        return [_result(loss) for loss, _ in zip(losses, specs, strict=False)]
+
+    monkeypatch.setattr(dispatch, "run_trials", lambda specs: fake(specs, [0.05, 0.04]))
+    decide.check_steps(path, 2, None, None, "all")
+    # Only n = 2 is finished (not reached: lo is its cap, 20); the open joint and n = 3 are skipped.
+    assert len(calls) == 1 and {s["n_train"] for s in calls[0]} == {20}
+    assert {s["steps"] for s in calls[0]} == {2 * SWEEP["steps"]}
+    assert {s["task"]["L"] for s in calls[0]} == {2}
+    rows = json.loads((path / "steps-x2" / "check.json").read_text())
+    assert [(r["lo"], r["steps_checked"], r["n_star_stays_in_bracket"]) for r in rows] == [(20, 20, True)]
+    assert rows[0]["best_val_loss"] == pytest.approx(0.1) and rows[0]["best_val_loss_checked"] == pytest.approx(0.04)
+    # Resumes: the trials are stored, so a rerun trains nothing and writes the same rows.
+    decide.check_steps(path, 2, None, None, "all")
+    assert len(calls) == 1
+    assert json.loads((path / "steps-x2" / "check.json").read_text()) == rows
+    # A success with more steps says the search was step-limited; filters select searches.
+    monkeypatch.setattr(dispatch, "run_trials", lambda specs: fake(specs, [2e-4, 0.3]))
+    decide.check_steps(path, 4, {"st_lstm_small"}, {"acot"}, "joint")  # no finished joint search
+    assert len(calls) == 1 and not (path / "steps-x4" / "check.json").exists()
+    decide.check_steps(path, 4, None, None, "fixed")
+    assert len(calls) == 2 and {s["steps"] for s in calls[1]} == {4 * SWEEP["steps"]}
+    (row,) = json.loads((path / "steps-x4" / "check.json").read_text())
+    assert row["n_star_stays_in_bracket"] is False
