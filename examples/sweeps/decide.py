@@ -340,6 +340,9 @@ def check_steps(
             "best_val_loss_checked": min(a["val_loss"] for a in after),
             "n_star_stays_in_bracket": still,
         })  # fmt: skip
+        by_length = min(after, key=lambda a: a["val_loss"]).get("val_loss_by_length")
+        if by_length is not None:  # which length kept the best checked configuration above epsilon
+            rows[-1]["best_by_length_checked"] = by_length
         print(f"{key.label}: N = {r.lo} best val loss {rows[-1]['best_val_loss']:.3g} at {spec.steps} steps, "
               f"{rows[-1]['best_val_loss_checked']:.3g} at {spec.steps * factor}: "
               f"{'still fails' if still else 'SUCCEEDS: step-limited'}", flush=True)  # fmt: skip

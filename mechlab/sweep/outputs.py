@@ -36,7 +36,8 @@ def _model_label(model: dict[str, Any], spec_models: dict[str, dict[str, Any]]) 
 
 
 def trial_rows(result: SweepResult) -> list[dict[str, Any]]:
-    """One flat row per trial (:data:`TRIAL_COLUMNS`)."""
+    """One flat row per trial (:data:`TRIAL_COLUMNS`, and ``val_loss_by_length`` where the
+    trial recorded it: ``trials.json`` keeps it, ``trials.csv`` has the flat columns only)."""
     from mechlab.sweep.store import trial_key
 
     models = dict(result.spec.model_table())
@@ -50,6 +51,8 @@ def trial_rows(result: SweepResult) -> list[dict[str, Any]]:
         row.update({k: s.get(k) for k in ("n_train", "lr", "seed", "steps", "batch_size", "epsilon")})
         row.update({k: t.get(k) for k in ("val_loss", "converged", "steps_run", "ood_token_acc",
                                           "ood_seq_acc", "seconds")})  # fmt: skip
+        if "val_loss_by_length" in t:  # trials trained before it was recorded have none
+            row["val_loss_by_length"] = t["val_loss_by_length"]
         rows.append(row)
     return rows
 

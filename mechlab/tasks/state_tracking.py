@@ -498,6 +498,32 @@ def set_loss(predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, ch
 
 
 @torch.no_grad()
+def set_loss_by_length(
+    predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, chunk: int = 512
+) -> dict[int, float]:
+    """Mean cross-entropy per scored token of each length's sequences (see :func:`set_loss`).
+
+    Which length keeps a model trained on a mixture above epsilon: the count-weighted mean
+    of these values is :func:`set_loss` of the whole set.
+
+    Returns:
+        ``{n: loss}`` for every length ``n`` in ``seqs``, in increasing ``n``.
+    """
+    total: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for i in range(0, len(seqs), chunk):
+        part = seqs.subset(slice(i, i + chunk))
+        tokens, targets, mask = encode(cfg, part)
+        logp = F.log_softmax(predict(tokens).float(), dim=-1)  # [B, T, V]
+        nll = -logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask  # [B, T]
+        for n in part.lengths.unique().tolist():
+            rows = part.lengths == n
+            total[n] = total.get(n, 0.0) + float(nll[rows].sum())
+            count[n] = count.get(n, 0) + int(mask[rows].sum())
+    return {n: total[n] / max(count[n], 1) for n in sorted(total)}
+
+
+@torch.no_grad()
 def generate_cot(predict: Predictor, cfg: StateTrackingConfig, inputs: Tensor) -> Tensor:
     """Greedy CoT generation: after ``[BOS, x_1..x_n, SEP]`` generate ``n`` states.
 

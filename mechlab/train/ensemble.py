@@ -123,17 +123,33 @@ class Ensemble:
 
 
 @torch.no_grad()
-def ensemble_val_losses(ens: Ensemble, cfg: StateTrackingConfig, seqs: Any, chunk: int = 256) -> list[float]:
-    """Every member's mean cross-entropy per scored token over a set (teacher forcing)."""
+def ensemble_val_losses(
+    ens: Ensemble, cfg: StateTrackingConfig, seqs: Any, chunk: int = 256
+) -> tuple[list[float], list[dict[int, float]]]:
+    """Every member's mean cross-entropy per scored token over a set (teacher forcing).
+
+    Returns:
+        The members' losses over the whole set, and each member's ``{n: loss}`` over the
+        sequences of each length ``n`` (as :func:`mechlab.tasks.state_tracking.set_loss_by_length`).
+    """
     total, count = None, 0
+    by_n: dict[int, Tensor] = {}  # n -> [E] summed loss
+    count_n: dict[int, int] = {}
     for i in range(0, len(seqs), chunk):
-        tokens, targets, mask = encode(cfg, seqs.subset(slice(i, i + chunk)))  # [B, T]
+        part_seqs = seqs.subset(slice(i, i + chunk))
+        tokens, targets, mask = encode(cfg, part_seqs)  # [B, T]
         logp = torch.log_softmax(ens.forward(tokens, shared=True).float(), dim=-1)  # [E, B, T, V]
         picked = logp.gather(-1, targets.clamp(min=0).expand(logp.shape[0], -1, -1).unsqueeze(-1)).squeeze(-1)
-        part = -(picked * mask).sum((1, 2))  # [E]
+        nll = -(picked * mask)  # [E, B, T]
+        part = nll.sum((1, 2))  # [E]
         total = part if total is None else total + part
         count += int(mask.sum())
-    return (total / max(count, 1)).tolist()
+        for n in part_seqs.lengths.unique().tolist():
+            rows = part_seqs.lengths == n
+            by_n[n] = nll[:, rows].sum((1, 2)) + (by_n[n] if n in by_n else 0.0)
+            count_n[n] = count_n.get(n, 0) + int(mask[rows].sum())
+    per_length = [{n: float(by_n[n][e]) / max(count_n[n], 1) for n in sorted(by_n)} for e in range(len(total))]
+    return (total / max(count, 1)).tolist(), per_length
 
 
 def train_ensemble(specs: list[TrialSpec | dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,6 +184,7 @@ def train_ensemble(specs: list[TrialSpec | dict[str, Any]]) -> list[dict[str, An
     ens = Ensemble(models, [s.lr for s in specs])
     active = list(range(len(specs)))  # spec index of each ensemble member
     best = [math.inf] * len(specs)
+    best_by_length: list[dict[int, float] | None] = [None] * len(specs)
     results: list[dict[str, Any] | None] = [None] * len(specs)
 
     def finish(members: list[int], step: int) -> None:
@@ -178,7 +195,7 @@ def train_ensemble(specs: list[TrialSpec | dict[str, Any]]) -> list[dict[str, An
             model.load_state_dict({k: v for k, v in ens.member_state(pos).items() if k in model.state_dict()})
             model.eval()
             ood = set_accuracy(model, cfg, datas[i].ood)
-            results[i] = trial_result(specs[i], best[i], best[i] < specs[i].epsilon, step, ood, 0.0)
+            results[i] = trial_result(specs[i], best[i], best[i] < specs[i].epsilon, step, ood, 0.0, best_by_length[i])
 
     step = 0
     while active and step < first.steps:
@@ -202,9 +219,10 @@ def train_ensemble(specs: list[TrialSpec | dict[str, Any]]) -> list[dict[str, An
         grads = torch.autograd.grad(losses.sum(), list(ens.params.values()))
         ens.adam_step(dict(zip(ens.params, grads, strict=True)))
         if step % first.eval_every == 0 or step == first.steps:
-            vals = ensemble_val_losses(ens, cfg, datas[active[0]].val)
-            for i, v in zip(active, vals, strict=True):
-                best[i] = min(best[i], v)
+            vals, per_length = ensemble_val_losses(ens, cfg, datas[active[0]].val)
+            for i, v, v_n in zip(active, vals, per_length, strict=True):
+                if v < best[i]:
+                    best[i], best_by_length[i] = v, v_n
             done = [i for i, v in zip(active, vals, strict=True) if v < specs[i].epsilon]
             if step == first.steps:
                 done = list(active)

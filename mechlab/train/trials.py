@@ -37,6 +37,7 @@ from mechlab.tasks.state_tracking import (
     masked_cross_entropy,
     set_accuracy,
     set_loss,
+    set_loss_by_length,
     training_sizes,
 )
 from mechlab.train.seeding import batch_generator
@@ -138,12 +139,21 @@ def init_model(spec: TrialSpec) -> MechModel:
 
 
 def trial_result(
-    spec: TrialSpec, best: float, converged: bool, steps_run: int, ood: dict[str, float], seconds: float
+    spec: TrialSpec,
+    best: float,
+    converged: bool,
+    steps_run: int,
+    ood: dict[str, float],
+    seconds: float,
+    best_by_length: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """The result dict of a finished trial (see :func:`run_trial`)."""
-    return {"val_loss": float(best), "converged": bool(converged), "steps_run": int(steps_run),
-            "ood_token_acc": float(ood["token_acc_norm"]), "ood_seq_acc": float(ood["seq_acc_norm"]),
-            "seconds": float(seconds), "spec": dataclasses.asdict(spec)}  # fmt: skip
+    out = {"val_loss": float(best), "converged": bool(converged), "steps_run": int(steps_run),
+           "ood_token_acc": float(ood["token_acc_norm"]), "ood_seq_acc": float(ood["seq_acc_norm"]),
+           "seconds": float(seconds), "spec": dataclasses.asdict(spec)}  # fmt: skip
+    if best_by_length is not None:
+        out["val_loss_by_length"] = {str(n): float(v) for n, v in sorted(best_by_length.items())}
+    return out
 
 
 def run_trial(spec: TrialSpec | dict[str, Any], data: StateTrackingData | None = None) -> dict[str, Any]:
@@ -154,8 +164,9 @@ def run_trial(spec: TrialSpec | dict[str, Any], data: StateTrackingData | None =
         data: Its task's data, if already drawn (must be ``make_data(spec.task_config())``).
 
     Returns:
-        ``val_loss`` (the best validation loss seen), ``converged`` (it went below
-        ``epsilon``), ``steps_run``, ``ood_token_acc`` and ``ood_seq_acc`` (chance-normalised
+        ``val_loss`` (the best validation loss seen), ``val_loss_by_length`` (``{"n": loss}``
+        of each length's validation sequences at that same evaluation: which length kept a
+        mixture above epsilon), ``converged`` (it went below ``epsilon``), ``steps_run``, ``ood_token_acc`` and ``ood_seq_acc`` (chance-normalised
         accuracy at the OOD length, of the final model), ``seconds`` and ``spec``.
     """
     spec = as_spec(spec)
@@ -165,7 +176,7 @@ def run_trial(spec: TrialSpec | dict[str, Any], data: StateTrackingData | None =
     data = (data or make_data(cfg)).to(device)
     model = init_model(spec)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
-    best, converged, step = math.inf, False, 0
+    best, best_by_length, converged, step = math.inf, None, False, 0
     while step < spec.steps and not converged:
         step += 1
         tokens, targets, mask = data.batch(spec.batch_size, batch_generator(spec.seed, step))
@@ -176,12 +187,13 @@ def run_trial(spec: TrialSpec | dict[str, Any], data: StateTrackingData | None =
         if step % spec.eval_every == 0 or step == spec.steps:
             model.eval()
             val = set_loss(model, cfg, data.val)
+            if val < best:
+                best, best_by_length = val, set_loss_by_length(model, cfg, data.val)
             model.train()
-            best = min(best, val)
             converged = val < spec.epsilon
     model.eval()
     ood = set_accuracy(model, cfg, data.ood)
-    return trial_result(spec, best, converged, step, ood, time.perf_counter() - start)
+    return trial_result(spec, best, converged, step, ood, time.perf_counter() - start, best_by_length)
 
 
 def group_key(spec: TrialSpec) -> str:

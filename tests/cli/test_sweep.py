@@ -75,4 +75,5 @@ def test_a_tiny_real_sweep_runs_end_to_end_locally(tmp_path, capsys):
     assert row["status"] in ("found", "at_min", "not_reached", "bracketed") and row["ood_n"] == 11
     trials = json.loads((out / "trials.json").read_text())
     assert trials and all(t["steps"] == 30 and t["steps_run"] <= 30 for t in trials)
+    assert all(list(t["val_loss_by_length"]) == ["3"] for t in trials)  # Z_2: validation only of length 3
     assert (out / "nstar.html").exists() and "trials:" in capsys.readouterr().out

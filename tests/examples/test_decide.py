@@ -208,15 +208,20 @@ def test_check_steps_trains_finished_searches_at_lo_with_more_steps(decide, fold
     rows = json.loads((path / "steps-x2" / "check.json").read_text())
     assert [(r["lo"], r["steps_checked"], r["n_star_stays_in_bracket"]) for r in rows] == [(20, 20, True)]
     assert rows[0]["best_val_loss"] == pytest.approx(0.1) and rows[0]["best_val_loss_checked"] == pytest.approx(0.04)
+    assert "best_by_length_checked" not in rows[0]  # these trials recorded no loss per length
     # Resumes: the trials are stored, so a rerun trains nothing and writes the same rows.
     decide.check_steps(path, 2, None, None, "all")
     assert len(calls) == 1
     assert json.loads((path / "steps-x2" / "check.json").read_text()) == rows
     # A success with more steps says the search was step-limited; filters select searches.
-    monkeypatch.setattr(dispatch, "run_trials", lambda specs: fake(specs, [2e-4, 0.3]))
+    def with_lengths(specs):  # trials that record each length's loss: the best one's is kept
+        return [{**r, "val_loss_by_length": {"2": r["val_loss"]}} for r in fake(specs, [2e-4, 0.3])]
+
+    monkeypatch.setattr(dispatch, "run_trials", with_lengths)
     decide.check_steps(path, 4, {"st_lstm_small"}, {"acot"}, "joint")  # no finished joint search
     assert len(calls) == 1 and not (path / "steps-x4" / "check.json").exists()
     decide.check_steps(path, 4, None, None, "fixed")
     assert len(calls) == 2 and {s["steps"] for s in calls[1]} == {4 * SWEEP["steps"]}
     (row,) = json.loads((path / "steps-x4" / "check.json").read_text())
     assert row["n_star_stays_in_bracket"] is False
+    assert row["best_by_length_checked"] == {"2": pytest.approx(2e-4)}

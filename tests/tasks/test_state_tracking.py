@@ -18,6 +18,7 @@ from mechlab.tasks.state_tracking import (
     normalised_accuracy,
     set_accuracy,
     set_loss,
+    set_loss_by_length,
     states_of,
     training_sizes,
     validation_sizes,
@@ -185,6 +186,29 @@ def test_accuracy_and_loss_of_an_oracle(fmt):
     if fmt == "cot":  # generation feeds the model its own states
         x = data.ood.inputs[:5, :6]
         assert generate_cot(Oracle(cfg), cfg, x).tolist() == data.ood.states[:5, :6].tolist()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_loss_by_length_is_each_lengths_own_loss_and_averages_to_the_whole(fmt):
+    cfg = StateTrackingConfig(m=5, L=4, format=fmt, n_train=40, n_val=30, n_ood=10)
+    seqs = make_data(cfg).val
+    torch.manual_seed(0)
+    proj = torch.randn(cfg.d_vocab, cfg.d_vocab_out)
+
+    def model(tokens):  # a fixed random predictor: every loss differs from 0 and from the others
+        return proj[tokens] + 0.1 * tokens[..., None].float()
+
+    by_n = set_loss_by_length(model, cfg, seqs, chunk=7)  # chunks that cut across lengths
+    assert list(by_n) == sorted(set(seqs.lengths.tolist())) == [2, 3, 4]
+    counts = {}
+    for n in by_n:  # independently: each length's sequences on their own
+        part = seqs.subset(torch.nonzero(seqs.lengths == n).squeeze(1))
+        assert by_n[n] == pytest.approx(set_loss(model, cfg, part), rel=1e-5)
+        counts[n] = int(encode(cfg, part)[2].sum())
+    mean = sum(by_n[n] * counts[n] for n in by_n) / sum(counts.values())
+    assert mean == pytest.approx(set_loss(model, cfg, seqs), rel=1e-5)
+    assert len(set(round(v, 6) for v in by_n.values())) == 3
+    assert all(v < 1e-10 for v in set_loss_by_length(Oracle(cfg), cfg, seqs).values())
 
 
 def test_accuracy_per_token_and_per_sequence():

@@ -20,6 +20,9 @@ def _same(a, b):
     assert a["ood_token_acc"] == pytest.approx(b["ood_token_acc"], abs=1e-9)
     assert a["ood_seq_acc"] == pytest.approx(b["ood_seq_acc"], abs=1e-9)
     assert a["spec"] == b["spec"]
+    assert a["val_loss_by_length"].keys() == b["val_loss_by_length"].keys()
+    for n, v in a["val_loss_by_length"].items():
+        assert v == pytest.approx(b["val_loss_by_length"][n], rel=1e-4, abs=1e-7)
 
 
 def test_members_that_stop_early_leave_and_the_rest_match():

@@ -35,6 +35,23 @@ def test_a_trial_is_deterministic_and_takes_a_dict():
     assert a["steps_run"] == 20 and not a["converged"]  # checks at 7, 14 and the last step
 
 
+def test_a_trial_reports_each_lengths_loss_at_its_best_evaluation():
+    from mechlab.tasks.state_tracking import encode, make_data
+
+    spec = parity_spec(5, steps=20, eval_every=7)
+    result = run_trial(spec)
+    by_n = result["val_loss_by_length"]
+    val = make_data(spec.task_config()).val
+    lengths = sorted(set(val.lengths.tolist()))
+    assert list(by_n) == [str(n) for n in lengths] == ["3", "4"]  # parity of 2 has no validation sequence
+    counts = {str(n): int(encode(spec.task_config(), val.subset(val.lengths == n))[2].sum()) for n in lengths}
+    mean = sum(by_n[n] * counts[n] for n in by_n) / sum(counts.values())
+    assert mean == pytest.approx(result["val_loss"], rel=1e-5)  # the same evaluation as val_loss
+    fixed = run_trial(parity_spec(5, n_train=12, steps=20, eval_every=7, task={**PARITY, "lengths": "fixed"}))
+    assert list(fixed["val_loss_by_length"]) == ["4"]
+    assert fixed["val_loss_by_length"]["4"] == pytest.approx(fixed["val_loss"], rel=1e-6)
+
+
 def test_the_seed_sets_the_initial_weights():
     a, b, c = (init_model(parity_spec(s)) for s in (1, 1, 2))
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
