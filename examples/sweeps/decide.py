@@ -22,7 +22,9 @@ searches are drawn but not ranked (:func:`kappa_vs_ood`).
     # N* stays in its bracket if every configuration still fails. (A success at hi stays
     # a success: a trial stops at its first evaluation below epsilon, and the first
     # `steps` steps of the longer run are the same steps.) Resumable: one file per trial
-    # under FOLDER/steps-x2/trials/.
+    # under FOLDER/steps-x2/trials/. FACTOR 1 retrains each grid at lo as it ran: the same
+    # losses (a check that the store reproduces) and each length's loss (best_by_length_checked,
+    # from the best configuration), which trials before 2026-12-02 did not record.
     OMP_NUM_THREADS=1 python examples/sweeps/decide.py check-steps examples/sweeps/state-tracking-z5-L4 \\
         [--factor 2] [--models st_transformer_small] [--formats acot] [--which joint|fixed|all]
 
@@ -369,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "summarize":
         summarize(args.folders, force=args.force)
     else:
+        if args.factor < 1:
+            print(f"decide.py: error: --factor {args.factor}: give a whole factor >= 1 of the steps "
+                  "(1 retrains the grid at lo as it ran)", file=sys.stderr)  # fmt: skip
+            return 2
         split = lambda v: set(v.split(",")) if v else None  # noqa: E731
         check_steps(args.folder, args.factor, split(args.models), split(args.formats), args.which)
     return 0

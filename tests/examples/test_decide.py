@@ -225,3 +225,5 @@ def test_check_steps_trains_finished_searches_at_lo_with_more_steps(decide, fold
     (row,) = json.loads((path / "steps-x4" / "check.json").read_text())
     assert row["n_star_stays_in_bracket"] is False
     assert row["best_by_length_checked"] == {"2": pytest.approx(2e-4)}
+    assert decide.main(["check-steps", str(path), "--factor", "0"]) == 2  # refused before any work
+    assert not (path / "steps-x0").exists() and len(calls) == 2
