@@ -1,5 +1,5 @@
 """Issue 23 items 1-2: tables, figures and the step-doubling check of the state-tracking
-grids (``state-tracking-z5-L4`` and ``state-tracking-s5-L4`` at 4000 steps; the 800-step
+grids (``state-tracking-z5-L4`` and ``state-tracking-s5-L4`` at 4000 steps, the latter's dense SSM ACoT at 16000; the 800-step
 ``state-tracking-cpu`` and its 3000- and 6000-step transformer folders).
 
 Run from the repository root::
@@ -10,7 +10,8 @@ Run from the repository root::
     # were made; the same store writes the same bytes; --force: the stores are committed)
     S=examples/sweeps/state-tracking-cpu
     python examples/sweeps/decide.py summarize --force examples/sweeps/state-tracking-z5-L4 \\
-        $S $S/transformer-3000-steps $S/transformer-cot-6000-steps examples/sweeps/state-tracking-s5-L4
+        $S $S/transformer-3000-steps $S/transformer-cot-6000-steps examples/sweeps/state-tracking-s5-L4 \\
+        examples/sweeps/state-tracking-s5-L4/dense-ssm-acot-16000-steps
 
 An open search's bracket is the replay's, tightened by every complete grid in the store
 (:func:`store_bracket`: an earlier pass from another ``start`` counts); kappas of open
