@@ -40,3 +40,26 @@ def family_cases(seeds: Sequence[int] = (0, 1)) -> list[PlantedCase]:
 
     return [PlantedCase(f"{name} seed {seed}", planted.model, set(planted.edges), planted.data(seed), seed=seed)
             for name, planted in planted_family().items() for seed in seeds]  # fmt: skip
+
+
+def redundant_cases(seeds: Sequence[int] = (0, 1)) -> list[PlantedCase]:
+    """The planted family with redundancy (:data:`mechlab.prune.planted_redundant.REDUNDANT_FAMILY`:
+    OR-saturating heads, a backup head, dead zones, controls, an LSTM), once per seed,
+    truth = every planted edge (all redundant paths):
+    ``mechlab bench methods --planted tests.prune.planted_cases:redundant_cases``.
+    Exact recovery is not the criterion for redundancy; see :func:`redundant_budget_cases`."""
+    return [case for case, _, _ in redundant_budget_cases(seeds)]
+
+
+def redundant_budget_cases(
+    seeds: Sequence[int] = (0, 1),
+) -> list[tuple[PlantedCase, dict[str, int], float]]:
+    """:func:`redundant_cases` with what to hold a method to: ``(case, budgets, goal)``,
+    ``budgets = {"minimal": k, "planted": K}`` (the edges of a smallest faithful circuit
+    and of all planted paths) and ``goal`` the held-out faithfulness a method's circuit
+    must reach at either budget (``min(0.9, planted faithfulness)``)."""
+    from mechlab.prune.planted_redundant import redundant_family
+
+    return [(PlantedCase(f"{name} seed {seed}", rm.model, set(rm.edges), rm.data(seed), seed=seed),
+             {"minimal": rm.minimal_budget, "planted": rm.planted_budget}, rm.goal)
+            for name, rm in redundant_family().items() for seed in seeds]  # fmt: skip
