@@ -247,11 +247,21 @@ def bench_methods_(
     out: Path | None = typer.Option(None, help="Write the table and its settings as JSON here."),
     force: bool = typer.Option(False, help="Overwrite --out if it exists."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    stability_boots: int = typer.Option(5, min=0, help="Bootstrap resamples of the training traces per method and target: the stability column, the mean edge Jaccard of the method's circuits on them with its own circuit (bar 0.8; not counted in the method's seconds). 0: off; else at least 2."),
+    redundant: str = typer.Option("tests.prune.planted_cases:redundant_budget_cases", help="Redundant planted generator MODULE:FUNCTION (a function of the seeds returning (PlantedCase, {budget name: edges}, faithfulness goal) items; the default is used where it exists), or none: a 'redundant found (<budget>)' column per budget."),
+    redundant_seeds: str = typer.Option("0,1", help="Comma-separated seeds of the redundant cases, or none."),
 ) -> None:
     """Circuit-finding methods side by side, the MIB way (the table of docs/pruning.md): CPR/CMD
-    and the circuit at --sparsity on each target, seconds and peak memory, exact recoveries
-    on planted models and Tracr programs."""
-    from mechlab.bench.methods import bench_methods, planted_cases, tracr_cases
+    and the circuit at --sparsity on each target, seconds and peak memory, stability over
+    resampled traces, exact recoveries on planted models and Tracr programs, and redundant
+    planted cases found within their budgets."""
+    from mechlab.bench.methods import (
+        DEFAULT_REDUNDANT,
+        bench_methods,
+        planted_cases,
+        redundant_cases,
+        tracr_cases,
+    )
     from mechlab.pipelines import check_method, check_prune_targets, checkpoint_prune_data, outputs
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
@@ -262,11 +272,16 @@ def bench_methods_(
         check_method(m, {})
     if not 0 < sparsity < 1:
         raise UsageProblem(f"--sparsity must be in (0, 1), got {sparsity}")
+    if stability_boots == 1:
+        raise UsageProblem("--stability-boots must be 0 (off) or at least 2 (a spread needs two resamples)")
     if out is not None and out.exists() and not force:
         raise UsageProblem(f"{str(out)!r} exists; pass --force to overwrite it")
     planted_seeds, tracr_seed_list = _seeds("--seeds", seeds), _seeds("--tracr-seeds", tracr_seeds)
     use_threads(threads)
     cases = planted_cases(planted, planted_seeds)
+    default_redundant = getattr(ctx.get_parameter_source("redundant"), "name", None) == "DEFAULT"
+    redundant_list = redundant_cases(redundant, _seeds("--redundant-seeds", redundant_seeds),
+                                     missing_ok=default_redundant and redundant == DEFAULT_REDUNDANT)  # fmt: skip
     programs = [p.strip() for p in tracr_programs.split(",") if p.strip()]
     tracr = tracr_cases(programs, seeds=tracr_seed_list) if tracr_seed_list and programs else []
     opened, data = checkpoint_prune_data(ckpt, n_train=traces, n_test=test_traces, device=device)
@@ -274,7 +289,7 @@ def bench_methods_(
     kwargs = {"prune": {"steps": prune_steps}} if prune_steps is not None else None
     table = bench_methods(opened.model, data, target_names, names,
                           planted=cases, tracr=tracr, sparsity=sparsity, method_kwargs=kwargs,
-                          progress=progress)  # fmt: skip
+                          progress=progress, stability_boots=stability_boots, redundant=redundant_list)  # fmt: skip
     info = table.info
     info.update(checkpoint=str(ckpt), checkpoint_sha256=opened.sha256, n_train=traces, n_test=test_traces,
                 command=_command(ctx))  # fmt: skip
@@ -285,6 +300,10 @@ def bench_methods_(
         for method, rec in rows.items():
             if rec.misses:
                 typer.echo(f"{kind} {method} missed: {', '.join(rec.misses)}")
+    for method, red in table.redundant.items():
+        missed = [f"{c['case']} ({c['budget']}, {c['n_edges']} edges)" for c in red.cases if not c["found"]]
+        if missed:
+            typer.echo(f"redundant {method} not found: {', '.join(missed)}")
     if out is not None:
         typer.echo(f"wrote {outputs.write_json(out, table.to_dict(), default=str)}")
 

@@ -72,6 +72,7 @@ def prune(
     protocol: str | None = DEPRECATED_PROTOCOL,
     checkpoints: Path | None = typer.Option(None, help="A training run directory: prune (or --method) every checkpoint of it (DIR/checkpoints/step_*.pt, lds task) into --out/step_<step>/, then across.json and across_<target>.html: per checkpoint its edges, faithfulness and Jaccard with the last checkpoint's circuit, per edge the step from which every later checkpoint keeps it (first --seed). Instead of --ckpt/--model."),
     every: int | None = typer.Option(None, help="With --checkpoints: every K-th checkpoint in step order, plus the last (default every one)."),
+    stability: int = typer.Option(0, min=0, help="Measure each circuit's stability over N bootstrap resamples of the training traces (the same method and settings on each; N more searches per circuit) and record it in the circuit (metadata stability: the mean edge Jaccard with the circuit, bar 0.8). 0: off; else at least 2. Part of the circuit's settings: circuits made with another N are not read back (a rerun names the difference; --force recomputes them)."),
 ) -> None:
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
     change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
@@ -89,6 +90,11 @@ def prune(
                            "(not with --method, --edges, --pairs or --share)")  # fmt: skip
     if model is not None and pairs is None:
         raise UsageProblem("--model prunes on prompt pairs: give --pairs pairs.jsonl")
+    if stability == 1:
+        raise UsageProblem("--stability must be 0 (off) or at least 2 bootstrap resamples")
+    if stability and (pairs is not None or share):
+        raise UsageProblem(f"--stability applies to circuits of --ckpt or --checkpoints traces, not with "
+                           f"--{'pairs' if pairs is not None else 'share'}")  # fmt: skip
     prompt_only = {"tokenizer", "metric", "position", "test_fraction"} & given
     if pairs is None and prompt_only:
         raise UsageProblem(f"--{sorted(prompt_only)[0].replace('_', '-')} applies with --pairs only")
@@ -123,6 +129,8 @@ def prune(
     if method != "prune" or edges is not None:
         common = {k: v for k, v in common.items() if method == "prune" or k not in (*PRUNE_ONLY, "loss")}
         common.update(chosen)
+    if stability:
+        common["stability"] = stability
     if checkpoints is not None:
         use_threads(threads)
         _prune_run(checkpoints, target, seed, out, every=every or 1, force=force,
@@ -285,6 +293,8 @@ def _print_circuit(stem: str, circuit, out: Path) -> None:
     if meta.get("n_edges_excluded_unreachable"):
         typer.echo(f"  sparsity over {meta['n_edges_countable']} edges: {meta['n_edges_excluded_unreachable']} edges "
                    f"excluded (they reach no read-out of the target windows: {', '.join(meta['target_windows'])})")  # fmt: skip
+    if isinstance(meta.get("stability"), dict):
+        typer.echo(f"  {meta['stability'].get('summary', 'bootstrap stability recorded')}")
     if meta.get("sparsity_limited_by_open_edges"):
         typer.echo(f"mechlab: {stem}: {budget_note(meta, circuit.n_edges)}", err=True)
     for line in meta["warnings"]:

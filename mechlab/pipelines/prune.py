@@ -37,6 +37,7 @@ from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_sta
 from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.consensus import attach_consensus, nearby_sparsities
 from mechlab.prune.engine import check_prune_args, prune
+from mechlab.prune.stability import bootstrap_stability
 from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, check_target, target_name
 
@@ -162,6 +163,7 @@ def prune_checkpoint(
     n_edges: int | None = None,
     ig_steps: int | None = None,
     acdc_max_edges: int | None = None,
+    stability: int = 0,
     **prune_kwargs: Any,
 ) -> Circuit:
     """Prune a checkpoint of the interleaved-systems task on needle-in-a-haystack traces.
@@ -193,6 +195,10 @@ def prune_checkpoint(
         n_edges: Keep at most this many countable edges instead of ``sparsity``.
         ig_steps: Integration points of ``eap-ig`` and ``eap-ig-inputs`` (default 10).
         acdc_max_edges: ACDC's limit on countable edges (default 400).
+        stability: Bootstrap replicates of the circuit's stability over resampled training
+            traces (:func:`~mechlab.prune.stability.bootstrap_stability`: the same method
+            and settings on each resample, seeded with the pruning ``seed``), recorded as
+            ``metadata["stability"]``; 0 (the default): not measured.
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...);
             ``protocol`` is the old name of ``recipe``.
 
@@ -213,6 +219,7 @@ def prune_checkpoint(
             keeps no edge), learning rate or batch size: all before any pruning work.
     """
     recipe = _recipe(recipe, prune_kwargs, "prune_checkpoint")
+    check_stability(stability)
     settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
     check_prune_args(sparsity, **settings)
@@ -240,22 +247,40 @@ def prune_checkpoint(
     record = prune_settings(ckpt, target, sparsity, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
                             seg_len=seg_len, corruption=corruption, data_seed=data_seed, recipe=recipe,
                             length=length, **settings)  # fmt: skip
+
     # the engine builds the (windowed) graph and checks the sparsity, once, before any work
-    circuit = _find(
-        ckpt.model,
-        data,
-        target,
-        sparsity,
-        checkpoint_sha256=ckpt.sha256,
-        **method_settings,
-        **settings,
-    )
+    def find(d: PruneData, replicate: bool = False) -> Circuit:
+        shown = {"progress": False} if replicate and "progress" in settings else {}
+        return _find(ckpt.model, d, target, sparsity, checkpoint_sha256=ckpt.sha256,
+                     **method_settings, **{**settings, **shown})  # fmt: skip
+
+    circuit = find(data)
+    if stability:  # the same method and settings on resampled training traces
+        measured = bootstrap_stability(lambda d: find(d, replicate=True), data, stability,
+                                       seed=settings.get("seed", 0), reference=circuit)  # fmt: skip
+        circuit.metadata["stability"] = measured.to_dict()
     circuit.metadata["checkpoint"] = str(source_path(source))
     circuit.metadata["checkpoint_step"] = ckpt.step
     circuit.metadata["protocol"] = recipe
     if record is not None:
-        circuit.metadata.update(outputs.settings_record(_with_method(record, method_settings)))
+        record = _with_stability(_with_method(record, method_settings), stability)
+        circuit.metadata.update(outputs.settings_record(record))
     return circuit
+
+
+def check_stability(stability: Any) -> None:
+    """One-line ValueError unless ``stability`` is 0 (off) or bootstrap replicates >= 2."""
+    if isinstance(stability, bool) or not isinstance(stability, int) or stability < 0 or stability == 1:
+        raise ValueError(f"--stability must be 0 (off) or a number of bootstrap resamples >= 2, got {stability!r}")
+
+
+def _with_stability(record: dict[str, Any] | None, stability: int) -> dict[str, Any] | None:
+    """A settings record with the bootstrap replicates when stability is measured (so that a
+    circuit made without it is not read back as one with it, nor the other way round; a
+    run without it records what it did before)."""
+    if record is None or not stability:
+        return record
+    return {**record, "stability_boots": stability}
 
 
 def _with_method(
@@ -370,7 +395,10 @@ def prune_targets(
         **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
             ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
             and every target's budget are checked before the first circuit, and the
-            circuits are ``<target>_<method>_seed<k>``.
+            circuits are ``<target>_<method>_seed<k>``. ``stability=N`` measures each
+            circuit's bootstrap stability (``metadata["stability"]``) before it is
+            written, and is part of its settings: a rerun with another ``stability`` does
+            not read back circuits made without it.
 
     Returns:
         The :class:`PruneRun`.
@@ -418,7 +446,8 @@ def prune_targets(
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
                         runs[target_name(name)].append(
-                            prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **{**settings, "sparsity": nearby}))
+                            prune_checkpoint(ckpt, name, seed=s, recipe=recipe,
+                                             **{**settings, "sparsity": nearby, "stability": 0}))
         if len(seeds) >= 2 or nearby_budgets:  # each circuit records how often its target's runs keep each edge
             for target, group in run.circuits.items():
                 for circuit in group:
@@ -470,7 +499,9 @@ def plan_targets(
     if nearby_budgets and (method != "prune" or chosen_method["n_edges"] is not None):
         raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
                          f"--method {method} or --edges)")  # fmt: skip
-    plain = {k: v for k, v in settings.items() if k not in _METHOD_KEYS}
+    stability = settings.get("stability", 0)
+    check_stability(stability)
+    plain = {k: v for k, v in settings.items() if k not in (*_METHOD_KEYS, "stability")}
     if (
         method != "prune" or chosen_method["n_edges"] is not None
     ):  # refused before the first circuit
@@ -496,7 +527,7 @@ def plan_targets(
     for name in targets:
         for s in seeds:
             record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
-            record = _with_method(record, chosen_method)
+            record = _with_stability(_with_method(record, chosen_method), stability)
             tag = "" if method == "prune" else "_" + method
             stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
             planned[stem] = (name, s, record)

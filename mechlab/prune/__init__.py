@@ -64,6 +64,12 @@ from mechlab.prune.graph import (
 )
 from mechlab.prune.joint import JointResult, ShareSweep, joint_prune, share_sweep
 from mechlab.prune.methods import METHODS, circuit_from_scores, circuit_scores_of, find_circuit
+from mechlab.prune.stability import (
+    STABILITY_BAR,
+    BootstrapStability,
+    bootstrap_stability,
+    method_stability,
+)
 from mechlab.prune.stats import bootstrap_overlap, cross_evaluate, null_model
 from mechlab.traces import PruneData, Traces, target_mask
 
@@ -79,7 +85,9 @@ __all__ = [
     "ATTRIBUTION_METHODS",
     "METHODS",
     "METRICS",
+    "STABILITY_BAR",
     "AcdcResult",
+    "BootstrapStability",
     "Circuit",
     "EdgeGraph",
     "EdgeScores",
@@ -93,6 +101,7 @@ __all__ = [
     "acdc_search",
     "attribute",
     "bootstrap_overlap",
+    "bootstrap_stability",
     "build_graph",
     "circuit_from_scores",
     "circuit_scores_of",
@@ -107,6 +116,7 @@ __all__ = [
     "joint_prune",
     "make_ablation",
     "masked_forward",
+    "method_stability",
     "null_model",
     "overlap",
     "prune",

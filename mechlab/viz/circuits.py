@@ -29,6 +29,7 @@ from mechlab.models.names import hook_name
 from mechlab.prune.circuit import Circuit, jaccard
 from mechlab.prune.consensus import consensus_scores
 from mechlab.prune.graph import component_of, parse_component, window_of
+from mechlab.prune.stability import stability_text
 
 _KIND_COLOUR = {
     "q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "mixer": "#9467bd",
@@ -382,6 +383,8 @@ def circuit_figure(circuit: Circuit, title: str | None = None) -> go.Figure:
             + (f", ablation {meta['ablation']}" if "ablation" in meta else "")
             + ("" if consensus is None else f"; opacity: consensus over {runs} runs")
         )
+        if isinstance(meta.get("stability"), Mapping):  # mechlab prune --stability N
+            title += f"<br><sup>{stability_text(meta['stability'], short=True)}</sup>"
     return _finish(fig, pos, title, inside)
 
 

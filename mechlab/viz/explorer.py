@@ -37,6 +37,7 @@ from mechlab.io import atomic_write_text
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.consensus import consensus_scores
 from mechlab.prune.graph import parse_component
+from mechlab.prune.stability import stability_text
 from mechlab.viz.circuits import (
     _KIND_COLOUR,
     _MEMBERSHIP,
@@ -130,6 +131,8 @@ def _payload(circuits: Sequence[Circuit], labels: Sequence[str], title: str) -> 
             "faithfulness": metrics.get("faithfulness"),
             "complement": metrics.get("complement_faithfulness"),
             "recorded_stability": bool(recorded),
+            "bootstrap": (stability_text(c.metadata["stability"])
+                          if isinstance(c.metadata.get("stability"), dict) else None),
         })  # fmt: skip
     nodes = {n: {"x": x, "y": y, "hook": _hook(n, graph), "head": parse_component(n)[0] == "head"}
              for n, (x, y) in pos.items()}  # fmt: skip
@@ -385,7 +388,7 @@ function mechlabExplorer(id, init) {
       text: n, showarrow: false, xanchor: 'left', yanchor: 'bottom', xshift: 7, yshift: 2,
       font: {size: 11, color: '#222'}, bgcolor: 'rgba(255,255,255,0.85)', borderpad: 1}));
     layout.title = {text: B ? `${A.label} vs ${B.label}` : A.label};
-    const describe = (c, n) => `${c.label}: ${n} edges shown of ${Object.keys(c.edges).length}, faithfulness ${fmt(c.faithfulness)}, complement ${fmt(c.complement)}`;
+    const describe = (c, n) => `${c.label}: ${n} edges shown of ${Object.keys(c.edges).length}, faithfulness ${fmt(c.faithfulness)}, complement ${fmt(c.complement)}` + (c.bootstrap ? `, ${c.bootstrap}` : '');
     let text = describe(A, nA);
     if (B) {
       const union = nA + nB - nShared;

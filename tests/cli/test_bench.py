@@ -10,7 +10,8 @@ import pytest
 from mechlab.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-TINY = ["--traces", "8", "--test-traces", "8", "--tracr-seeds", "none", "--no-progress", "--threads", "1"]
+TINY = ["--traces", "8", "--test-traces", "8", "--tracr-seeds", "none", "--no-progress", "--threads", "1",
+        "--stability-boots", "0", "--redundant", "none"]  # fmt: skip
 
 
 @pytest.fixture()
@@ -69,9 +70,13 @@ def test_bench_methods_writes_the_table_and_its_json(tiny_lds_checkpoint, one_pl
         (["--planted", "justaname"], "--planted must be MODULE:FUNCTION or none"),
         (["--seeds", "0,x"], "--seeds '0,x': not comma-separated integers or none"),
         (["--sparsity", "1.5"], "--sparsity must be in (0, 1)"),
+        (["--stability-boots", "1"], "--stability-boots must be 0 (off) or at least 2"),
+        (["--redundant", "no_such_module_xyz:cases"], "--redundant no_such_module_xyz:cases: cannot import"),
+        (["--redundant", "one_planted:nothing"], "'one_planted' has no 'nothing'"),
     ],
 )
-def test_bad_bench_methods_input_is_one_line_exit_2(tiny_lds_checkpoint, tmp_path, capsys, extra, message):
+def test_bad_bench_methods_input_is_one_line_exit_2(tiny_lds_checkpoint, one_planted, tmp_path, capsys, extra,
+                                                   message):  # fmt: skip
     out = tmp_path / "methods.json"
     code = main(["bench", "methods", "--ckpt", str(tiny_lds_checkpoint), "--methods", "eap",
                  "--planted", "none", *TINY, "--out", str(out), *extra])  # fmt: skip
@@ -85,3 +90,52 @@ def test_bench_methods_keeps_an_existing_table(tiny_lds_checkpoint, tmp_path, ca
     out.write_text("{}")
     code = main(["bench", "methods", "--ckpt", str(tiny_lds_checkpoint), "--out", str(out), *TINY])
     assert code == 2 and "exists; pass --force" in capsys.readouterr().err and out.read_text() == "{}"
+
+
+@pytest.fixture()
+def one_redundant(tmp_path, monkeypatch):
+    """A redundant generator module: value-61 per seed, budgets the truth's size, goal 0.9."""
+    (tmp_path / "one_redundant.py").write_text(textwrap.dedent("""
+        from mechlab.bench.methods import PlantedCase
+        from tests.prune.test_planted import PLANTED, planted_data
+
+        def cases(seeds):
+            model, truth = PLANTED["value-61"]()
+            budgets = {"minimal": len(truth), "planted": len(truth)}
+            return [(PlantedCase(f"value-61 seed {s}", model, set(truth), planted_data(s), seed=s), budgets, 0.9)
+                    for s in seeds]
+    """))  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "one_redundant:cases"
+
+
+def test_bench_methods_stability_and_redundant_columns(tiny_lds_checkpoint, one_redundant, tmp_path, capsys):
+    out = tmp_path / "methods.json"
+    code = main(["bench", "methods", "--ckpt", str(tiny_lds_checkpoint), "--methods", "eap", "--planted", "none",
+                 *TINY, "--stability-boots", "2", "--redundant", one_redundant, "--redundant-seeds", "0,1",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    head = printed.splitlines()[0]
+    assert "| 1-after MB | 1-after stability | 2-after CPR |" in head
+    assert head.endswith("| 2-after stability | planted exact | Tracr exact | redundant found (minimal) "
+                         "| redundant found (planted) |")  # fmt: skip
+    row = next(line for line in printed.splitlines() if line.startswith("| eap |"))
+    assert row.endswith("| - | - | 2/2 | 2/2 |")
+    table = json.loads(out.read_text())
+    for target in ("1-after", "2-after"):
+        result = table["model"]["eap"][target]
+        detail = result["stability_detail"]
+        assert detail["n_boot"] == 2 and result["stability"] == pytest.approx(sum(detail["jaccards"]) / 2)
+        assert f"{result['stability']:.3f}" in row
+    assert table["redundant"]["eap"]["found"] == {"minimal": 2, "planted": 2}
+    assert len(table["redundant"]["eap"]["cases"]) == 4 and table["info"]["stability_boots"] == 2
+
+
+def test_the_default_redundant_generator_is_skipped_where_it_does_not_exist():
+    from mechlab.bench.methods import DEFAULT_REDUNDANT, redundant_cases
+
+    assert redundant_cases("no_such_module_xyz:cases", [0], missing_ok=True) == []
+    assert redundant_cases(DEFAULT_REDUNDANT.replace(":", ":no_such_function_"), [0], missing_ok=True) == []
+    with pytest.raises(ValueError, match="has no 'no_such_function_"):
+        redundant_cases(DEFAULT_REDUNDANT.replace(":", ":no_such_function_"), [0])

@@ -180,3 +180,61 @@ def test_a_method_on_a_model_folder(gpt2_folder, ioi_file, tmp_path, capsys):
     meta = circuit.metadata
     assert meta["method"] == "exact" and meta["model_kind"] == "hf-folder" and 0 < circuit.n_edges <= 10
     assert "logit_diff_full" in meta["metrics"] and meta["metrics"]["divergence"] == "kl"
+
+
+@pytest.mark.parametrize("method, extra", [("eap", ["--edges", "4"]), ("prune", ["--steps", "3"])])
+def test_stability_is_measured_recorded_shown_and_part_of_the_settings(tiny_lds_checkpoint, tmp_path, capsys,
+                                                                        method, extra):  # fmt: skip
+    import torch
+
+    from mechlab.pipelines import checkpoint_prune_data
+    from mechlab.prune import method_stability
+
+    out = tmp_path / "c"
+    code = _prune(tiny_lds_checkpoint, out, "--method", method, *extra, "--stability", "2")
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    stem = "1-after_seed0" if method == "prune" else f"1-after_{method}_seed0"
+    meta = Circuit.from_json(out / f"{stem}.json").metadata
+    stability = meta["stability"]
+    assert stability["n_boot"] == 2 and len(stability["jaccards"]) == 2 and stability["bar"] == 0.8
+    assert stability["meets_bar"] == (stability["mean_jaccard"] >= 0.8)
+    assert meta["settings"]["stability_boots"] == 2
+    assert f"  {stability['summary']}" in printed.splitlines()
+    assert "bootstrap stability: mean edge Jaccard" in (out / f"{stem}.html").read_text()
+    if method == "eap":  # the same as the library on the same traces
+        torch.manual_seed(0)
+        ckpt, data = checkpoint_prune_data(tiny_lds_checkpoint, n_train=8, n_test=8)
+        by_library = method_stability(ckpt.model, data, "1-after", "eap", n_boot=2, seed=0, n_edges=4)
+        assert stability["jaccards"] == pytest.approx(list(by_library.jaccards), abs=1e-12)
+    # the same settings are read back; without --stability, or with another N, they are not
+    assert _prune(tiny_lds_checkpoint, out, "--method", method, *extra, "--stability", "2") == 0
+    assert f"read back 1 circuit(s) found before with the same settings: {stem}" in capsys.readouterr().out
+    for other in ([], ["--stability", "3"]):
+        code = _prune(tiny_lds_checkpoint, out, "--method", method, *extra, *other)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "stability_boots" in err[0] and "--force" in err[0], err
+    assert Circuit.from_json(out / f"{stem}.json").metadata["stability"] == stability
+
+
+def test_a_plain_prune_records_no_stability(tiny_lds_checkpoint, tmp_path, capsys):
+    out = tmp_path / "c"
+    assert _prune(tiny_lds_checkpoint, out, "--method", "eap", "--edges", "4") == 0, capsys.readouterr().err
+    meta = Circuit.from_json(out / "1-after_eap_seed0.json").metadata
+    assert "stability" not in meta and "stability_boots" not in meta["settings"]
+    assert "bootstrap" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--stability", "1"], "--stability must be 0 (off) or at least 2"),
+        (["--stability", "2", "--share", "0"], "--stability applies to circuits of --ckpt or --checkpoints"),
+    ],
+)
+def test_bad_stability_is_one_line_exit_2(tiny_lds_checkpoint, tmp_path, capsys, extra, message):
+    out = tmp_path / "c"
+    code = _prune(tiny_lds_checkpoint, out, "--target", "1-after", "--target", "2-after", *extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()

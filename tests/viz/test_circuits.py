@@ -229,3 +229,24 @@ def test_circuits_across_checkpoints_rows_scores_and_jaccard():
         circuits_across_checkpoints_figure([early], steps=[1, 2])
     with pytest.raises(ValueError, match="at least one"):
         circuits_across_checkpoints_figure([])
+
+
+def stability_record(mean: float, n_boot: int = 4) -> dict:
+    from mechlab.prune.stability import BootstrapStability
+
+    return BootstrapStability(mean_jaccard=mean, pairwise_jaccard=0.7, jaccards=(mean,) * n_boot,
+                              min_jaccard=mean, p5=mean, p95=mean, edge_frequency={("m0", "m1.in"): 1.0},
+                              n_boot=n_boot, seed=0, n_edges_reference=1).to_dict()  # fmt: skip
+
+
+def test_the_circuit_page_says_its_bootstrap_stability_in_words():
+    plain = circuit_figure(transformer_circuit([("m0", "m1.in")], target="1-after"))
+    assert "bootstrap" not in plain.layout.title.text
+    stable = transformer_circuit([("m0", "m1.in")], target="1-after", stability=stability_record(0.85))
+    title = circuit_figure(stable).layout.title.text
+    assert title.startswith("Circuit for 1-after: 1 edges")
+    assert ("bootstrap stability: mean edge Jaccard 0.85 with the circuit over 4 resamples of the "
+            "training traces (bar 0.8: met)") in title  # fmt: skip
+    unstable = transformer_circuit([("m0", "m1.in")], stability=stability_record(0.5, n_boot=6))
+    assert "mean edge Jaccard 0.50 with the circuit over 6 resamples" in circuit_figure(unstable).layout.title.text
+    assert "(bar 0.8: not met)" in circuit_figure(unstable).layout.title.text

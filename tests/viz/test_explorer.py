@@ -83,3 +83,20 @@ def test_refuses_what_it_cannot_show():
         circuit_explorer([a, other])
     with pytest.raises(ValueError, match="index the 1 circuits"):
         circuit_explorer([a]).to_div(0, 3)
+
+
+def test_a_circuit_with_bootstrap_stability_says_it_in_the_summary():
+    from mechlab.prune.stability import BootstrapStability
+
+    record = BootstrapStability(mean_jaccard=0.75, pairwise_jaccard=0.6, jaccards=(0.7, 0.8), min_jaccard=0.7,
+                                p5=0.705, p95=0.795, edge_frequency={E1: 1.0}, n_boot=2, seed=0,
+                                n_edges_reference=1).to_dict()  # fmt: skip
+    explorer = circuit_explorer([circuit([E1], 0, stability=record), circuit([E1, E2], 1)])
+    with_it, without = explorer.data()["circuits"]
+    assert with_it["bootstrap"] == (
+        "bootstrap stability: mean edge Jaccard 0.75 with the circuit over 2 resamples of the training "
+        "traces, 5-95% 0.70-0.80, min 0.70; replicates agree among themselves at 0.60; bar 0.8: not met"
+    )
+    assert without["bootstrap"] is None
+    page = explorer.to_html()
+    assert "(c.bootstrap ? `, ${c.bootstrap}` : '')" in page and "mean edge Jaccard 0.75" in page
