@@ -112,6 +112,42 @@ def task_loss(pred: Tensor, reference: Tensor, io: str) -> Tensor:
     return divergence(pred, reference, io).mean()
 
 
+class SharedScaleAdam(torch.optim.Optimizer):
+    """Adam whose second moment is one number per parameter tensor row (per target), not per edge.
+
+    Per-edge Adam divides every edge's gradient by its own running RMS, so an edge with a
+    tiny but steady gradient moves as fast as the edge that matters most, and an edge
+    whose gradient is exactly zero (one of two redundant paths into a saturated
+    component, while the other is open) stands still while those side edges overtake it.
+    Here the first moment is per edge and the second is the mean of ``g^2`` over a row's
+    entries: the steps keep the ratio of the gradients (an edge with a hundredth of the
+    gradient moves a hundredth as far) and stay invariant to the loss's scale, as Adam's are.
+    """
+
+    def __init__(self, params, lr: float = 0.1, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-12):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - torch's Optimizer interface
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                if not state:
+                    state["t"], state["m"] = 0, torch.zeros_like(p)
+                    state["v"] = torch.zeros(p.shape[:-1] + (1,), dtype=p.dtype, device=p.device)
+                state["t"] += 1
+                t, m, v = state["t"], state["m"], state["v"]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).add_(g.pow(2).mean(-1, keepdim=True), alpha=1 - b2)
+                m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+                p.sub_(group["lr"] * m_hat / (v_hat.sqrt() + group["eps"]))
+        return None
+
+
 class Lagrangians(nn.Module):
     """``lambda1[t] (s_t - t) + lambda2[t] (s_t - t)^2`` per target, all starting at zero."""
 
@@ -293,7 +329,10 @@ def optimise_masks(
         lag, lag_node = Lagrangians(n_t).to(device), Lagrangians(1).to(device)  # fresh lambdas
         groups.append({"params": [*lag.parameters(), *lag_node.parameters()],
                        "lr": config.lambda_lr, "maximize": True})  # fmt: skip
-    opt = torch.optim.Adam(groups)
+    if config.optimizer == "shared-adam" and budget:
+        opt = SharedScaleAdam(mask_params, lr=config.lr)
+    else:
+        opt = torch.optim.Adam(groups)
     factors = [lambda i: 1.0] + ([] if budget else
                                  [lambda i: lr_factor(i, steps, config.lambda_warmup_steps)])  # fmt: skip
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, factors)
@@ -386,6 +425,7 @@ __all__ = [
     "BatchSampler",
     "Lagrangians",
     "MaskResult",
+    "SharedScaleAdam",
     "budget_shift",
     "consensus_penalty",
     "lr_factor",

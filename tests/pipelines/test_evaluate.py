@@ -117,9 +117,11 @@ def test_a_figure_for_every_suite_and_self_contained_html(run_dir, tmp_path):
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_committed_evaluation_reproduces_byte_for_byte(tmp_path, monkeypatch):
+def test_a_committed_evaluation_reproduces_to_float32_rounding(tmp_path, monkeypatch):
     """`mechlab eval --suite uninterleaved` on the bundled checkpoint, through the pipeline,
-    writes exactly the committed examples/checkpoints/recall-cpu/eval/uninterleaved.json."""
+    writes the committed examples/checkpoints/recall-cpu/eval/uninterleaved.json: the same
+    keys and every number to float32 rounding (another CPU's kernels move the last digits,
+    measured 2e-5 relative at most; the bytes matched only on the machine that wrote it)."""
     from mechlab.pipelines import evaluate_checkpoint
 
     monkeypatch.chdir(ROOT)  # the report records the checkpoint's path as given
@@ -133,7 +135,24 @@ def test_a_committed_evaluation_reproduces_byte_for_byte(tmp_path, monkeypatch):
     written = json.loads((tmp_path / "uninterleaved.json").read_text())
     record = {k: written.pop(k) for k in ("settings", "settings_sha256")}  # what a rerun compares
     assert record["settings"]["suite"] == "uninterleaved" and len(record["settings_sha256"]) == 64
-    assert json.dumps(written, indent=1).encode() == committed.read_bytes()  # the numbers, byte for byte
+    expected = json.loads(committed.read_text())
+
+    def same(a, b, path="") -> None:
+        assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, path
+        if isinstance(a, dict):
+            assert list(a) == list(b), path
+            for k in a:
+                same(a[k], b[k], f"{path}/{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), path
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{path}[{i}]")
+        elif isinstance(a, float):
+            assert a == pytest.approx(b, rel=1e-4, abs=1e-9), path
+        else:
+            assert a == b, path
+
+    same(written, expected)
 
 
 def test_eval_runs_the_model_on_the_device_asked_for(run_dir, tmp_path, monkeypatch, capsys):

@@ -14,8 +14,9 @@ from mechlab.prune.engine import check_prune_args
 def test_defaults_are_the_documented_search():
     cfg = PruneConfig()
     assert (cfg.sparsity, cfg.constraint, cfg.select, cfg.noise) == (0.95, "budget", "refine", "mixed")
-    assert cfg.normalize_loss and cfg.loss_scale == 1.0 and cfg.warm_start == "auto"
-    assert cfg.steps == 200 and cfg.warmup_steps == 100 and cfg.lambda_warmup_steps == 20
+    assert cfg.normalize_loss and cfg.loss_scale == 1.0 and cfg.warm_start == "eap-ig" and cfg.warm_steps == 5
+    assert cfg.optimizer == "shared-adam" and (cfg.batch_size, cfg.refine_traces) == (32, 64)
+    assert cfg.steps == 50 and cfg.warmup_steps == 25 and cfg.lambda_warmup_steps == 5
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.steps = 3  # type: ignore[misc]
 
@@ -36,6 +37,7 @@ def test_defaults_are_the_documented_search():
     ("batch_size", 2.5, "batch_size must be a positive integer"),
     ("select", "best", "unknown select 'best'"),
     ("noise", "iid", "unknown noise 'iid'"),
+    ("optimizer", "sgd", "unknown optimizer 'sgd'"),
     ("refine_extra", -1, "refine_extra must be an integer >= 0"),
     ("min_effect", -1e-3, "min_effect must be >= 0"),
     ("warm_start", "acdc", "unknown warm_start 'acdc'"),

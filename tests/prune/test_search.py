@@ -108,7 +108,9 @@ def test_auto_warm_start_is_exact_on_small_graphs_and_eap_ig_on_large():
     from mechlab.prune.config import EXACT_WARM_MAX, PruneConfig
     from mechlab.prune.engine import warm_method
 
-    assert warm_method(PruneConfig(), EXACT_WARM_MAX) == "exact"
-    assert warm_method(PruneConfig(), EXACT_WARM_MAX + 1) == "eap-ig"
+    auto = PruneConfig(warm_start="auto")
+    assert warm_method(auto, EXACT_WARM_MAX) == "exact"
+    assert warm_method(auto, EXACT_WARM_MAX + 1) == "eap-ig"
+    assert warm_method(PruneConfig(), 10) == "eap-ig"  # the default: EAP-IG at any size
     assert warm_method(PruneConfig(warm_start="none"), 10) is None
     assert warm_method(PruneConfig(warm_start="eap"), 10) == "eap"

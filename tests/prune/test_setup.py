@@ -26,7 +26,7 @@ def test_the_exact_warm_start_is_the_batched_replay_of_attribute(monkeypatch):
     try:
         expected = attribute(model, data, "all", "exact").scores.float().cpu()
         monkeypatch.setattr(exact, "exact_loop_scores", no_loop)
-        setup = prepare.prepare_search(model, data, ["all"], PruneConfig(sparsity=0.8), None)
+        setup = prepare.prepare_search(model, data, ["all"], PruneConfig(sparsity=0.8, warm_start="exact"), None)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(setup.warm[0], expected)
