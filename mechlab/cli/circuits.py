@@ -20,7 +20,8 @@ from mechlab.cli.app import (
 from mechlab.cli.evaluate import NIH_HELP
 
 RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, "
-               "misdirection to the next); uniform: the same on uniformly drawn NiH; study: the study's "
+               "misdirection to the next); uniform: the same on uniformly drawn NiH; fast: the default warm-started "
+               "from EAP-IG, 50 steps of 32 traces (several times faster on graphs of hundreds of edges); study: the study's "
                "settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. "
                "Options given explicitly override it.")  # fmt: skip
 METHOD_HELP = ("prune: differentiable edge pruning (default); eap: edge attribution patching (gradient on the "

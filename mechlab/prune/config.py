@@ -54,6 +54,7 @@ LOSSES = ("model", "truth")
 CONSTRAINTS = ("budget", "lagrangian")
 SELECTIONS = ("refine", "rank")
 NOISES = ("shared+mixed", "shared", "independent", "mixed")
+REFINE_POOLS = ("eap-ig", "eap", "exact", "none")  # a second ranking the selection draws from
 OPTIMIZERS = ("shared-adam", "adam")  # the masks' optimiser (search.SharedScaleAdam, torch's Adam)
 WARM_STARTS = ("auto", "eap-ig", "exact", "eap", "none")  # where a search's masks start
 EXACT_WARM_MAX = 1000  # "auto": exact single-edge scores up to this many countable edges, else EAP-IG
@@ -129,7 +130,17 @@ class PruneConfig:
             selection also weigh that method's own circuit, or ``"none"`` (every mask
             starts at ``init_mean``). ``"auto"``: exact single-edge ablation up to
             :data:`EXACT_WARM_MAX` countable edges (one replay per edge), EAP-IG above.
-        warm_steps: Integration points of an ``"eap-ig"`` warm start.
+        warm_steps: Integration points of an ``"eap-ig"`` warm start (and of an
+            ``"eap-ig"`` ``refine_pool``).
+        optimizer: The masks' optimiser: ``"shared-adam"``
+            (:class:`~mechlab.prune.search.SharedScaleAdam`: one second moment per
+            target, so steps keep the gradients' ratio) or ``"adam"`` (torch's, per edge).
+            With the ``"lagrangian"`` constraint torch's Adam is used.
+        refine_pool: An attribution method whose ranking the selection also draws from
+            (its best ``n_keep`` edges join the elimination's pool, its complete-path
+            circuit is a candidate), besides the search's and the warm start's, or
+            ``"none"``. EAP-IG (the default) scores edges that matter only together,
+            which single-edge ablation scores 0. Skipped when it is the warm start's method.
     """
 
     sparsity: float = 0.95
@@ -139,21 +150,22 @@ class PruneConfig:
     normalize_loss: bool = True
     loss_scale: float = 1.0
     constraint: str = "budget"
-    steps: int = 50
+    steps: int = 200
     warmup: int | None = None
     lr: float = LR
     lambda_lr: float = LAMBDA_LR
     lambda_warmup: int | None = None
-    batch_size: int = 32
+    batch_size: int = 64
     init_mean: float = INIT_MEAN
     noise: str = "mixed"
     select: str = "refine"
     refine_extra: int = 16
-    refine_traces: int = 64
+    refine_traces: int = 128
     min_effect: float = 1e-4
-    warm_start: str = "eap-ig"
+    warm_start: str = "auto"
     warm_steps: int = 5
     optimizer: str = "shared-adam"
+    refine_pool: str = "eap-ig"
 
     def __post_init__(self) -> None:
         _unit("sparsity", self.sparsity)
@@ -183,6 +195,7 @@ class PruneConfig:
         _choice("warm_start", self.warm_start, WARM_STARTS)
         _count("warm_steps", self.warm_steps)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("refine_pool", self.refine_pool, REFINE_POOLS)
         for name in ("sparsity", "loss_scale", "lr", "lambda_lr", "init_mean", "min_effect"):
             object.__setattr__(self, name, float(getattr(self, name)))  # 1 -> 1.0 (JSON alike)
 
@@ -225,6 +238,7 @@ class PruneConfig:
 PROTOCOLS: dict[str, PruneConfig] = {
     "default": PruneConfig(),
     "uniform": PruneConfig(),
+    "fast": PruneConfig(warm_start="eap-ig", steps=50, batch_size=32),
     "study": PruneConfig(
         sparsity=0.99, node_sparsity=0.8, loss="truth", normalize_loss=False, loss_scale=1000.0,
         steps=3000, constraint="lagrangian", noise="independent", select="rank", warm_start="none",
@@ -232,6 +246,9 @@ PROTOCOLS: dict[str, PruneConfig] = {
 }
 """The named protocols' search settings. ``default`` and ``uniform``: mechlab's default
 search at 95% edge sparsity (they differ in their data: :data:`mechlab.pipelines.PRUNE_PROTOCOLS`);
+``fast``: the default warm-started from EAP-IG instead of exact single-edge ablation, 50
+steps of 32 traces (a few times EAP-IG's time where the exact warm start dominates; on the
+bundled checkpoint's 2-after below exact ablation's circuit on 4 of 5 seeds, docs/pruning.md);
 ``study``: the recall study's Edge Pruning settings (99% edge sparsity, node masks at 80%,
 1000 x raw MSE to the ground truth, 3000 steps, the Lagrangian, independent mask noise,
 edges ranked by mask)."""
@@ -296,7 +313,9 @@ __all__ = [
     "PROTOCOLS",
     "NOISES",
     "NOISE_RUNS",
+    "OPTIMIZERS",
     "PruneConfig",
+    "REFINE_POOLS",
     "RUN_ARGUMENTS",
     "SELECTIONS",
     "EXACT_WARM_MAX",

@@ -54,6 +54,8 @@ class SearchSetup:
             when normalising, else 1.0).
         norms: Per target, what its task loss is divided by.
         warm: Per target, the warm start's attribution scores (``[n_edges]``), or None.
+        pool: Per target, the ``refine_pool`` method's scores, or None (none asked, or
+            the warm start's method).
     """
 
     graph: EdgeGraph
@@ -67,6 +69,7 @@ class SearchSetup:
     ablated_losses: list[float]
     norms: list[float]
     warm: list[Tensor] | None = None
+    pool: list[Tensor] | None = None
 
 
 def check_prune_data(config: PruneConfig, data: PruneData) -> None:
@@ -115,12 +118,15 @@ def prepare_search(
             if compute else [1.0] * len(targets)
         )  # fmt: skip
     norms = losses if config.normalize_loss else [1.0] * len(targets)
-    warm = None
-    if config.warm_start != "none":
-        with frozen_eval(model):
+    warm = pool = None
+    with frozen_eval(model):
+        if config.warm_start != "none":
             warm = [warm_start_scores(model, train, t, graph, config) for t in targets]
+        methods = [warm_method(config, int(c.sum())) for c in countable]
+        if config.refine_pool != "none" and config.refine_pool not in methods:
+            pool = [attribution_scores(model, train, t, graph, config, config.refine_pool) for t in targets]
     return SearchSetup(graph, train, positions, reference, ablated, scored, countable, n_keep,
-                       losses, norms, warm)  # fmt: skip
+                       losses, norms, warm, pool)  # fmt: skip
 
 
 def warm_start_scores(
@@ -131,10 +137,21 @@ def warm_start_scores(
     to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else EAP-IG) on the
     training traces, with the search's ablation and its task loss as the metric. The model
     must be frozen and in eval mode."""
+    return attribution_scores(model, traces, target, graph, config, None)
+
+
+def attribution_scores(
+    model: nn.Module, traces: Traces, target: Target, graph: EdgeGraph, config: PruneConfig,
+    method: str | None,
+) -> Tensor:
+    """``[n_edges]`` an attribution method's scores on the training traces with the
+    search's ablation and its task loss as the metric (``None``: the warm start's
+    method). The model must be frozen and in eval mode."""
     from mechlab.prune.attribution import build_objective, score_edges
 
     obj = build_objective(model, traces, target, config.ablation, "loss", graph)
-    return score_edges(obj, warm_method(config, int(obj.countable.sum())), steps=config.warm_steps).float().cpu()
+    method = warm_method(config, int(obj.countable.sum())) if method is None else method
+    return score_edges(obj, method, steps=config.warm_steps).float().cpu()
 
 
 def warm_method(config: PruneConfig, n_countable: int) -> str | None:
@@ -176,5 +193,5 @@ def ablated_loss(
     return value if value > 0 else 1.0
 
 
-__all__ = ["SearchSetup", "ablated_loss", "check_prune_args", "check_prune_data", "prepare_search",
+__all__ = ["SearchSetup", "ablated_loss", "attribution_scores", "check_prune_args", "check_prune_data", "prepare_search",
            "warm_method", "warm_start_scores"]  # fmt: skip

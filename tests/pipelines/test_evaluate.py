@@ -145,7 +145,7 @@ def test_a_committed_evaluation_reproduces_to_float32_rounding(tmp_path, monkeyp
                 same(a[k], b[k], f"{path}/{k}")
         elif isinstance(a, list):
             assert len(a) == len(b), path
-            for i, (x, y) in enumerate(zip(a, b)):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
                 same(x, y, f"{path}[{i}]")
         elif isinstance(a, float):
             assert a == pytest.approx(b, rel=1e-4, abs=1e-9), path
