@@ -118,7 +118,7 @@ def report(
     components: bool = typer.Option(True, help="Patch each head / layer in the recall analysis."),
     recipe: str = typer.Option(
         "default",
-        help="Pruning recipe: default, uniform or study (see mechlab prune --help); its NiH construction is used everywhere.",
+        help="Pruning recipe: default, uniform, fast or study (see mechlab prune --help); its NiH construction is used everywhere.",
     ),
     steps: int | None = typer.Option(
         None,
