@@ -64,6 +64,19 @@ def greedy_eliminate(
     return greedy_eliminate_joint(graph, [open_edges], [n_keep], [loss_of], 0.0, ablation)[0]
 
 
+def removal_costs(
+    graph: EdgeGraph, kept: Tensor, loss: float, loss_of: Callable[[Tensor], float], ablation: str
+) -> dict[int, float]:
+    """Kept edge index -> ``loss(live(kept - {e})) - loss``: each edge's removal cost, with
+    the routes its removal leaves incomplete."""
+    costs = {}
+    for e in kept.nonzero().flatten().tolist():
+        trial = kept.clone()
+        trial[e] = False
+        costs[e] = loss_of(live_edges(graph, trial, ablation)) - loss
+    return costs
+
+
 def halving_eliminate(
     graph: EdgeGraph,
     open_edges: Tensor,
@@ -85,11 +98,7 @@ def halving_eliminate(
     kept = live_edges(graph, open_edges.cpu().bool(), ablation)
     loss = loss_of(kept)
     while True:
-        costs = {}
-        for e in kept.nonzero().flatten().tolist():
-            trial = kept.clone()
-            trial[e] = False
-            costs[e] = loss_of(live_edges(graph, trial, ablation)) - loss
+        costs = removal_costs(graph, kept, loss, loss_of, ablation)
         excess = int(kept.sum()) - n_keep
         if excess <= 0:
             return kept, loss, costs
@@ -129,11 +138,7 @@ def verified_eliminate(
     kept = live_edges(graph, open_edges.cpu().bool(), ablation)
     loss = loss_of(kept)
     while True:
-        costs = {}
-        for e in kept.nonzero().flatten().tolist():
-            trial = kept.clone()
-            trial[e] = False
-            costs[e] = loss_of(live_edges(graph, trial, ablation)) - loss
+        costs = removal_costs(graph, kept, loss, loss_of, ablation)
         excess = int(kept.sum()) - n_keep
         if excess <= 0:
             return kept, loss, costs
@@ -456,5 +461,6 @@ __all__ = [
     "pair_disagreement",
     "ranked_pool",
     "refined_log_alpha",
+    "removal_costs",
     "select_edges",
 ]

@@ -57,3 +57,28 @@ def test_selection_keeps_the_ranking_when_elimination_has_nothing_live():
     # does nothing (the circuit's metadata lists it under edges_without_effect)
     sel = select_edges(graph, la, countable, 3, loss_of, extra=4, min_effect=1e-3)
     assert int(sel.edges.sum()) == 3 and sorted(sel.effects.values()) == [0.0, 0.5, 0.5]
+
+
+def test_verified_elimination_keeps_one_of_two_redundant_paths():
+    """Two heads that each alone saturate an MLP: every branch edge costs ~0 alone, so
+    dropping the two cheapest together (the excess) would cut both paths; the check on the
+    joint loss refuses that, one path goes, and the other stays whole and faithful."""
+    from mechlab.prune.config import PruneConfig
+    from mechlab.prune.planted_redundant import REDUNDANT_FAMILY, redundant_model
+    from mechlab.prune.refine import loss_function, removal_costs, verified_eliminate
+    from mechlab.prune.setup import prepare_search
+
+    rm = redundant_model(REDUNDANT_FAMILY["or2-equal"])
+    setup = prepare_search(rm.model, rm.data(0), ["all"], PruneConfig(warm_start="none", refine_pool="none"))
+    loss_of = loss_function(rm.model, setup.graph, setup.train, setup.positions, setup.reference,
+                            setup.ablated, setup.norms)([0])  # fmt: skip
+    pool = torch.tensor([e in rm.edges for e in setup.graph.edges])
+    costs = removal_costs(setup.graph, pool, loss_of(pool), loss_of, "interchange")
+    cheapest = sorted(costs, key=costs.get)[:2]
+    both_cut = pool.clone()
+    both_cut[cheapest] = False
+    assert max(costs[e] for e in cheapest) < 0.05 and loss_of(both_cut) > 0.5  # the trap
+    kept, loss, effects = verified_eliminate(setup.graph, pool, 3, loss_of)
+    edges = {e for e, k in zip(setup.graph.edges, kept.tolist(), strict=True) if k}
+    assert edges in [set(p) for p in rm.paths.values()] and loss < 0.1
+    assert min(effects.values()) > 0.5  # now every kept edge is the only way through
