@@ -271,7 +271,8 @@ def refine_result(
     if result.node_log_alpha is not None:  # edges of closed writers cannot be chosen
         edge_writer = torch.tensor([setup.graph.writer_index[w] for w, _ in setup.graph.edges])
         countable = countable.cpu() & (hc.deterministic_mask(result.node_log_alpha.cpu()) > 0)[edge_writer]
-    rankings = [scores[target].abs() for scores in (setup.warm, setup.pool) if scores is not None]
+    rankings = [scores[target].abs() for scores in (setup.warm, setup.pool)
+                if scores is not None and scores[target] is not None]  # fmt: skip
     selection = select_edges(setup.graph, result.edge_log_alpha, countable, setup.n_keep[target],
                              loss_of, config.ablation, config.refine_extra, config.min_effect,
                              rankings=rankings)  # fmt: skip

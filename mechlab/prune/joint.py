@@ -178,8 +178,8 @@ def joint_prune(
     names = [target_name(t) for t in targets]
     with frozen_eval(model):
         # the fully ablated losses: the normalisation, or the balance check of a shared search
-        setup = prepare_search(model, data, targets, config,
-                               ablated_losses=config.normalize_loss or share > 0)  # fmt: skip
+        setup = prepare_search(model, data, targets, config, ablated_losses=config.normalize_loss or share > 0,
+                               pool_scores=config.select == "refine" and share == 0)  # fmt: skip
         losses = setup.ablated_losses
         spread = max(losses) / max(min(losses), 1e-12)
         if share > 0 and not config.normalize_loss and spread > UNBALANCED:

@@ -505,13 +505,19 @@ PLANTED_FAMILY: dict[str, PlantedSpec] = _specs()
 an MLP hop, path strengths from 1:1 to 1:10, and dense SSMs."""
 
 
+def build_family(family: dict, names: Iterable[str] | None, build, what: str) -> dict:
+    """``{name: build(family[name])}`` for ``names`` (default: all), an unknown name refused
+    in one line naming ``what`` and the known names."""
+    names = list(family) if names is None else list(names)
+    unknown = [n for n in names if n not in family]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; choose from {list(family)}")
+    return {n: build(family[n]) for n in names}
+
+
 def planted_family(names: Iterable[str] | None = None) -> dict[str, PlantedModel]:
     """The models of :data:`PLANTED_FAMILY` (or those named), built."""
-    names = list(PLANTED_FAMILY) if names is None else list(names)
-    unknown = [n for n in names if n not in PLANTED_FAMILY]
-    if unknown:
-        raise ValueError(f"unknown planted models {unknown}; choose from {list(PLANTED_FAMILY)}")
-    return {n: planted_model(PLANTED_FAMILY[n]) for n in names}
+    return build_family(PLANTED_FAMILY, names, planted_model, "planted models")
 
 
 __all__ = [

@@ -92,6 +92,7 @@ from mechlab.prune.planted import (
     _Layout,
     _off_circuit_head,
     _randn,
+    build_family,
     single_edge_effects,
 )
 from mechlab.traces import PruneData, Traces
@@ -608,11 +609,7 @@ REDUNDANT_FAMILY: dict[str, RedundantSpec] = _family()
 
 def redundant_family(names: Iterable[str] | None = None) -> dict[str, RedundantModel]:
     """The models of :data:`REDUNDANT_FAMILY` (or those named), built."""
-    names = list(REDUNDANT_FAMILY) if names is None else list(names)
-    unknown = [n for n in names if n not in REDUNDANT_FAMILY]
-    if unknown:
-        raise ValueError(f"unknown redundant models {unknown}; choose from {list(REDUNDANT_FAMILY)}")
-    return {n: redundant_model(REDUNDANT_FAMILY[n]) for n in names}
+    return build_family(REDUNDANT_FAMILY, names, redundant_model, "redundant models")
 
 
 __all__ = [

@@ -77,40 +77,6 @@ def removal_costs(
     return costs
 
 
-def halving_eliminate(
-    graph: EdgeGraph,
-    open_edges: Tensor,
-    n_keep: int,
-    loss_of: Callable[[Tensor], float],
-    ablation: str = "interchange",
-) -> tuple[Tensor, float, dict[int, float]]:
-    """Backward elimination that drops up to half the excess per round.
-
-    Each round scores every kept edge's removal (``loss(live(kept - {e})) - loss(kept)``),
-    then drops the ``max(1, excess // 2)`` cheapest, one after the other (each with the
-    routes it leaves incomplete), until at most ``n_keep`` are left. About
-    ``(n_keep + extra) log2(extra)`` evaluations instead of :func:`greedy_eliminate`'s
-    ``(n_keep + extra) extra``; the last round's scores are the kept edges' effects.
-
-    Returns:
-        ``(kept [n_edges] bool, its loss, kept edge index -> removal cost)``.
-    """
-    kept = live_edges(graph, open_edges.cpu().bool(), ablation)
-    loss = loss_of(kept)
-    while True:
-        costs = removal_costs(graph, kept, loss, loss_of, ablation)
-        excess = int(kept.sum()) - n_keep
-        if excess <= 0:
-            return kept, loss, costs
-        for e in sorted(costs, key=lambda i: (costs[i], i))[: max(1, excess // 2)]:
-            if int(kept.sum()) <= n_keep:
-                break
-            if kept[e]:
-                kept[e] = False
-                kept = live_edges(graph, kept, ablation)
-        loss = loss_of(kept)
-
-
 def verified_eliminate(
     graph: EdgeGraph,
     open_edges: Tensor,
@@ -128,9 +94,9 @@ def verified_eliminate(
     Edges that matter only together, two redundant paths into a saturated component, each
     cost nothing alone, so dropping both fails the check and only one is dropped before
     the next round re-scores the other (now the only way through). About ``|pool|`` plus a
-    few evaluations per round, and usually one or two rounds, instead of
-    :func:`halving_eliminate`'s ``log2(extra)`` rounds; the last round's scores are the
-    kept edges' effects.
+    few evaluations per round, usually one or two rounds (dropping half the excess per
+    round, the earlier rule, took ``log2(extra)`` rounds and cut both redundant paths); the
+    last round's scores are the kept edges' effects.
 
     Returns:
         ``(kept [n_edges] bool, its loss, kept edge index -> removal cost)``.
@@ -453,7 +419,6 @@ __all__ = [
     "Selection",
     "greedy_eliminate",
     "greedy_eliminate_joint",
-    "halving_eliminate",
     "verified_eliminate",
     "kept_log_alpha",
     "loss_function",

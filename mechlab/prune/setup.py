@@ -54,8 +54,8 @@ class SearchSetup:
             when normalising, else 1.0).
         norms: Per target, what its task loss is divided by.
         warm: Per target, the warm start's attribution scores (``[n_edges]``), or None.
-        pool: Per target, the ``refine_pool`` method's scores, or None (none asked, or
-            the warm start's method).
+        pool: Per target, the ``refine_pool`` method's scores (None for a target whose
+            warm start is that method), or None (no pool asked or none used).
     """
 
     graph: EdgeGraph
@@ -69,7 +69,7 @@ class SearchSetup:
     ablated_losses: list[float]
     norms: list[float]
     warm: list[Tensor] | None = None
-    pool: list[Tensor] | None = None
+    pool: list[Tensor | None] | None = None
 
 
 def check_prune_data(config: PruneConfig, data: PruneData) -> None:
@@ -87,6 +87,7 @@ def prepare_search(
     config: PruneConfig,
     position_aware: bool | None = None,
     ablated_losses: bool | None = None,
+    pool_scores: bool | None = None,
 ) -> SearchSetup:
     """Check the data and the sparsity, then build the search's inputs (no optimisation).
 
@@ -97,6 +98,8 @@ def prepare_search(
         config: The settings.
         position_aware: As :func:`prune`.
         ablated_losses: Compute the fully ablated losses (default: when normalising).
+        pool_scores: Compute ``config.refine_pool``'s scores (default: when the selection
+            is ``"refine"``; a joint search that shares edges does not use them).
 
     Raises:
         ValueError: Missing ground truth or corrupted traces, a sparsity that keeps no edge.
@@ -122,9 +125,11 @@ def prepare_search(
     with frozen_eval(model):
         if config.warm_start != "none":
             warm = [warm_start_scores(model, train, t, graph, config) for t in targets]
-        methods = [warm_method(config, int(c.sum())) for c in countable]
-        if config.refine_pool != "none" and config.refine_pool not in methods:
-            pool = [attribution_scores(model, train, t, graph, config, config.refine_pool) for t in targets]
+        wanted = config.select == "refine" if pool_scores is None else pool_scores
+        if wanted and config.refine_pool != "none":
+            pool = [None if warm_method(config, int(c.sum())) == config.refine_pool  # the warm start's
+                    else attribution_scores(model, train, t, graph, config, config.refine_pool)
+                    for t, c in zip(targets, countable, strict=True)]  # fmt: skip
     return SearchSetup(graph, train, positions, reference, ablated, scored, countable, n_keep,
                        losses, norms, warm, pool)  # fmt: skip
 
