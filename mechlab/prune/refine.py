@@ -84,6 +84,7 @@ def verified_eliminate(
     loss_of: Callable[[Tensor], float],
     ablation: str = "interchange",
     tolerance: float = 1e-3,
+    final_costs: bool = True,
 ) -> tuple[Tensor, float, dict[int, float]]:
     """Backward elimination that drops the whole excess at once when that is safe.
 
@@ -98,14 +99,21 @@ def verified_eliminate(
     round, the earlier rule, took ``log2(extra)`` rounds and cut both redundant paths); the
     last round's scores are the kept edges' effects.
 
+    Args:
+        final_costs: Score the kept edges once more when the set fits (their effects);
+            False returns ``{}`` instead (the caller measures them after changing the set:
+            one masked forward per kept edge saved).
+
     Returns:
         ``(kept [n_edges] bool, its loss, kept edge index -> removal cost)``.
     """
     kept = live_edges(graph, open_edges.cpu().bool(), ablation)
     loss = loss_of(kept)
     while True:
-        costs = removal_costs(graph, kept, loss, loss_of, ablation)
         excess = int(kept.sum()) - n_keep
+        if excess <= 0 and not final_costs:
+            return kept, loss, {}
+        costs = removal_costs(graph, kept, loss, loss_of, ablation)
         if excess <= 0:
             return kept, loss, costs
         order = sorted(costs, key=lambda i: (costs[i], i))
@@ -327,7 +335,7 @@ def select_edges(
     """Choose ``n_keep`` edges on the true objective, starting from the search's ranking.
 
     1. *Eliminate*: from the ``n_keep + extra`` countable edges of highest
-       ``log_alpha``, drop edges by :func:`halving_eliminate` until the live set fits;
+       ``log_alpha``, drop edges by :func:`verified_eliminate` until the live set fits;
        keep the ranking's own complete paths (:func:`~mechlab.prune.paths.select_on_paths`)
        instead when their loss is lower (one greedy step can go astray where only a
        group of edges together helps, a query and a key of one head).
@@ -359,13 +367,14 @@ def select_edges(
     rankings = [r.detach().cpu() for r in rankings]
     for other in rankings:  # only edges the other ranking gives some effect
         pool |= ranked_pool(other, countable & (other > 0), n_keep)
-    kept, loss, effects = verified_eliminate(graph, pool, n_keep, loss_of, ablation)
+    # the effects are measured once, on the final set (the fill may still change it)
+    kept, loss, _ = verified_eliminate(graph, pool, n_keep, loss_of, ablation, final_costs=False)
     n_pool = int(live_edges(graph, pool, ablation).sum())
     for ranking, eligible in ((la, countable), *((r, countable & (r > 0)) for r in rankings)):
         ranked, _ = select_on_paths(graph, ranking, eligible, n_keep, ablation)
         ranked_loss = loss_of(ranked)
         if ranked_loss < loss:  # greedy steps can go astray where only whole groups help
-            kept, loss, effects = ranked, ranked_loss, {}
+            kept, loss = ranked, ranked_loss
     added: list[int] = []
     stopped, rejected = "budget", {}
     arrays = _graph_arrays(graph, ablation)
@@ -394,12 +403,7 @@ def select_edges(
         kept[best[1]] = True
         loss = best[0]
         added.append(best[1])
-    if added or not effects:
-        effects = {}
-        for i in kept.nonzero().flatten().tolist():
-            trial = kept.clone()
-            trial[i] = False
-            effects[i] = loss_of(live_edges(graph, trial, ablation)) - loss
+    effects = removal_costs(graph, kept, loss, loss_of, ablation)
     return Selection(kept, loss, n_pool, added, effects, stopped, rejected)
 
 
