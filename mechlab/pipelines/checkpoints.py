@@ -38,6 +38,11 @@ def open_checkpoint(source: Source, device: str | None = None) -> Checkpoint:
             source.model.to(device)
         return source
     path = Path(source)
+    if path.is_dir():
+        raise ValueError(
+            f"checkpoint {str(path)!r} is a folder; give a mechlab checkpoint file, or a Hugging Face "
+            "save_pretrained folder with --model"
+        )
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} not found")
     return load_checkpoint(path, map_location=device or "cpu")

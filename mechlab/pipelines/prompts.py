@@ -138,15 +138,27 @@ def _search_record(settings: dict[str, Any]) -> dict[str, Any]:
 
 def source_digest(path: str | Path | None) -> str | None:
     """The SHA-256 of what a model or tokenizer source holds: a file's bytes, or a folder's
-    files (names and bytes, hidden files and subfolders left out); None for None."""
+    files (names and bytes): its top-level files but hidden ones, and every weight file the
+    import reads (:func:`mechlab.models.importers.weight_files`: a shard a weight index names
+    in a subfolder or a hidden file too, by its path in the folder); None for None.
+
+    Raises:
+        ImportProblem: A weight index that is not valid, or names a file outside the folder
+            (a ``ValueError``, one line).
+    """
     if path is None:
         return None
     path = Path(path)
     if path.is_file():
         return outputs.file_sha256(path)
+    from mechlab.models.importers import weight_files
+
+    top = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    names = [item.name for item in top]
+    named = {f.relative_to(path).as_posix() for f in weight_files(path)} - set(names)
     digest = hashlib.sha256()
-    for item in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
-        digest.update(f"{item.name}\0{outputs.file_sha256(item)}\0".encode())
+    for name in [*names, *sorted(named)]:  # a folder's digest is unchanged when the index names only top-level files
+        digest.update(f"{name}\0{outputs.file_sha256(path / name)}\0".encode())
     return digest.hexdigest()
 
 
@@ -216,6 +228,9 @@ def prune_prompts(
         raise ValueError("give at least one seed")
     if len(set(seeds)) != len(seeds):
         raise ValueError("seeds must not repeat")
+    for s in seeds:  # a seed seeds torch's generators, which take 64 bits
+        if isinstance(s, bool) or not isinstance(s, int) or not -(2**63) <= s < 2**63:
+            raise ValueError(f"seed {s!r} is not an integer in -2**63..2**63-1; give a smaller --seed")
     inputs = [Path(model_source), Path(pairs), *([Path(tokenizer)] if tokenizer is not None else [])]
     run = PromptRun(Path(out) if out is not None else default_prompt_out(model_source, pairs))
     folder = outputs.OutputFolder(run.out, "prune --pairs", force=force, inputs=inputs)

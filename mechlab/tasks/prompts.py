@@ -280,6 +280,9 @@ def logit_diff_metrics(outputs: dict[str, Tensor], pairs: PromptPairs) -> dict[s
 # ---------------------------------------------------------------------------------------
 
 
+_MAX_TOKEN_ID = 2**63 - 1  # token ids are int64 tensors (the model's vocabulary is checked later)
+
+
 def _is_ids(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
@@ -295,6 +298,8 @@ def _answer_id(value: Any, tokenizer: Any, where: str, key: str) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{where}: {key!r} token id {value} is negative")
+        if value > _MAX_TOKEN_ID:
+            raise ValueError(f"{where}: {key!r} token id {value} is larger than any vocabulary")
         return value
     if isinstance(value, list) and _is_ids(value):
         if len(value) != 1:
@@ -376,6 +381,8 @@ def pairs_from_records(
                 ids = list(value)
                 if any(i < 0 for i in ids):
                     raise ValueError(f"{where}: {key!r} holds a negative token id")
+                if any(i > _MAX_TOKEN_ID for i in ids):
+                    raise ValueError(f"{where}: {key!r} holds the token id {max(ids)}, larger than any vocabulary")
             if not ids:
                 raise ValueError(f"{where}: the {key!r} prompt has no tokens")
             pair.append(ids)
