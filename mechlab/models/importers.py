@@ -42,6 +42,7 @@ import json
 import math
 import os
 import pickle
+import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -125,8 +126,10 @@ def _inside(folder: Path, path: Path, what: str) -> Path:
     cache's own layout); one that leaves the folder otherwise is refused, so a model folder
     never reads (nor hashes) a file elsewhere on the machine.
     """
-    root = folder.resolve()
-    target = path.resolve()
+    try:
+        root, target = folder.resolve(), path.resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links
+        raise _bad_file(path, f"({what}) cannot be followed ({_brief(exc)})", _RESAVE) from None
     allowed = [root]
     if root.parent.name == "snapshots":
         allowed.append(root.parent.parent / "blobs")
@@ -206,13 +209,20 @@ def weight_files(folder: Path) -> list[Path]:
         if not isinstance(file, str) or not file.endswith(suffix):
             shown = repr(file) if isinstance(file, str) else _json_type(file)
             raise _bad_file(first, f"maps {name!r} to {shown:.80}, not a {suffix} file name", _RESAVE)
+        if "\0" in file:
+            raise _bad_file(first, f"maps {name!r} to a file name with a NUL character", _RESAVE)
         relative = Path(file)
         if relative.is_absolute() or ".." in relative.parts:  # (links out are refused by _inside)
             raise _bad_file(first, f"names the shard {file!r}, outside the model folder",
                             "keep every shard inside the folder (save_pretrained does)")  # fmt: skip
         if file not in paths:
             shard = folder / relative
-            if not os.path.lexists(shard):
+            try:
+                there = os.path.lexists(shard) and shard.lstat() is not None
+            except OSError as exc:  # a name too long for the file system, ...
+                raise _bad_file(first, f"names the shard {file!r:.80}, which cannot be opened ({_brief(exc)})",
+                                _RESAVE) from None  # fmt: skip
+            if not there:
                 raise ImportProblem(f"{str(folder)!r} lacks the weight shard {file!r} its index names; {_RESAVE}")
             paths[file] = _inside(folder, shard, f"a shard {first.name} names")
     return [paths[f] for f in sorted(paths)]
@@ -255,7 +265,7 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
         dtype = info.get("dtype") if isinstance(info, dict) else None
         shape = info.get("shape") if isinstance(info, dict) else None
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if dtype not in SAFETENSORS_DTYPES:
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
             raise _bad_file(path, f"gives tensor {name!r:.80} the dtype {dtype!r:.40}; known: "
                             f"{', '.join(SAFETENSORS_DTYPES)}", _RESAVE)  # fmt: skip
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
@@ -313,6 +323,11 @@ def _torch_file(path: Path) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------
 
 
+class _Mismatch(ImportProblem):
+    """A weight missing, or not fitting the mechlab parameter its config implies (the
+    caller names the weights' source)."""
+
+
 class Weights:
     """Tensors by Hugging Face name, found with or without the base-model prefix.
 
@@ -340,9 +355,7 @@ class Weights:
     def __call__(self, name: str) -> Tensor:
         key = self.key(name)
         if key is None:
-            raise ImportProblem(
-                f"{self.source} has no weight {name!r}; its weights do not match its config"
-            )
+            raise _Mismatch(f"it has no weight {name!r}, which its config implies")
         return self._get(key)
 
 
@@ -380,10 +393,6 @@ def _folder_weights(folder: Path, prefix: str) -> Weights:
             raise _bad_file(path, f"cannot be read ({_brief(exc)})", _RESAVE) from None
 
     return Weights(get, set(where), prefix, repr(str(folder)))
-
-
-class _Mismatch(ImportProblem):
-    """A weight that does not fit the mechlab parameter its config implies."""
 
 
 @torch.no_grad()
@@ -819,10 +828,16 @@ def _folder_architecture(folder: Path) -> tuple[str, Any, str]:
     import transformers
 
     config_class = getattr(transformers, ARCHITECTURES[arch][0])
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its notes on a config are not the user's to read
     try:
-        return arch, config_class.from_dict(raw), source
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return arch, config_class.from_dict(raw), source
     except Exception as exc:  # noqa: BLE001 - transformers' own checks raise many kinds
         raise ImportProblem(f"{source} is not a valid {arch} config ({_brief(exc)}); {advice}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
 
 
 def _module_architecture(module: nn.Module) -> str:
@@ -871,7 +886,8 @@ def from_pretrained(
     Raises:
         ImportProblem: An unsupported architecture or setting (the message lists what is
             supported), a folder without config.json or weights, weights that do not
-            fit the config, or a model above the size limit (a ``ValueError``).
+            fit the config, or a model above the size limit; a damaged or hostile file
+            (config, index, safetensors or torch file) of a folder, named. A ``ValueError``.
         TypeError: Neither a model nor a path.
     """
     if isinstance(model_or_folder, (str, os.PathLike)):
@@ -903,7 +919,12 @@ def from_pretrained(
             f"not {type(model_or_folder).__name__}"
         )
     cfg = mechlab_config(arch, hf_config, n_ctx, source=source)
-    check_size(cfg, max_elements)
+    try:
+        check_size(cfg, max_elements)
+    except ImportProblem:
+        raise
+    except ValueError as exc:
+        raise ImportProblem(f"{source + ': ' if source else ''}{exc}") from None
     if arch == "MambaForCausalLM":
         from mechlab.models.mamba import Mamba
 

@@ -1,0 +1,151 @@
+"""Issue 34 on the command line: a damaged or hostile file in the model folder given to
+``prune --model F --pairs P`` is one line naming the file and what to do, exit 2, no
+traceback and nothing written; a rerun after a shard's weights change (wherever the shard
+is in the folder) does not read back the old circuit."""
+
+from __future__ import annotations
+
+import json
+import struct
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mechlab.cli import main
+from tests.models.model_files import (
+    CASES,
+    bad_folder,
+    copy,
+    good_folder,
+    id_pairs,
+    safetensors_parts,
+    write_safetensors,
+)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("cli-model-files")
+
+
+@pytest.fixture(scope="module")
+def pairs(root):
+    return id_pairs(root / "ids.jsonl")
+
+
+def run(capsys, model, pairs, out, *extra) -> tuple[int, list[str]]:
+    capsys.readouterr()
+    code = main(["prune", "--model", str(model), "--pairs", str(pairs), "--steps", "1", "--no-progress",
+                 "--threads", "1", "--out", str(out), *extra])  # fmt: skip
+    captured = capsys.readouterr()
+    return code, captured.err.strip().splitlines() + ([captured.out] if "Traceback" in captured.out else [])
+
+
+def assert_one_line(code, err, *parts):
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("mechlab: error: "), err
+    for part in parts:
+        assert part in err[0], err
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_damaged_model_file_is_one_line_exit_2_and_writes_nothing(case, root, pairs, tmp_path, capsys):
+    folder, message = bad_folder(root, case)
+    code, err = run(capsys, folder, pairs, tmp_path / "out")
+    assert_one_line(code, err, message, str(folder))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "what, message",
+    [
+        ("token-id", "'answer' token id 1000000000000000000000000000000 is larger than any vocabulary"),
+        ("prompt-id", "'clean' holds the token id 1000000000000000000000000000000, larger than any vocabulary"),
+        ("seed", "seed 1000000000000000000000000000000 is not an integer in -2**63..2**63-1"),
+    ],
+)
+def test_numbers_beyond_64_bits_are_named(what, message, root, pairs, tmp_path, capsys):
+    big = 10**30
+    records = [json.loads(line) for line in pairs.read_text().splitlines()]
+    extra = []
+    if what == "token-id":
+        records[0]["answer"] = big
+    elif what == "prompt-id":
+        records[1]["clean"][0] = big
+    else:
+        extra = ["--seed", str(big)]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, err = run(capsys, good_folder(root), path, tmp_path / "out", *extra)
+    assert_one_line(code, err, message)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given", ["model.safetensors", "folder"])
+def test_a_hugging_face_folder_or_its_weights_given_to_ckpt_points_to_model(given, root, tmp_path, capsys):
+    folder = good_folder(root)
+    path = folder / "model.safetensors" if given != "folder" else folder
+    capsys.readouterr()
+    code = main(["prune", "--ckpt", str(path), "--target", "1-after", "--steps", "1", "--no-progress",
+                 "--out", str(tmp_path / "out")])  # fmt: skip
+    assert_one_line(code, capsys.readouterr().err.strip().splitlines(), "--model", str(path))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["sub/shard.safetensors", ".hidden.safetensors"])
+def test_a_rerun_after_a_nested_or_hidden_shard_changed_does_not_read_back(where, root, pairs, tmp_path, capsys):
+    folder = copy(good_folder(root), tmp_path / "m")
+    header, body = safetensors_parts(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    (folder / where).parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors(folder / where, header, body)
+    names = [k for k in header if k != "__metadata__"]
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, where)}))
+    out = tmp_path / "out"
+    code, err = run(capsys, folder, pairs, out)
+    assert code == 0, err
+    code, err = run(capsys, folder, pairs, out)
+    assert code == 0, err  # the same inputs: read back
+    changed = bytearray(body)
+    begin = header["transformer.h.0.mlp.c_fc.weight"]["data_offsets"][0]
+    changed[begin : begin + 4] = struct.pack("<f", 3.0)
+    write_safetensors(folder / where, header, bytes(changed))
+    written = (out / "ids_seed0.json").read_bytes()
+    code, err = run(capsys, folder, pairs, out)
+    assert_one_line(code, err, "was made with other settings", "model_sha256", "--force")
+    assert (out / "ids_seed0.json").read_bytes() == written
+
+
+# --- property: any bytes or JSON in any file, on the command line ---------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+_CONTENT = st.one_of(st.binary(max_size=120), _JSON.map(lambda v: json.dumps(v).encode()))
+
+
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
+def test_any_content_of_any_model_file_is_one_line_exit_2_on_the_command_line(root, pairs, capsys):
+    good = good_folder(root)
+    sharded = good_folder(root, "sharded")
+    files = st.sampled_from(["config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"])
+
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(name=files, data=_CONTENT)
+    def check(name, data):
+        with tempfile.TemporaryDirectory() as base:
+            folder = copy(sharded if name.endswith(".index.json") else good, Path(base) / "m")
+            if name == "pytorch_model.bin":
+                (folder / "model.safetensors").unlink()
+            (folder / name).write_bytes(data)
+            out = Path(base) / "out"
+            code, err = run(capsys, folder, pairs, out)
+            assert_one_line(code, err, str(folder))
+            assert not out.exists()
+
+    check()
