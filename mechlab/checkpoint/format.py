@@ -112,6 +112,11 @@ def _check_format(payload: Any, path: Path) -> None:
     if "format" not in payload:
         if payload and all(isinstance(v, Tensor) for v in payload.values()):
             n = len(payload)
+            if (path.parent / "config.json").is_file() and path.name.startswith("pytorch_model"):
+                raise CheckpointError(
+                    f"{path} is a Hugging Face model's weights (config.json beside it), not a mechlab "
+                    f"checkpoint; import its folder instead: --model {path.parent} (mechlab.from_pretrained)"
+                )
             raise CheckpointError(
                 f"{path} is not a mechlab checkpoint: it looks like a bare state_dict of {n} "
                 f"tensor{'s' if n != 1 else ''} (no config, no 'format' tag); load it into a "

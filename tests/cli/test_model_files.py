@@ -84,10 +84,10 @@ def test_numbers_beyond_64_bits_are_named(what, message, root, pairs, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("given", ["model.safetensors", "folder"])
+@pytest.mark.parametrize("given", ["model.safetensors", "pytorch_model.bin", "legacy pytorch_model.bin", "folder"])
 def test_a_hugging_face_folder_or_its_weights_given_to_ckpt_points_to_model(given, root, tmp_path, capsys):
-    folder = good_folder(root)
-    path = folder / "model.safetensors" if given != "folder" else folder
+    folder = good_folder(root, {"pytorch_model.bin": "bin", "legacy pytorch_model.bin": "legacy-bin"}.get(given, "safetensors"))
+    path = folder / given.split()[-1] if given != "folder" else folder
     capsys.readouterr()
     code = main(["prune", "--ckpt", str(path), "--target", "1-after", "--steps", "1", "--no-progress",
                  "--out", str(tmp_path / "out")])  # fmt: skip
