@@ -283,7 +283,11 @@ def _read_safetensors(path: Path, map_location: Any) -> tuple[dict[str, Any], bo
             f"config file {sidecar_path} holds a {type(sidecar).__name__}, not a JSON object; "
             "re-save with save_safetensors"
         )
-    if "format" not in sidecar and "arch" not in sidecar and ("architectures" in sidecar or "model_type" in sidecar):
+    if (
+        "format" not in sidecar
+        and "arch" not in sidecar
+        and ("architectures" in sidecar or "model_type" in sidecar)
+    ):
         raise CheckpointError(
             f"{path} is a Hugging Face model's weights ({sidecar_path} is its config.json), not a mechlab "
             f"checkpoint; import its folder instead: --model {path.parent} (mechlab.from_pretrained)"

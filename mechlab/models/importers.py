@@ -173,9 +173,13 @@ def _put(param: Tensor | None, value: Tensor, what: str) -> None:
     if param is None:
         raise _Mismatch(f"{what}: the mechlab model has no such parameter (a bias that is off)")
     if not (value.is_floating_point() and value.device.type != "meta"):
-        raise _Mismatch(f"{what} holds {value.dtype} values on {value.device.type}, not floating-point numbers")
+        raise _Mismatch(
+            f"{what} holds {value.dtype} values on {value.device.type}, not floating-point numbers"
+        )
     if tuple(param.shape) != tuple(value.shape):
-        raise _Mismatch(f"{what} has shape {list(value.shape)}, the config implies {list(param.shape)}")
+        raise _Mismatch(
+            f"{what} has shape {list(value.shape)}, the config implies {list(param.shape)}"
+        )
     param.copy_(value.to(param.dtype))
 
 
@@ -280,7 +284,9 @@ def _llama_config(hf: Any, n_ctx: int | None, arch: str) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def mechlab_config(arch: str, hf_config: Any, n_ctx: int | None = None, *, source: str | None = None):
+def mechlab_config(
+    arch: str, hf_config: Any, n_ctx: int | None = None, *, source: str | None = None
+):
     """The mechlab config equivalent to a Hugging Face config.
 
     Args:
@@ -306,7 +312,9 @@ def mechlab_config(arch: str, hf_config: Any, n_ctx: int | None = None, *, sourc
     except ImportProblem:
         raise
     except (AttributeError, TypeError, ValueError, ArithmeticError) as exc:
-        raise ImportProblem(f"{where} is not a valid {arch} config ({brief(exc)}); {advice}") from None
+        raise ImportProblem(
+            f"{where} is not a valid {arch} config ({brief(exc)}); {advice}"
+        ) from None
 
 
 def _mechlab_config(arch: str, hf_config: Any, n_ctx: int | None):
@@ -479,11 +487,17 @@ def _folder_architecture(folder: Path) -> tuple[str, Any, str]:
     source = f"config file {str(folder / 'config.json')!r}"
     advice = "fix config.json or " + RESAVE
     names = raw.get("architectures")
-    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        raise ImportProblem(f"{source}: architectures must be a list of class names, got {shown(names)}; {advice}")
+    if names is not None and not (
+        isinstance(names, list) and all(isinstance(n, str) for n in names)
+    ):
+        raise ImportProblem(
+            f"{source}: architectures must be a list of class names, got {shown(names)}; {advice}"
+        )
     model_type = raw.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise ImportProblem(f"{source}: model_type must be a string, got {shown(model_type)}; {advice}")
+        raise ImportProblem(
+            f"{source}: model_type must be a string, got {shown(model_type)}; {advice}"
+        )
     arch = names[0] if names else _MODEL_TYPES.get(model_type or "")
     if arch not in ARCHITECTURES:
         raise _unsupported(f"{str(folder)!r} ({arch or model_type or 'no architecture named'})")
@@ -498,7 +512,9 @@ def _folder_architecture(folder: Path) -> tuple[str, Any, str]:
             warnings.simplefilter("ignore")
             return arch, config_class.from_dict(raw), source
     except Exception as exc:  # noqa: BLE001 - transformers' own checks raise many kinds
-        raise ImportProblem(f"{source} is not a valid {arch} config ({brief(exc)}); {advice}") from None
+        raise ImportProblem(
+            f"{source} is not a valid {arch} config ({brief(exc)}); {advice}"
+        ) from None
     finally:
         transformers.logging.set_verbosity(verbosity)
 
@@ -605,5 +621,7 @@ def from_pretrained(
     except ImportProblem:
         raise
     except Exception as exc:  # noqa: BLE001 - a reshape of a weight the config does not fit
-        raise ImportProblem(f"{loaded.source}: a weight does not fit the config ({brief(exc)}); {advice}") from None
+        raise ImportProblem(
+            f"{loaded.source}: a weight does not fit the config ({brief(exc)}); {advice}"
+        ) from None
     return model.eval()

@@ -157,7 +157,8 @@ def source_digest(path: str | Path | None) -> str | None:
     names = [item.name for item in top]
     named = {f.relative_to(path).as_posix() for f in weight_files(path)} - set(names)
     digest = hashlib.sha256()
-    for name in [*names, *sorted(named)]:  # a folder's digest is unchanged when the index names only top-level files
+    # (a folder whose index names only top-level files keeps the digest it had)
+    for name in [*names, *sorted(named)]:
         digest.update(f"{name}\0{outputs.file_sha256(path / name)}\0".encode())
     return digest.hexdigest()
 

@@ -382,7 +382,9 @@ def pairs_from_records(
                 if any(i < 0 for i in ids):
                     raise ValueError(f"{where}: {key!r} holds a negative token id")
                 if any(i > _MAX_TOKEN_ID for i in ids):
-                    raise ValueError(f"{where}: {key!r} holds the token id {max(ids)}, larger than any vocabulary")
+                    raise ValueError(
+                        f"{where}: {key!r} holds the token id {max(ids)}, larger than any vocabulary"
+                    )
             if not ids:
                 raise ValueError(f"{where}: the {key!r} prompt has no tokens")
             pair.append(ids)

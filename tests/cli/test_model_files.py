@@ -41,7 +41,9 @@ def run(capsys, model, pairs, out, *extra) -> tuple[int, list[str]]:
     code = main(["prune", "--model", str(model), "--pairs", str(pairs), "--steps", "1", "--no-progress",
                  "--threads", "1", "--out", str(out), *extra])  # fmt: skip
     captured = capsys.readouterr()
-    return code, captured.err.strip().splitlines() + ([captured.out] if "Traceback" in captured.out else [])
+    return code, captured.err.strip().splitlines() + (
+        [captured.out] if "Traceback" in captured.out else []
+    )
 
 
 def assert_one_line(code, err, *parts):
@@ -52,7 +54,9 @@ def assert_one_line(code, err, *parts):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_each_damaged_model_file_is_one_line_exit_2_and_writes_nothing(case, root, pairs, tmp_path, capsys):
+def test_each_damaged_model_file_is_one_line_exit_2_and_writes_nothing(
+    case, root, pairs, tmp_path, capsys
+):
     folder, message = bad_folder(root, case)
     code, err = run(capsys, folder, pairs, tmp_path / "out")
     assert_one_line(code, err, message, str(folder))
@@ -62,8 +66,14 @@ def test_each_damaged_model_file_is_one_line_exit_2_and_writes_nothing(case, roo
 @pytest.mark.parametrize(
     "what, message",
     [
-        ("token-id", "'answer' token id 1000000000000000000000000000000 is larger than any vocabulary"),
-        ("prompt-id", "'clean' holds the token id 1000000000000000000000000000000, larger than any vocabulary"),
+        (
+            "token-id",
+            "'answer' token id 1000000000000000000000000000000 is larger than any vocabulary",
+        ),
+        (
+            "prompt-id",
+            "'clean' holds the token id 1000000000000000000000000000000, larger than any vocabulary",
+        ),
         ("seed", "seed 1000000000000000000000000000000 is not an integer in -2**63..2**63-1"),
     ],
 )
@@ -84,9 +94,18 @@ def test_numbers_beyond_64_bits_are_named(what, message, root, pairs, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("given", ["model.safetensors", "pytorch_model.bin", "legacy pytorch_model.bin", "folder"])
-def test_a_hugging_face_folder_or_its_weights_given_to_ckpt_points_to_model(given, root, tmp_path, capsys):
-    folder = good_folder(root, {"pytorch_model.bin": "bin", "legacy pytorch_model.bin": "legacy-bin"}.get(given, "safetensors"))
+@pytest.mark.parametrize(
+    "given", ["model.safetensors", "pytorch_model.bin", "legacy pytorch_model.bin", "folder"]
+)
+def test_a_hugging_face_folder_or_its_weights_given_to_ckpt_points_to_model(
+    given, root, tmp_path, capsys
+):
+    folder = good_folder(
+        root,
+        {"pytorch_model.bin": "bin", "legacy pytorch_model.bin": "legacy-bin"}.get(
+            given, "safetensors"
+        ),
+    )
     path = folder / given.split()[-1] if given != "folder" else folder
     capsys.readouterr()
     code = main(["prune", "--ckpt", str(path), "--target", "1-after", "--steps", "1", "--no-progress",
@@ -96,14 +115,18 @@ def test_a_hugging_face_folder_or_its_weights_given_to_ckpt_points_to_model(give
 
 
 @pytest.mark.parametrize("where", ["sub/shard.safetensors", ".hidden.safetensors"])
-def test_a_rerun_after_a_nested_or_hidden_shard_changed_does_not_read_back(where, root, pairs, tmp_path, capsys):
+def test_a_rerun_after_a_nested_or_hidden_shard_changed_does_not_read_back(
+    where, root, pairs, tmp_path, capsys
+):
     folder = copy(good_folder(root), tmp_path / "m")
     header, body = safetensors_parts(folder / "model.safetensors")
     (folder / "model.safetensors").unlink()
     (folder / where).parent.mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / where, header, body)
     names = [k for k in header if k != "__metadata__"]
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, where)}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(names, where)})
+    )
     out = tmp_path / "out"
     code, err = run(capsys, folder, pairs, out)
     assert code == 0, err
@@ -123,7 +146,9 @@ def test_a_rerun_after_a_nested_or_hidden_shard_changed_does_not_read_back(where
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 _CONTENT = st.one_of(st.binary(max_size=120), _JSON.map(lambda v: json.dumps(v).encode()))
@@ -133,9 +158,13 @@ _CONTENT = st.one_of(st.binary(max_size=120), _JSON.map(lambda v: json.dumps(v).
 def test_any_content_of_any_model_file_is_one_line_exit_2_on_the_command_line(root, pairs, capsys):
     good = good_folder(root)
     sharded = good_folder(root, "sharded")
-    files = st.sampled_from(["config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"])
+    files = st.sampled_from(
+        ["config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"]
+    )
 
-    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(
+        max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+    )
     @given(name=files, data=_CONTENT)
     def check(name, data):
         with tempfile.TemporaryDirectory() as base:

@@ -32,7 +32,11 @@ def good_folder(root: Path, kind: str = "safetensors") -> Path:
         assert (folder / "model.safetensors.index.json").is_file()
     else:
         hf.config.save_pretrained(folder)
-        torch.save(hf.state_dict(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=kind == "bin")
+        torch.save(
+            hf.state_dict(),
+            folder / "pytorch_model.bin",
+            _use_new_zipfile_serialization=kind == "bin",
+        )
     return folder
 
 
@@ -78,7 +82,9 @@ def edit_header(folder: Path, edit: Callable[[dict], None]) -> None:
 
 def _tensors(header: dict) -> list[str]:
     """The header's tensor names, by offset."""
-    return sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"])
+    return sorted(
+        (k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"]
+    )
 
 
 def _grow_shape(header: dict) -> None:
@@ -105,7 +111,11 @@ def _dtype(header: dict) -> None:
 def _write_state(folder: Path, edit: Callable[[dict], None]) -> None:
     from safetensors.torch import save_file
 
-    state = {k: v.clone().contiguous() for k, v in hf_model("gpt2").state_dict().items() if k != "lm_head.weight"}
+    state = {
+        k: v.clone().contiguous()
+        for k, v in hf_model("gpt2").state_dict().items()
+        if k != "lm_head.weight"
+    }
     edit(state)
     save_file(state, folder / "model.safetensors")
 
@@ -250,6 +260,15 @@ def id_pairs(path: Path, n: int = 4) -> Path:
     for _ in range(n):
         clean = torch.randint(1, V, (6,), generator=gen).tolist()
         corrupted = torch.randint(1, V, (6,), generator=gen).tolist()
-        lines.append(json.dumps({"clean": clean, "corrupted": corrupted, "answer": clean[-1], "wrong": corrupted[-1]}))
+        lines.append(
+            json.dumps(
+                {
+                    "clean": clean,
+                    "corrupted": corrupted,
+                    "answer": clean[-1],
+                    "wrong": corrupted[-1],
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -53,7 +53,9 @@ def test_each_damaged_file_is_one_import_problem_naming_it(case, root):
     text = str(info.value)
     assert message in text, text
     assert "\n" not in text and str(folder) in text, text
-    assert any(advice in text for advice in ("save_pretrained", "copy the file", "keep every shard")), text
+    assert any(
+        advice in text for advice in ("save_pretrained", "copy the file", "keep every shard")
+    ), text
 
 
 def test_a_legacy_torch_file_loads_without_mmap_and_still_weights_only(root):
@@ -62,12 +64,16 @@ def test_a_legacy_torch_file_loads_without_mmap_and_still_weights_only(root):
     assert not __import__("zipfile").is_zipfile(legacy / "pytorch_model.bin")
     assert _same_logits(from_pretrained(legacy), hf) and _same_logits(from_pretrained(current), hf)
     hostile = copy(legacy, root / "legacy-hostile")  # legacy or zip, no code runs
-    torch.save({"w": RunsACommand()}, hostile / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    torch.save(
+        {"w": RunsACommand()}, hostile / "pytorch_model.bin", _use_new_zipfile_serialization=False
+    )
     with pytest.raises(ImportProblem, match="holds Python objects besides tensors"):
         from_pretrained(hostile)
 
 
-@pytest.mark.parametrize("where", ["sub/dir/shard.safetensors", ".hidden/shard.safetensors", ".shard.safetensors"])
+@pytest.mark.parametrize(
+    "where", ["sub/dir/shard.safetensors", ".hidden/shard.safetensors", ".shard.safetensors"]
+)
 def test_shards_anywhere_inside_the_folder_load_and_count_in_the_digest(where, root, tmp_path):
     hf = hf_model("gpt2")
     folder = copy(good_folder(root), tmp_path / "m")
@@ -76,14 +82,18 @@ def test_shards_anywhere_inside_the_folder_load_and_count_in_the_digest(where, r
     (folder / where).parent.mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / where, header, body)
     names = [k for k in header if k != "__metadata__"]
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, where)}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(names, where)})
+    )
     assert weight_files(folder) == [folder / where]
     assert _same_logits(from_pretrained(folder), hf)
     before = source_digest(folder)
     name = names[0]
     begin = header[name]["data_offsets"][0]
     changed = bytearray(body)
-    changed[begin : begin + 4] = struct.pack("<f", 123.0)  # the weights change, nothing top-level does
+    changed[begin : begin + 4] = struct.pack(
+        "<f", 123.0
+    )  # the weights change, nothing top-level does
     write_safetensors(folder / where, header, bytes(changed))
     assert source_digest(folder) != before
 
@@ -97,7 +107,9 @@ def test_the_digest_of_a_folder_without_an_index_is_what_it_was(root):
     for kind in ("safetensors", "sharded"):
         folder = good_folder(root, kind)
         old = hashlib.sha256()
-        for item in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+        for item in sorted(
+            p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+        ):
             old.update(f"{item.name}\0{outputs.file_sha256(item)}\0".encode())
         assert source_digest(folder) == old.hexdigest()
 
@@ -119,7 +131,9 @@ def test_a_hugging_face_cache_snapshot_with_links_into_blobs_loads(root, tmp_pat
         shutil.copy(item, blobs / f"blob{i}")
         (snapshot / item.name).symlink_to(Path("../../blobs") / f"blob{i}")
     assert _same_logits(from_pretrained(snapshot), hf)
-    other = tmp_path / "elsewhere" / "snapshots" / "x"  # a folder merely named like it: no blobs rule
+    other = (
+        tmp_path / "elsewhere" / "snapshots" / "x"
+    )  # a folder merely named like it: no blobs rule
     other.mkdir(parents=True)
     for item in snapshot.iterdir():
         (other / item.name).symlink_to(item.resolve())
@@ -136,7 +150,10 @@ def test_a_folder_over_the_size_limit_is_an_import_problem(root, monkeypatch):
 def test_in_memory_configs_of_the_wrong_type_are_named():
     hf = hf_model("llama")
     hf.config.__dict__["rms_norm_eps"] = "1e-6"  # (transformers refuses it as an attribute)
-    with pytest.raises(ImportProblem, match='the LlamaConfig: rms_norm_eps must be a finite number >= 0, got "1e-6"'):
+    with pytest.raises(
+        ImportProblem,
+        match='the LlamaConfig: rms_norm_eps must be a finite number >= 0, got "1e-6"',
+    ):
         from_pretrained(hf)
 
 
@@ -144,7 +161,9 @@ def test_in_memory_configs_of_the_wrong_type_are_named():
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 _NAMES = st.sampled_from(["shard.safetensors", "sub/shard.safetensors", "../shard.safetensors", "/etc/passwd",
@@ -152,9 +171,13 @@ _NAMES = st.sampled_from(["shard.safetensors", "sub/shard.safetensors", "../shar
 
 
 def _config_content(config: dict) -> st.SearchStrategy:
-    keys = st.sampled_from(sorted(config) + ["architectures", "model_type", "n_inner", "rope_scaling"])
+    keys = st.sampled_from(
+        sorted(config) + ["architectures", "model_type", "n_inner", "rope_scaling"]
+    )
     one_value = st.tuples(keys, _JSON).map(lambda kv: json.dumps({**config, kv[0]: kv[1]}).encode())
-    return st.one_of(st.binary(max_size=200), _JSON.map(lambda v: json.dumps(v).encode()), one_value)
+    return st.one_of(
+        st.binary(max_size=200), _JSON.map(lambda v: json.dumps(v).encode()), one_value
+    )
 
 
 def _safetensors_content(data: bytes) -> st.SearchStrategy:
@@ -172,7 +195,9 @@ def _safetensors_content(data: bytes) -> st.SearchStrategy:
     return st.one_of(
         st.binary(max_size=200),
         st.integers(0, len(data)).map(lambda n: data[:n]),
-        st.tuples(st.sampled_from(names), fields, _JSON | st.lists(st.integers(-5, 10**6), max_size=3)).map(edited),
+        st.tuples(
+            st.sampled_from(names), fields, _JSON | st.lists(st.integers(-5, 10**6), max_size=3)
+        ).map(edited),
         st.integers(0, 2**64 - 1).map(lambda n: struct.pack("<Q", n) + data[8:]),
     )
 
@@ -216,7 +241,10 @@ def contents(root):
     legacy = (good_folder(root, "legacy-bin") / "pytorch_model.bin").read_bytes()
     return {
         "config.json": (_config_content(config), good),
-        "model.safetensors": (_safetensors_content((good / "model.safetensors").read_bytes()), good),
+        "model.safetensors": (
+            _safetensors_content((good / "model.safetensors").read_bytes()),
+            good,
+        ),
         "pytorch_model.bin": (_bin_content(zip_data, legacy), good_folder(root, "bin")),
         "model.safetensors.index.json": (_index_content(), good_folder(root, "sharded")),
     }
@@ -225,17 +253,24 @@ def contents(root):
 def write_case(base: Path, folder: Path, name: str, data: bytes) -> Path:
     target = copy(folder, base / "m")
     (target / name).write_bytes(data)
-    (target / "shard.safetensors").write_bytes((folder.parent / "safetensors" / "model.safetensors").read_bytes())
+    (target / "shard.safetensors").write_bytes(
+        (folder.parent / "safetensors" / "model.safetensors").read_bytes()
+    )
     return target
 
 
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")
-@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"])
+@pytest.mark.parametrize(
+    "name",
+    ["config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"],
+)
 def test_any_content_of_any_file_loads_or_is_one_import_problem(name, contents):
     strategy, folder = contents[name]
     seen = {"loads": 0, "refused": 0}
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(
+        max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+    )
     @given(data=strategy)
     def check(data):
         with tempfile.TemporaryDirectory() as base:
