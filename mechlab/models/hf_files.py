@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import pickle
 import zipfile
@@ -356,15 +357,20 @@ _MUST_BE = {
 }  # fmt: skip
 
 
+def _is_integer(value: Any) -> bool:
+    """An integer (a numpy one too, in a config built in memory), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _fits(value: Any, kind: str) -> bool:
     if value is None and kind.endswith("?") or value is None and kind == _FLAG:
         return True
     if kind in (_COUNT, _COUNT_OR_NONE, _RANK):
-        return (type(value) is int and 1 <= value <= _MAX_COUNT) or (
+        return (_is_integer(value) and 1 <= value <= _MAX_COUNT) or (
             kind == _RANK and value == "auto"
         )
     if kind in (_NUMBER, _NUMBER_OR_NONE):

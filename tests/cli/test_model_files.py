@@ -19,9 +19,11 @@ from tests.models.model_files import (
     CASES,
     bad_folder,
     copy,
+    file_contents,
     good_folder,
     id_pairs,
     safetensors_parts,
+    write_case,
     write_safetensors,
 )
 
@@ -144,37 +146,33 @@ def test_a_rerun_after_a_nested_or_hidden_shard_changed_does_not_read_back(
 
 # --- property: any bytes or JSON in any file, on the command line ---------------------
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
-_CONTENT = st.one_of(st.binary(max_size=120), _JSON.map(lambda v: json.dumps(v).encode()))
-
 
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")
 def test_any_content_of_any_model_file_is_one_line_exit_2_on_the_command_line(root, pairs, capsys):
-    good = good_folder(root)
-    sharded = good_folder(root, "sharded")
-    files = st.sampled_from(
-        ["config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"]
+    """Right- and wrong-shaped contents of each file (tests.models.model_files.file_contents):
+    the command runs (a content that loads) or prints one line, exits 2, writes nothing."""
+    contents = file_contents(root)
+    cases = st.sampled_from(sorted(contents)).flatmap(
+        lambda name: st.tuples(st.just(name), contents[name][0])
     )
+    seen = {"ran": 0, "refused": 0}
 
     @settings(
-        max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+        max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
     )
-    @given(name=files, data=_CONTENT)
-    def check(name, data):
+    @given(case=cases)
+    def check(case):
+        name, data = case
         with tempfile.TemporaryDirectory() as base:
-            folder = copy(sharded if name.endswith(".index.json") else good, Path(base) / "m")
-            if name == "pytorch_model.bin":
-                (folder / "model.safetensors").unlink()
-            (folder / name).write_bytes(data)
+            folder = write_case(Path(base), contents[name][1], name, data)
             out = Path(base) / "out"
             code, err = run(capsys, folder, pairs, out)
+            if code == 0:
+                seen["ran"] += 1
+                return
             assert_one_line(code, err, str(folder))
             assert not out.exists()
+            seen["refused"] += 1
 
     check()
+    assert seen["refused"] >= 15, seen

@@ -8,10 +8,12 @@ import json
 import os
 import shutil
 import struct
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from hypothesis import strategies as st
 
 from tests.models.hf_models import hf_model
 
@@ -62,9 +64,8 @@ _DROP = object()
 
 
 def safetensors_parts(path: Path) -> tuple[dict, bytes]:
-    data = path.read_bytes()
-    n = struct.unpack("<Q", data[:8])[0]
-    return json.loads(data[8 : 8 + n]), data[8 + n :]
+    """The header and the data of a safetensors file."""
+    return safetensors_parts_of(path.read_bytes())
 
 
 def write_safetensors(path: Path, header: dict, body: bytes) -> None:
@@ -272,3 +273,105 @@ def id_pairs(path: Path, n: int = 4) -> Path:
         )
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# --- any content of each file (the property tests) -------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_NAMES = st.sampled_from(["shard.safetensors", "sub/shard.safetensors", "../shard.safetensors", "/etc/passwd",
+                          "", ".", "shard.bin", "a\0b.safetensors", "x" * 300 + ".safetensors"])  # fmt: skip
+
+
+def config_contents(config: dict) -> st.SearchStrategy:
+    keys = st.sampled_from(
+        sorted(config) + ["architectures", "model_type", "n_inner", "rope_scaling"]
+    )
+    one_value = st.tuples(keys, _JSON).map(lambda kv: json.dumps({**config, kv[0]: kv[1]}).encode())
+    return st.one_of(
+        st.binary(max_size=200), _JSON.map(lambda v: json.dumps(v).encode()), one_value
+    )
+
+
+def safetensors_contents(data: bytes) -> st.SearchStrategy:
+    header, body = safetensors_parts_of(data)
+    names = sorted(k for k in header if k != "__metadata__")
+    fields = st.sampled_from(["dtype", "shape", "data_offsets"])
+
+    def edited(args):
+        name, field, value = args
+        new = json.loads(json.dumps(header))
+        new[name][field] = value
+        text = json.dumps(new).encode()
+        return struct.pack("<Q", len(text)) + text + body
+
+    return st.one_of(
+        st.binary(max_size=200),
+        st.integers(0, len(data)).map(lambda n: data[:n]),
+        st.tuples(
+            st.sampled_from(names), fields, _JSON | st.lists(st.integers(-5, 10**6), max_size=3)
+        ).map(edited),
+        st.integers(0, 2**64 - 1).map(lambda n: struct.pack("<Q", n) + data[8:]),
+    )
+
+
+def safetensors_parts_of(data: bytes) -> tuple[dict, bytes]:
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+def bin_contents(zip_data: bytes, legacy_data: bytes) -> st.SearchStrategy:
+    objects = st.recursive(st.none() | st.integers() | st.text(max_size=5) | st.just(torch.zeros(2)),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+                           max_leaves=5)  # fmt: skip
+
+    def saved(obj):
+        with tempfile.TemporaryFile() as f:
+            torch.save(obj, f)
+            f.seek(0)
+            return f.read()
+
+    return st.one_of(
+        st.binary(max_size=200),
+        st.integers(0, len(zip_data)).map(lambda n: zip_data[:n]),
+        st.integers(0, len(legacy_data)).map(lambda n: legacy_data[:n]),
+        objects.map(saved),
+    )
+
+
+def index_contents() -> st.SearchStrategy:
+    maps = st.dictionaries(st.text(max_size=20), _NAMES | _JSON, max_size=3)
+    return st.one_of(st.binary(max_size=100), _JSON.map(lambda v: json.dumps(v).encode()),
+                     maps.map(lambda m: json.dumps({"weight_map": m}).encode()))  # fmt: skip
+
+
+def write_case(base: Path, folder: Path, name: str, data: bytes) -> Path:
+    target = copy(folder, base / "m")
+    (target / name).write_bytes(data)
+    (target / "shard.safetensors").write_bytes(
+        (folder.parent / "safetensors" / "model.safetensors").read_bytes()
+    )
+    return target
+
+
+def file_contents(root: Path) -> dict:
+    """File name -> (strategy of its contents, right- and wrong-shaped, and the good folder
+    it goes into) for each file a model folder holds."""
+    good = good_folder(root)
+    config = json.loads((good / "config.json").read_text())
+    zip_data = (good_folder(root, "bin") / "pytorch_model.bin").read_bytes()
+    legacy = (good_folder(root, "legacy-bin") / "pytorch_model.bin").read_bytes()
+    return {
+        "config.json": (config_contents(config), good),
+        "model.safetensors": (
+            safetensors_contents((good / "model.safetensors").read_bytes()),
+            good,
+        ),
+        "pytorch_model.bin": (bin_contents(zip_data, legacy), good_folder(root, "bin")),
+        "model.safetensors.index.json": (index_contents(), good_folder(root, "sharded")),
+    }
