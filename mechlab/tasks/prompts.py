@@ -46,6 +46,7 @@ observed position is the explained one).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,13 @@ def load_tokenizer(folder: str | Path) -> Any:
             f"{str(path)!r} has no tokenizer ({', '.join(TOKENIZER_FILES[:4])}, ...); save one "
             "there with tokenizer.save_pretrained(folder), or give token ids instead of text"
         )
+    for name in (*TOKENIZER_FILES, "config.json", "special_tokens_map.json", "added_tokens.json"):
+        item = path / name  # transformers reads each to its end: a link to /dev/zero never ends
+        if os.path.lexists(item) and not item.is_file():
+            raise ValueError(
+                f"{str(item)!r} is not a regular file (a folder, or a link to a device or to nothing); "
+                "replace it with the file itself"
+            )
     from transformers import AutoTokenizer
 
     try:

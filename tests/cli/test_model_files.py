@@ -176,3 +176,28 @@ def test_any_content_of_any_model_file_is_one_line_exit_2_on_the_command_line(ro
 
     check()
     assert seen["refused"] >= 15, seen
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_folder_file_linked_to_a_device_is_refused_before_the_tokenizer_reads_it(
+    name, root, tmp_path, capsys
+):
+    """Text pairs load the model folder's tokenizer first; transformers reads config.json
+    and tokenizer.json to their end, which a link to /dev/zero never has."""
+    from tests.tasks.tokenizers import word_level
+
+    folder = copy(good_folder(root), tmp_path / "m")
+    word_level(folder)
+    (folder / name).unlink(missing_ok=True)
+    (folder / name).symlink_to("/dev/zero")
+    pairs = tmp_path / "text.jsonl"
+    record = {
+        "clean": "When Mary and John",
+        "corrupted": "When Anne and Paul",
+        "answer": " Mary",
+        "wrong": " John",
+    }
+    pairs.write_text((json.dumps(record) + "\n") * 4)
+    code, err = run(capsys, folder, pairs, tmp_path / "out")
+    assert_one_line(code, err, f"{str(folder / name)!r} is not a regular file")
+    assert not (tmp_path / "out").exists()
