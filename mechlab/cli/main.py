@@ -45,10 +45,18 @@ def _option_values(args: list[str], name: str) -> list[str]:
 
 
 def _check_arguments(args: list[str]) -> None:
-    """What every command shares, checked before any of them runs: devices and path options."""
+    """What every command shares, checked before any of them runs: devices, path options
+    and seeds (within 64 bits)."""
     for name in _PATH_OPTIONS:
         if any(not value.strip() for value in _option_values(args, name)):
             raise UsageProblem(f"{name} is empty; give a path (use {name} . for the current folder)")
+    for value in _option_values(args, "--seed"):  # torch's generators take 64 bits
+        try:
+            seed = int(value)
+        except ValueError:
+            continue  # the command's parser names it
+        if not -(2**63) <= seed < 2**63:
+            raise UsageProblem(f"--seed {value} is outside -2**63..2**63-1; give a smaller seed")
     devices = _option_values(args, "--device")
     if devices:  # (torch is imported only when a device is named)
         from mechlab.devices import check_device

@@ -76,7 +76,7 @@ def test_each_damaged_model_file_is_one_line_exit_2_and_writes_nothing(
             "prompt-id",
             "'clean' holds the token id 1000000000000000000000000000000, larger than any vocabulary",
         ),
-        ("seed", "seed 1000000000000000000000000000000 is not an integer in -2**63..2**63-1"),
+        ("seed", "--seed 1000000000000000000000000000000 is outside -2**63..2**63-1"),
     ],
 )
 def test_numbers_beyond_64_bits_are_named(what, message, root, pairs, tmp_path, capsys):
@@ -200,4 +200,14 @@ def test_a_folder_file_linked_to_a_device_is_refused_before_the_tokenizer_reads_
     pairs.write_text((json.dumps(record) + "\n") * 4)
     code, err = run(capsys, folder, pairs, tmp_path / "out")
     assert_one_line(code, err, f"{str(folder / name)!r} is not a regular file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_seed_beyond_64_bits_is_named_for_a_checkpoint_too(tmp_path, capsys):
+    ckpt = Path(__file__).parents[2] / "examples/checkpoints/recall-cpu/checkpoints/step_0000006.pt"
+    capsys.readouterr()
+    code = main(["prune", "--ckpt", str(ckpt), "--seed", str(-(10**30)), "--steps", "1", "--no-progress",
+                 "--out", str(tmp_path / "out")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert_one_line(code, err, "--seed -1000000000000000000000000000000 is outside -2**63..2**63-1")
     assert not (tmp_path / "out").exists()
