@@ -519,6 +519,36 @@ def _folder_architecture(folder: Path) -> tuple[str, Any, str]:
         transformers.logging.set_verbosity(verbosity)
 
 
+def check_folder(folder: str | os.PathLike) -> str:
+    """Check a ``save_pretrained`` folder as :func:`from_pretrained` does before reading any
+    weight: its ``config.json`` (every value the import reads), its weight index and where
+    the weight files are (their tensors are checked when read).
+
+    Returns:
+        The Hugging Face class name.
+
+    Raises:
+        ImportProblem: As :func:`from_pretrained`.
+    """
+    return _checked_folder(Path(folder))[0]
+
+
+def _checked_folder(folder: Path) -> tuple[str, Any, str]:
+    """:func:`_folder_architecture` of a folder that holds weights (its index and files checked)."""
+    if not folder.is_dir():
+        raise ImportProblem(
+            f"{str(folder)!r} is not a folder; give a folder written by save_pretrained "
+            "(config.json and weights) or a model in memory"
+        )
+    arch, hf_config, source = _folder_architecture(folder)
+    if not weight_files(folder):  # (the index and every file checked, before any size check)
+        raise ImportProblem(
+            f"{str(folder)!r} has a config.json but no weights ({', '.join(WEIGHT_FILES)}); "
+            "save the model with save_pretrained(folder)"
+        )
+    return arch, hf_config, source
+
+
 def _module_architecture(module: nn.Module) -> str:
     for cls in type(module).__mro__:
         if cls.__name__ in ARCHITECTURES:
@@ -571,17 +601,7 @@ def from_pretrained(
     """
     if isinstance(model_or_folder, (str, os.PathLike)):
         folder = Path(model_or_folder)
-        if not folder.is_dir():
-            raise ImportProblem(
-                f"{str(folder)!r} is not a folder; give a folder written by save_pretrained "
-                "(config.json and weights) or a model in memory"
-            )
-        arch, hf_config, source = _folder_architecture(folder)
-        if not weight_files(folder):  # (the index and every file checked, before any size check)
-            raise ImportProblem(
-                f"{str(folder)!r} has a config.json but no weights ({', '.join(WEIGHT_FILES)}); "
-                "save the model with save_pretrained(folder)"
-            )
+        arch, hf_config, source = _checked_folder(folder)
         weights: Callable[[], Weights] = lambda: _folder_weights(folder, ARCHITECTURES[arch][1])  # noqa: E731
     elif isinstance(model_or_folder, nn.Module):
         module = model_or_folder

@@ -95,6 +95,11 @@ def prompt_pairs(
                 f"{str(pairs)!r} holds text; give --tokenizer FOLDER (a mechlab checkpoint has no "
                 "tokenizer), or token ids"
             )
+        from mechlab.models.importers import check_folder
+
+        check_folder(
+            model_source
+        )  # its own messages, before transformers reads config.json for the tokenizer
         tok = load_tokenizer(model_source)
     return pairs_from_records(records, tok, metric, position, source=str(pairs))
 

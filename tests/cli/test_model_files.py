@@ -178,18 +178,32 @@ def test_any_content_of_any_model_file_is_one_line_exit_2_on_the_command_line(ro
     assert seen["refused"] >= 15, seen
 
 
-@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+@pytest.mark.parametrize(
+    "name, given, message",
+    [
+        (
+            "config.json",
+            "model",
+            "config.json' (the config) leads outside the model folder, to '/dev/zero'",
+        ),
+        ("config.json", "tokenizer", "config.json' is not a regular file"),
+        ("tokenizer.json", "model", "tokenizer.json' is not a regular file"),
+    ],
+)
 def test_a_folder_file_linked_to_a_device_is_refused_before_the_tokenizer_reads_it(
-    name, root, tmp_path, capsys
+    name, given, message, root, tmp_path, capsys
 ):
-    """Text pairs load the model folder's tokenizer first; transformers reads config.json
-    and tokenizer.json to their end, which a link to /dev/zero never has."""
+    """Text pairs load the tokenizer first (the model folder's, or --tokenizer's);
+    transformers reads config.json and tokenizer.json to their end, which a link to
+    /dev/zero never has. The model folder is checked first (its config gets the importer's
+    message); a --tokenizer folder by the tokenizer's own check."""
     from tests.tasks.tokenizers import word_level
 
     folder = copy(good_folder(root), tmp_path / "m")
     word_level(folder)
-    (folder / name).unlink(missing_ok=True)
-    (folder / name).symlink_to("/dev/zero")
+    linked = folder if given == "model" else copy(folder, tmp_path / "tok")
+    (linked / name).unlink(missing_ok=True)
+    (linked / name).symlink_to("/dev/zero")
     pairs = tmp_path / "text.jsonl"
     record = {
         "clean": "When Mary and John",
@@ -198,8 +212,9 @@ def test_a_folder_file_linked_to_a_device_is_refused_before_the_tokenizer_reads_
         "wrong": " John",
     }
     pairs.write_text((json.dumps(record) + "\n") * 4)
-    code, err = run(capsys, folder, pairs, tmp_path / "out")
-    assert_one_line(code, err, f"{str(folder / name)!r} is not a regular file")
+    extra = ["--tokenizer", str(linked)] if given == "tokenizer" else []
+    code, err = run(capsys, folder, pairs, tmp_path / "out", *extra)
+    assert_one_line(code, err, message, str(linked / name))
     assert not (tmp_path / "out").exists()
 
 
@@ -210,4 +225,28 @@ def test_a_seed_beyond_64_bits_is_named_for_a_checkpoint_too(tmp_path, capsys):
                  "--out", str(tmp_path / "out")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert_one_line(code, err, "--seed -1000000000000000000000000000000 is outside -2**63..2**63-1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_pairs_get_the_importers_message_for_a_damaged_config(root, tmp_path, capsys):
+    """The model folder is checked before transformers reads its config.json for the
+    tokenizer (which said 'cannot load the tokenizer in ...: Validation error for field')."""
+    from tests.models.model_files import edit_config
+    from tests.tasks.tokenizers import word_level
+
+    folder = copy(good_folder(root), tmp_path / "m")
+    word_level(folder)
+    edit_config(folder, n_embd="32")
+    pairs = tmp_path / "text.jsonl"
+    record = {
+        "clean": "When Mary and John",
+        "corrupted": "When Anne and Paul",
+        "answer": " Mary",
+        "wrong": " John",
+    }
+    pairs.write_text((json.dumps(record) + "\n") * 4)
+    code, err = run(capsys, folder, pairs, tmp_path / "out")
+    assert_one_line(
+        code, err, 'config.json\': n_embd must be an integer in 1..2147483647, got "32"'
+    )
     assert not (tmp_path / "out").exists()
