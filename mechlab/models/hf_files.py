@@ -73,6 +73,7 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def bad_file(path: Path, problem: str, advice: str) -> ImportProblem:
+    """``'<path>' <problem>; <advice>``: the one line of a file that cannot be read."""
     return ImportProblem(f"{str(path)!r} {problem}; {advice}")
 
 
@@ -97,13 +98,10 @@ def _inside(folder: Path, path: Path, what: str) -> Path:
             "copy the file into the folder instead of linking to it",
         )  # fmt: skip
     if not target.is_file():
-        kind = (
-            "a folder"
-            if target.is_dir()
-            else "not a regular file"
-            if target.exists()
-            else "missing"
-        )
+        if target.is_dir():
+            kind = "a folder"
+        else:
+            kind = "not a regular file" if target.exists() else "missing"
         raise bad_file(path, f"({what}) is {kind}", RESAVE)
     return path
 
@@ -190,7 +188,10 @@ def weight_files(folder: Path) -> list[Path]:
         if file not in paths:
             shard = folder / relative
             try:
-                there = os.path.lexists(shard) and shard.lstat() is not None
+                shard.lstat()
+                there = True
+            except (FileNotFoundError, NotADirectoryError):
+                there = False
             except OSError as exc:  # a name too long for the file system, ...
                 raise bad_file(first, f"names the shard {_short(file, 80)}, which cannot be opened ({brief(exc)})",
                                 RESAVE) from None  # fmt: skip
@@ -309,13 +310,7 @@ def torch_weights(path: Path) -> dict[str, Tensor]:
 # The config values each architecture's import reads, and what each must be. Checked in
 # config.json before transformers sees it, and on the config object after (a model in
 # memory, defaults), so no value of the wrong type reaches arithmetic.
-_COUNT, _COUNT_OR_NONE, _EPS, _NUMBER, _NUMBER_OR_NONE = (
-    "count",
-    "count?",
-    "eps",
-    "number",
-    "number?",
-)
+_COUNT, _COUNT_OR_NONE, _EPS, _NUMBER, _NUMBER_OR_NONE = "count", "count?", "eps", "number", "number?"  # fmt: skip
 _NAME, _FLAG, _MAPPING_OR_NONE, _NAMES_OR_NONE, _RANK = "name", "flag", "mapping?", "names?", "rank"
 _MAX_COUNT = 2**31 - 1
 _ROPE = {"rope_theta": _NUMBER_OR_NONE, "partial_rotary_factor": _NUMBER_OR_NONE,
