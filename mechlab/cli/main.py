@@ -45,10 +45,23 @@ def _option_values(args: list[str], name: str) -> list[str]:
 
 
 def _check_arguments(args: list[str]) -> None:
-    """What every command shares, checked before any of them runs: devices and path options."""
+    """What every command shares, checked before any of them runs: devices, path options and
+    thread counts (:func:`mechlab.limits.check_threads`: a count torch cannot start would
+    end the process, a folder lock left behind)."""
     for name in _PATH_OPTIONS:
         if any(not value.strip() for value in _option_values(args, name)):
             raise UsageProblem(f"{name} is empty; give a path (use {name} . for the current folder)")
+    for value in _option_values(args, "--threads"):
+        try:
+            threads = int(value)
+        except ValueError:
+            continue  # not a number: the command's own parser says so
+        from mechlab.limits import check_threads
+
+        try:
+            check_threads(threads)
+        except ValueError as err:
+            raise UsageProblem(str(err)) from None
     devices = _option_values(args, "--device")
     if devices:  # (torch is imported only when a device is named)
         from mechlab.devices import check_device
