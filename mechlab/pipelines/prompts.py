@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechlab.limits import check_elements
+from mechlab.limits import MAX_PROMPT_PAIRS, check_at_most
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
@@ -293,7 +293,7 @@ def write_ioi_pairs(
     Returns:
         ``(path, pairs)``: the file and the pairs as the prune command will read them.
     """
-    check_elements("the IOI pairs' records", {"n": n}, lower="--n")
+    check_at_most("--n", n, MAX_PROMPT_PAIRS, "the most pairs a pair file may hold", minimum=1)
     path = outputs.check_output_file(out, force=force, inputs=[tokenizer])
     tok = load_tokenizer(tokenizer)
     records = ioi.ioi_records(tok, n=n, seed=seed, **options)
