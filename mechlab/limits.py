@@ -47,9 +47,9 @@ MAX_PROMPT_PAIRS = 100_000
 MAX_PAIR_FILE_BYTES = 256 << 20
 # EAP-IG uses 5 to 100 points in the literature (mechlab's default is 10).
 MAX_IG_STEPS = 10_000
-# The study's groups have 2 to 120 elements; 2**16 keeps a model's embedding and read-out
-# (and a batch's logits) to tens of millions of elements.
-MAX_STATES = 2**16
+# The study's groups have 2 to 120 elements; 2**14 keeps a model's embedding and read-out
+# (and a default batch's logits) to tens of millions of elements.
+MAX_STATES = 2**14
 # The study's lengths are 2 to 64; checking a sweep at L = 4096 takes about a second
 # (the check grows as L**2.6: a day at L = 10**6).
 MAX_SEQUENCE_LENGTH = 4096

@@ -159,7 +159,11 @@ class Trainer:
     def _check_batch_size(self) -> None:
         """Refuse batches above the size limit before one is drawn (see ``max_elements``)."""
         fields = self.task.model_fields()
-        per_trace = int(fields.get("n_ctx", 1)) * (int(fields.get("d_in", 1)) + int(fields.get("d_out", 1)) + 1)
+        if fields.get("io") == "tokens":  # a trace's logits: one row of the output vocabulary per token
+            width = int(fields.get("d_vocab_out") or fields.get("d_vocab", 1)) + 2
+        else:
+            width = int(fields.get("d_in", 1)) + int(fields.get("d_out", 1)) + 1
+        per_trace = int(fields.get("n_ctx", 1)) * width
         for name in ("batch_size", "eval_traces"):
             n = getattr(self.cfg, name) * per_trace
             if n > max_elements():

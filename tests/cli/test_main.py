@@ -314,3 +314,20 @@ def test_too_many_threads_are_refused_before_any_command_runs(command, tmp_path,
     assert not out.exists()
     assert main([*command, f"--threads={max_threads() + 1}", "--out", str(out)]) == 2
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("task_cfg.m=1000000", "m 1e+06 is more than mechlab's limit of 16,384 (one token per"),
+        ("task_cfg.L=1000000", "L 1e+06 is more than mechlab's limit of 4,096"),
+        ("batch_size=1000000", "batch_size=1000000 makes batches of about"),
+    ],
+)
+def test_state_tracking_sizes_are_refused_before_training(setting, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "train", "--task", "state_tracking", "--set", setting, "--set",
+                       "task_cfg.m=5000" if "batch" in setting else "seed=0", "--out", out,
+                       "--no-progress")  # fmt: skip
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert not out.exists()
