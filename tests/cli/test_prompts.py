@@ -86,6 +86,7 @@ def _write(path, records):
         ("long-line", "(line 301 is the longest) would hold pairs 301 x bytes of the longest line"),
         ("many-lines", "holds more than mechlab's limit of 100,000 pairs"),
         ("deep", "line 2 nests more than 64 levels deep"),
+        ("nan-weights", "holds non-finite weights: parameter 'blocks.1.attn.W_Q' has 2 NaN/inf"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, message, gpt2_folder, ioi_file, tmp_path,
@@ -116,6 +117,17 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, message, gpt2_fol
     elif case == "answer":
         pairs = _write(tmp_path / "p.jsonl", [{"clean": "Mary and John", "corrupted": "Lucy and Tom",
                                                "answer": " Mary Lucy", "wrong": " John"}] * 2)  # fmt: skip
+    elif case == "nan-weights":  # refused when the model is opened, before any pruning
+        import transformers as T
+
+        model = tmp_path / "nan"
+        hf = T.GPT2LMHeadModel.from_pretrained(gpt2_folder)
+        with torch.no_grad():
+            hf.transformer.h[1].attn.c_attn.weight[0, 0] = float("nan")
+            hf.transformer.h[1].attn.c_attn.weight[0, 1] = float("inf")
+        hf.save_pretrained(model)
+        extra = ["--tokenizer", str(gpt2_folder)]
+        capsys.readouterr()  # the progress bars of transformers' own loading and saving
     elif case == "long-line":  # pads every pair to the longest line: refused before tokenizing
         ids = {"clean": [1, 2], "corrupted": [1, 3], "answer": 1, "wrong": 2}
         long = {"clean": [1] * 1_400_000, "corrupted": [2] * 1_400_000, "answer": 1, "wrong": 2}
