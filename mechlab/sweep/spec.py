@@ -125,6 +125,11 @@ def _model_entry(entry: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return str(label), fields_
 
 
+def _without_seed(task: dict[str, Any]) -> dict[str, Any]:
+    """A trial's task dict as :class:`~mechlab.tasks.state_tracking.StateTrackingConfig` fields."""
+    return {k: v for k, v in task.items() if k != "seed"}
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     """A sweep's grid and settings, validated on construction.
@@ -233,14 +238,20 @@ class SweepSpec:
                     f"that exist for {key.label}"
                 )
         from mechlab.models.registry import check_size, make_config
-        from mechlab.tasks.state_tracking import StateTrackingConfig, check_eval_chunk
+        from mechlab.tasks import state_tracking as st
+
+        # Every trial's validation and OOD sets, as make_data sizes them (the training set
+        # of a large N is sized by its trial: most searches never reach it).
+        for key in self.search_keys():
+            task = st.StateTrackingConfig(**_without_seed(self.task(key)))
+            st.check_data_size(task, self.search.n_min, lower="n_val")
 
         for key in self.main_keys():  # a trial's model, batch and evaluation must fit
-            task = StateTrackingConfig(**{k: v for k, v in self.task(key).items() if k != "seed"})
+            task = st.StateTrackingConfig(**_without_seed(self.task(key)))
             check_elements(f"a batch of {key.label} (its logits)",
                            {"batch_size": self.batch_size, "positions": task.n_ctx, "vocabulary": task.n_states},
                            lower="batch_size")  # fmt: skip
-            check_eval_chunk(task)
+            st.check_eval_chunk(task)
             # the model as TrialSpec.model_config gives it
             model = {**self.model_dict(key.model), "io": "tokens", "d_vocab": task.d_vocab,
                      "d_vocab_out": task.d_vocab_out, "n_ctx": task.n_ctx}  # fmt: skip

@@ -397,6 +397,30 @@ class StateTrackingData:
         return encode(self.cfg, self.train.subset(index.to(self.train.lengths.device)))
 
 
+def check_data_size(
+    cfg: StateTrackingConfig, n_train: int | None = None, lower: str = "n_train, n_val or n_ood"
+) -> int:
+    """Refuse (one line) data sets whose sequences (training, validation and OOD, each as
+    long as the longest) are above the size limit, before any is drawn.
+
+    Args:
+        cfg: The task.
+        n_train: Training sequences (default ``cfg.n_train``).
+        lower: What the message tells the user to lower.
+
+    Returns:
+        The number of elements.
+    """
+    n_train = cfg.n_train if n_train is None else n_train
+    n_val = sum(validation_sizes(cfg).values())
+    n_ood = min(cfg.n_ood, cfg.n_states**cfg.ood_length)
+    return check_elements(
+        "the task's sequences",
+        {"sequences (train + validation + OOD)": n_train + n_val + n_ood, "elements": max(cfg.ood_length, cfg.L)},
+        lower=lower,
+    )  # fmt: skip
+
+
 def make_data(cfg: StateTrackingConfig, n_train: int | None = None) -> StateTrackingData:
     """Draw the task's validation, training and OOD sets (see the module docstring).
 
@@ -418,13 +442,7 @@ def make_data(cfg: StateTrackingConfig, n_train: int | None = None) -> StateTrac
             f"each length {cfg.train_lengths} is less than one; use a longer L or a larger group"
         )
     train_sizes = training_sizes(cfg, n_train)
-    n_ood_seqs = min(cfg.n_ood, cfg.n_states**cfg.ood_length)
-    check_elements(
-        "the task's sequences",
-        {"sequences (train + validation + OOD)": sum(train_sizes.values()) + sum(val_sizes.values()) + n_ood_seqs,
-         "elements": max(cfg.ood_length, cfg.L)},
-        lower="n_train, n_val or n_ood",
-    )  # fmt: skip
+    check_data_size(cfg, sum(train_sizes.values()))
     val_parts, train_parts = [], []
     for n in cfg.train_lengths:
         total = cfg.n_states**n

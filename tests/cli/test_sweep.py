@@ -30,6 +30,7 @@ TINY = ["--models", "st_lstm_small", "--formats", "acot", "--m", "3", "--L", "3"
     (["--trial", "mechlab.sweep.oracle:nothing"], "no callable 'nothing'"),
     (["--multiplier", "1"], "multiplier must be > 1"),
     (["--trial", "no_such_module:trial"], "cannot import 'no_such_module'"),
+    (["--m", "7", "--L", "12", "--n-val", "1000000000"], "the task's sequences would hold sequences"),
     (["--m", "1000000"], "m 1e+06 is more than mechlab's limit of 16,384 (one token per element"),
     (["--L", "1000000"], "L 1e+06 is more than mechlab's limit of 4,096 (checking the task counts"),
     (["--L", "4000", "--m", "5000", "--batch-size", "1"], "an evaluation chunk's logits would hold sequences 512"),

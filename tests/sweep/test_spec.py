@@ -50,10 +50,12 @@ def refused(tmp_path, text: str) -> str:
      ("models: [{arch: lstm, d_model: 100000}]\nms: [3]\nLs: [3]\nkappa: false\n",
       "lstm acot Z3 uniform L=3: the lstm config (d_model=100000, n_layers=1, n_ctx=7) would allocate"),
      ("models: [st_lstm_small]\nms: [5000]\nLs: [4000]\nkappa: false\nbatch_size: 1\n",
-      "an evaluation chunk's logits would hold sequences 512 x positions 8001 x states 5000")],
+      "an evaluation chunk's logits would hold sequences 512 x positions 8001 x states 5000"),
+     ("models: [st_lstm_small]\nms: [7]\nLs: [12]\nlengths: fixed\nkappa: false\nn_val: 1000000000\n",
+      "the task's sequences would hold sequences (train + validation + OOD) 1e+09 x elements 24")],
     ids=["python-tag", "steps-abc", "steps-float", "kappa-string", "ms-item", "lrs-item", "models-int", "n_max",
          "search-field", "search-int", "list", "laughs", "deep", "batch-1e12", "unknown", "m-1e6", "L-1e6",
-         "device-foo", "device-meta", "model-too-large", "eval-chunk"],
+         "device-foo", "device-meta", "model-too-large", "eval-chunk", "n_val-1e9"],
 )  # fmt: skip
 def test_a_hostile_or_mistyped_sweep_config_is_one_line(tmp_path, text, phrase):
     assert phrase in refused(tmp_path, text)
