@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -526,7 +527,13 @@ class Trainer:
         ) from None
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    on_start: Callable[[], None] | None = None,
+) -> TrainResult:
     """Train a model as ``cfg`` says; see :class:`Trainer`.
 
     Args:
@@ -534,8 +541,14 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress:
         out_dir: Run directory.
         resume: Continue the run in ``out_dir`` from its ``last.pt``.
         progress: Show a progress bar.
+        on_start: Called once the settings are checked (the trainer is built, nothing
+            written yet): where a command says what it trains, so that a refused setting
+            is its only output.
 
     Returns:
         Where the run stands: step, last checkpoint, final loss and evaluation.
     """
-    return Trainer(cfg, out_dir, progress=progress).run(resume=resume)
+    trainer = Trainer(cfg, out_dir, progress=progress)
+    if on_start is not None:
+        on_start()
+    return trainer.run(resume=resume)

@@ -326,8 +326,9 @@ def test_too_many_threads_are_refused_before_any_command_runs(command, tmp_path,
 )
 def test_state_tracking_sizes_are_refused_before_training(setting, message, tmp_path, capsys):
     out = tmp_path / "run"
-    code, _, err = run(capsys, "train", "--task", "state_tracking", "--set", setting, "--set",
+    code, stdout, err = run(capsys, "train", "--task", "state_tracking", "--set", setting, "--set",
                        "task_cfg.m=5000" if "batch" in setting else "seed=0", "--out", out,
                        "--no-progress")  # fmt: skip
     assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert not stdout  # "training ..." is said once the settings are checked
     assert not out.exists()
