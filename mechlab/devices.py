@@ -30,20 +30,8 @@ def check_device(device: Any) -> torch.device:
             not one mechlab runs on (``meta``, ``xla``, ...), or the accelerator (or
             that index of it) is not available on this machine.
     """
-    if isinstance(device, torch.device):
-        name = str(device)
-    elif isinstance(device, str):
-        name = device.strip()
-    else:
-        raise ValueError(
-            f"device must be a name such as 'cpu' or 'cuda:0', got a {type(device).__name__}"
-        )
-    try:
-        parsed = torch.device(name)
-    except (RuntimeError, ValueError, TypeError):
-        raise ValueError(
-            f"unknown device {name!r}; use one of {', '.join(SUPPORTED)} (cuda:N for one GPU)"
-        ) from None
+    parsed = parse_device(device)
+    name = str(device).strip() if isinstance(device, str) else str(device)
     if parsed.type == "cpu":
         return parsed
     if parsed.type == "cuda":
@@ -62,6 +50,33 @@ def check_device(device: Any) -> torch.device:
         if not torch.backends.mps.is_available():
             raise ValueError(f"device {name!r} asked for, but MPS is not available here; use cpu")
         return parsed
-    raise ValueError(
-        f"mechlab does not run on device type {parsed.type!r}; use one of {', '.join(SUPPORTED)}"
-    )
+    raise AssertionError(parsed)  # parse_device admits the supported types only
+
+
+def parse_device(device: Any) -> torch.device:
+    """Parse a device name, refusing one that is not a device or of a type mechlab does
+    not run on, without asking whether this machine has it (a sweep's trials may run on
+    another machine's GPU).
+
+    Raises:
+        ValueError: One line, as :func:`check_device`.
+    """
+    if isinstance(device, torch.device):
+        name = str(device)
+    elif isinstance(device, str):
+        name = device.strip()
+    else:
+        raise ValueError(
+            f"device must be a name such as 'cpu' or 'cuda:0', got a {type(device).__name__}"
+        )
+    try:
+        parsed = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(
+            f"unknown device {name!r}; use one of {', '.join(SUPPORTED)} (cuda:N for one GPU)"
+        ) from None
+    if parsed.type not in SUPPORTED:
+        raise ValueError(
+            f"mechlab does not run on device type {parsed.type!r}; use one of {', '.join(SUPPORTED)}"
+        )
+    return parsed

@@ -13,6 +13,19 @@ environment variable ``MECHLAB_MAX_ELEMENTS``; the model registry applies the sa
 limit to the parameters a model config describes
 (:func:`mechlab.models.registry.check_size`).
 
+Some counts are bounded on their own, because what they cost is time or Python objects
+rather than one tensor (each bound names itself in its message, and says what to lower):
+
+* :data:`MAX_PROMPT_PAIRS` lines of a prompt-pair file (each a Python dict before any
+  tensor), and :data:`MAX_PAIR_FILE_BYTES` bytes of it;
+* :data:`MAX_IG_STEPS` integration points of EAP-IG (each a forward and backward pass);
+* :data:`MAX_STATES` elements of a state-tracking group (one token each: the model's
+  embedding, read-out and every logit tensor grow with it) and
+  :data:`MAX_SEQUENCE_LENGTH` elements per state-tracking sequence (checking a task
+  counts its sequences at every length up to ``L``, a sweep with kappa runs a search at
+  each, and the models read ``ood_factor * L`` elements);
+* :func:`max_threads` CPU threads (:data:`THREADS_PER_CPU` per core the machine has).
+
 This module imports nothing of mechlab: every layer may call it.
 """
 
@@ -27,6 +40,21 @@ from collections.abc import Mapping
 # parameters and its largest evaluation batch about 1e8 elements.
 MAX_ELEMENTS = 2**31
 MAX_ELEMENTS_ENV = "MECHLAB_MAX_ELEMENTS"
+
+# A pair file of the study holds a few hundred pairs of tens of tokens; IOI studies use a
+# few thousand. 10**5 pairs are about 100 MB of Python objects before any tensor.
+MAX_PROMPT_PAIRS = 100_000
+MAX_PAIR_FILE_BYTES = 256 << 20
+# EAP-IG uses 5 to 100 points in the literature (mechlab's default is 10).
+MAX_IG_STEPS = 10_000
+# The study's groups have 2 to 120 elements; 2**14 keeps a model's embedding and read-out
+# (and a default batch's logits) to tens of millions of elements.
+MAX_STATES = 2**14
+# The study's lengths are 2 to 64; checking a sweep at L = 4096 takes about a second
+# (the check grows as L**2.6: a day at L = 10**6).
+MAX_SEQUENCE_LENGTH = 4096
+# More threads than cores only queue; torch segfaults creating 10**5 of them.
+THREADS_PER_CPU = 4
 
 
 def max_elements() -> int:
@@ -113,6 +141,50 @@ def check_elements(
             f"with {MAX_ELEMENTS_ENV}={n}"
         )
     return n
+
+
+def check_at_most(name: str, value: object, limit: int, why: str, *, minimum: int = 0) -> int:
+    """``value`` as a count (:func:`count`), refused above ``limit`` with one line.
+
+    Args:
+        name: What the count is, as the user gave it (``"--ig-steps"``, ``"m"``).
+        value: The count.
+        limit: The largest value allowed.
+        why: What the count costs, ending the message (``"each point is a forward and
+            backward pass"``).
+        minimum: The smallest value allowed.
+
+    Returns:
+        The count.
+
+    Raises:
+        ValueError: Not a count, below ``minimum`` or above ``limit``.
+    """
+    number = count(name, value, minimum=minimum)
+    if number > limit:
+        raise ValueError(
+            f"{name} {_short(number)} is more than mechlab's limit of {limit:,} ({why}); lower {name}"
+        )
+    return number
+
+
+def max_threads() -> int:
+    """The most CPU threads a command may ask for: :data:`THREADS_PER_CPU` per core of
+    ``os.cpu_count()`` (1 core when unknown)."""
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
+def check_threads(threads: object, name: str = "--threads") -> int:
+    """A thread count, refused (one line) below 1 or above :func:`max_threads`, before
+    torch is asked for it."""
+    number = count(name, threads, minimum=1)
+    cores = os.cpu_count() or 1
+    if number > max_threads():
+        raise ValueError(
+            f"{name} {_short(number)} is more than {max_threads()} ({THREADS_PER_CPU} per CPU core; this "
+            f"machine has {cores}); give at most {max_threads()}, or leave {name} out for torch's default"
+        )
+    return number
 
 
 def _short(value: int) -> str:

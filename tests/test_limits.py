@@ -59,3 +59,28 @@ def test_count_takes_numpy_integers_and_refuses_floats():
         limits.count("n", 5.0)
     with pytest.raises(ValueError, match="n must be >= 1, got 0"):
         limits.count("n", 0, minimum=1)
+
+
+def test_check_at_most_names_the_count_its_limit_and_its_cost():
+    assert limits.check_at_most("--ig-steps", 10, 100, "each point is a pass") == 10
+    with pytest.raises(ValueError) as err:
+        limits.check_at_most("--ig-steps", 10**12, 100, "each point is a pass")
+    assert (
+        str(err.value)
+        == "--ig-steps 1e+12 is more than mechlab's limit of 100 (each point is a pass); lower --ig-steps"
+    )
+    with pytest.raises(ValueError, match="must be >= 1"):
+        limits.check_at_most("n", 0, 100, "x", minimum=1)
+
+
+def test_threads_are_bounded_by_a_multiple_of_the_cores(monkeypatch):
+    monkeypatch.setattr(limits.os, "cpu_count", lambda: 3)
+    assert limits.max_threads() == 12 and limits.check_threads(12) == 12
+    with pytest.raises(
+        ValueError, match=r"--threads 13 is more than 12 \(4 per CPU core; this machine has 3\)"
+    ):
+        limits.check_threads(13)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        limits.check_threads(0)
+    monkeypatch.setattr(limits.os, "cpu_count", lambda: None)
+    assert limits.max_threads() == 4

@@ -27,8 +27,10 @@ def use_threads(threads: int | None) -> int:
     count is printed when the command ends (:func:`mechlab.cli.main`)."""
     import torch
 
+    from mechlab.limits import check_threads
+
     if threads is not None:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_threads(threads))
     return torch.get_num_threads()
 
 

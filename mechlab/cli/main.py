@@ -45,8 +45,9 @@ def _option_values(args: list[str], name: str) -> list[str]:
 
 
 def _check_arguments(args: list[str]) -> None:
-    """What every command shares, checked before any of them runs: devices, path options
-    and seeds (within 64 bits)."""
+    """What every command shares, checked before any of them runs: devices, path options,
+    seeds (within 64 bits) and thread counts (:func:`mechlab.limits.check_threads`: a count
+    torch cannot start would end the process, a folder lock left behind)."""
     for name in _PATH_OPTIONS:
         if any(not value.strip() for value in _option_values(args, name)):
             raise UsageProblem(f"{name} is empty; give a path (use {name} . for the current folder)")
@@ -57,6 +58,17 @@ def _check_arguments(args: list[str]) -> None:
             continue  # the command's parser names it
         if not -(2**63) <= seed < 2**63:
             raise UsageProblem(f"--seed {value} is outside -2**63..2**63-1; give a smaller seed")
+    for value in _option_values(args, "--threads"):
+        try:
+            threads = int(value)
+        except ValueError:
+            continue  # not a number: the command's own parser says so
+        from mechlab.limits import check_threads
+
+        try:
+            check_threads(threads)
+        except ValueError as err:
+            raise UsageProblem(str(err)) from None
     devices = _option_values(args, "--device")
     if devices:  # (torch is imported only when a device is named)
         from mechlab.devices import check_device

@@ -72,7 +72,7 @@ def sweep_(
              "max_steps": max_search_steps, "resolution": resolution, "start": start}  # fmt: skip
     search = {k: v for k, v in knobs.items() if v is not None}
     spec = sweep_spec(config, settings, search)
-    check_run(units, local, address)
+    check_run(units, local, address, device=spec.device, trial=trial)
     keys = spec.search_keys()
     typer.echo(f"sweep: {len(keys)} N* searches, grid {len(spec.lrs)} lr x {len(spec.seeds)} seeds, "
                f"{spec.steps} steps per trial -> {out}" + (" (local, no Ray)" if local else ""))  # fmt: skip

@@ -53,10 +53,13 @@ def train(
 
     cfg, out = run_config(out, resume, force=force, preset=preset, config_file=config, overrides=set_, task=task,
                           steps=steps, device=device, grad_accum=grad_accum, loss_reduction=loss_reduction)  # fmt: skip
-    typer.echo(f"training {cfg.model} on {cfg.task} for {cfg.steps} steps -> {out}")
-    typer.echo(yaml.safe_dump({"task_cfg": cfg.task_cfg}, default_flow_style=True).strip())
+
+    def started() -> None:  # once the trainer has checked every setting: a refused one prints alone
+        typer.echo(f"training {cfg.model} on {cfg.task} for {cfg.steps} steps -> {out}")
+        typer.echo(yaml.safe_dump({"task_cfg": cfg.task_cfg}, default_flow_style=True).strip())
+
     try:
-        result = train_run(cfg, out, resume=resume is not None, progress=progress)
+        result = train_run(cfg, out, resume=resume is not None, progress=progress, on_start=started)
     except TrainingStopped as exc:
         typer.echo(f"mechlab: {exc}", err=True)
         raise typer.Exit(1) from None

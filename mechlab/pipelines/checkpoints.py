@@ -30,10 +30,13 @@ def open_checkpoint(source: Source, device: str | None = None) -> Checkpoint:
         The :class:`~mechlab.checkpoint.Checkpoint`, its model on ``device``.
 
     Raises:
-        ValueError: No file at the path (one line).
-        mechlab.checkpoint.CheckpointError: A file that is not an intact checkpoint.
+        ValueError: No file at the path, or a checkpoint given opened whose model holds a
+            NaN or infinite parameter (:func:`check_finite_parameters`; one line).
+        mechlab.checkpoint.CheckpointError: A file that is not an intact checkpoint, or
+            whose weights are not finite.
     """
-    if isinstance(source, Checkpoint):
+    if isinstance(source, Checkpoint):  # loaded elsewhere, perhaps with allow_non_finite=True
+        check_finite_parameters(source.model, f"checkpoint {str(source.path)!r}")
         if device is not None:
             source.model.to(device)
         return source
@@ -45,7 +48,39 @@ def open_checkpoint(source: Source, device: str | None = None) -> Checkpoint:
         )
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} not found")
-    return load_checkpoint(path, map_location=device or "cpu")
+    return load_checkpoint(path, map_location=device or "cpu")  # refuses non-finite weights
+
+
+def check_finite_parameters(model: Any, source: str) -> None:
+    """Refuse a model with a NaN or infinite parameter before any analysis runs on it.
+
+    Every analysis of such a model finds NaN (edge scores, losses, faithfulness) and would
+    blame what it measured; a checkpoint file is refused when it is read
+    (:func:`mechlab.checkpoint.load_checkpoint`), and this covers the rest: a model folder
+    imported with :func:`mechlab.from_pretrained`, a checkpoint loaded with
+    ``allow_non_finite=True`` and handed to an analysis.
+
+    Args:
+        model: The model (a ``torch.nn.Module``).
+        source: What it is, for the message (``"checkpoint 'run.pt'"``).
+
+    Raises:
+        ValueError: One line naming the first parameter (in ``named_parameters`` order)
+            that holds a NaN or an infinity, and how many of its values do.
+    """
+    import torch
+
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                continue
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ValueError(
+                    f"{source} holds non-finite weights: parameter {name!r} has {bad} NaN/inf "
+                    f"value(s) of {tensor.numel()}; every analysis of it would find NaN: use an "
+                    "earlier checkpoint of the run or a healthy model"
+                )
 
 
 def source_path(source: Source) -> Path:

@@ -20,8 +20,9 @@ from typing import Any
 
 from torch import nn
 
+from mechlab.limits import MAX_IG_STEPS, check_at_most
 from mechlab.prune.acdc import ACDC_MAX_EDGES, check_acdc_size
-from mechlab.prune.attribution import DEFAULT_STEPS, check_attribution_args
+from mechlab.prune.attribution import DEFAULT_STEPS, IG_STEPS_COST, check_attribution_args
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.graph import pruning_graph
 from mechlab.prune.methods import METHODS, edge_budget, find_circuit
@@ -64,6 +65,8 @@ def check_method(
         )
     if ig_steps is not None and (isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1):
         raise ValueError(f"--ig-steps must be an integer >= 1, got {ig_steps!r}")
+    if ig_steps is not None:
+        check_at_most("--ig-steps", ig_steps, MAX_IG_STEPS, IG_STEPS_COST)
     if n_edges is not None and (isinstance(n_edges, bool) or not isinstance(n_edges, int)):
         raise ValueError(f"--edges must be an integer, got {n_edges!r}")
     if acdc_max_edges is not None and method != "acdc":

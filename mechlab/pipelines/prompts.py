@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechlab.limits import check_elements
+from mechlab.limits import MAX_PROMPT_PAIRS, check_at_most
 from mechlab.pipelines import outputs
-from mechlab.pipelines.checkpoints import open_checkpoint
+from mechlab.pipelines.checkpoints import check_finite_parameters, open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
 from mechlab.prune.config import RUN_ARGUMENTS, resolved_settings
@@ -60,13 +60,14 @@ def open_model(source: str | Path, device: str | None = None) -> tuple[Any, str]
 
     Raises:
         ValueError: A path that is neither; an unsupported architecture, a folder without
-            weights, a model above the size limit (one line each).
+            weights, a model above the size limit, NaN or infinite weights (one line each).
     """
     path = Path(source)
     if path.is_dir():
         from mechlab.models.importers import from_pretrained
 
         model = from_pretrained(path)
+        check_finite_parameters(model, f"model folder {str(path)!r}")  # before any work on it
         return (model.to(device) if device else model).eval(), "hf-folder"
     if path.is_file():
         return open_checkpoint(path, device).model.eval(), "checkpoint"
@@ -314,7 +315,7 @@ def write_ioi_pairs(
     Returns:
         ``(path, pairs)``: the file and the pairs as the prune command will read them.
     """
-    check_elements("the IOI pairs' records", {"n": n}, lower="--n")
+    check_at_most("--n", n, MAX_PROMPT_PAIRS, "the most pairs a pair file may hold", minimum=1)
     path = outputs.check_output_file(out, force=force, inputs=[tokenizer])
     tok = load_tokenizer(tokenizer)
     records = ioi.ioi_records(tok, n=n, seed=seed, **options)

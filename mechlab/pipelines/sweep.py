@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mechlab.devices import check_device
 from mechlab.pipelines import outputs
 from mechlab.sweep.outputs import SEARCH_COLUMNS, TRIAL_COLUMNS, csv_text, search_rows, trial_rows
 from mechlab.sweep.runner import SweepResult
@@ -76,10 +77,13 @@ def write_outputs(result: SweepResult, out: str | Path | outputs.OutputFolder,
     return paths
 
 
-def check_run(units: str = "trial", local: bool = False, address: str | None = None) -> None:
-    """Raise ValueError unless the run settings of a sweep make sense (before any work)."""
+def check_run(units: str = "trial", local: bool = False, address: str | None = None,
+              device: str | None = None, trial: Any = None) -> None:  # fmt: skip
+    """Raise ValueError unless the run settings of a sweep make sense (before any work): with
+    ``device`` (the spec's) and no cluster ``address``, the trials run on this machine, which
+    must have that device; ``trial`` (a ``module:function`` name) must import."""
     from mechlab.sweep.executors import check_address
-    from mechlab.sweep.runner import UNITS
+    from mechlab.sweep.runner import UNITS, resolve_function
 
     if units not in UNITS:
         raise ValueError(f"unknown --units {units!r}; choose {' or '.join(UNITS)}")
@@ -87,6 +91,10 @@ def check_run(units: str = "trial", local: bool = False, address: str | None = N
         raise ValueError("give --local or --address, not both")
     if not local:
         check_address(address)
+    if device is not None and address is None:
+        check_device(device)
+    if trial is not None:
+        resolve_function(trial)
 
 
 def sweep_settings(spec: Any, trial: Any) -> dict[str, Any]:
@@ -129,7 +137,10 @@ def run_and_write(spec: Any, out: str | Path, *, local: bool = False, address: s
                   on_note: Callable[[str], None] | None = None, **run: Any) -> tuple[SweepResult, dict[str, Path]]:  # fmt: skip
     """Run a sweep (resuming from its trial store) and write its tables and figures.
 
-    The folder is claimed first (:class:`~mechlab.pipelines.outputs.OutputFolder`: locked,
+    Everything is checked before the first write: the run settings and the device on this
+    machine (:func:`check_run`); the spec checked itself (sizes, models, device name) when
+    it was made. The folder is then
+    claimed (:class:`~mechlab.pipelines.outputs.OutputFolder`: locked,
     so two sweeps cannot write into it at once; a folder git tracks is refused unless
     ``force``) and its ``settings.json`` compared (:func:`check_previous`).
 
@@ -149,8 +160,11 @@ def run_and_write(spec: Any, out: str | Path, *, local: bool = False, address: s
     from mechlab.sweep import run_sweep
     from mechlab.sweep.runner import DEFAULT_TRIAL
 
-    check_run(run.get("units", "trial"), local, address)
-    settings = sweep_settings(spec, run.get("trial", DEFAULT_TRIAL))
+    units, trial = run.get("units", "trial"), run.get("trial", DEFAULT_TRIAL)
+    check_run(units, local, address, device=spec.device, trial=trial)
+    if run.get("trials") is not None:
+        check_run(units, local, address, trial=run["trials"])
+    settings = sweep_settings(spec, trial)
     folder = outputs.OutputFolder(out, "sweep", force=force, inputs=[config] if config is not None else [])
     with folder:
         note = check_previous(folder, settings)

@@ -6,6 +6,7 @@ The trainer (:mod:`mechlab.train`) writes its own run directory (checkpoints, me
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +59,14 @@ def run_config(out: str | Path | None = None, resume: str | Path | None = None, 
     return resolve_config(**settings), Path(out)
 
 
-def train_run(cfg: Any, out: str | Path, resume: bool = False, progress: bool = True) -> Any:
+def train_run(cfg: Any, out: str | Path, resume: bool = False, progress: bool = True,
+              on_start: Callable[[], None] | None = None) -> Any:  # fmt: skip
     """Train (or resume) the run; returns the :class:`~mechlab.train.TrainResult`.
+    ``on_start`` is called once every setting is checked, before anything is written.
 
     Raises:
         mechlab.train.TrainingStopped: The NaN guard stopped the run.
     """
     import mechlab.train
 
-    return mechlab.train.train(cfg, out, resume=resume, progress=progress)
+    return mechlab.train.train(cfg, out, resume=resume, progress=progress, on_start=on_start)

@@ -62,6 +62,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mechlab.limits import MAX_IG_STEPS, check_at_most
 from mechlab.progress import tqdm
 from mechlab.prune.exact import exact_scores
 from mechlab.prune.forward import (
@@ -272,6 +273,9 @@ class EdgeScores:
         }  # fmt: skip
 
 
+IG_STEPS_COST = "each point is a forward and backward pass over every trace; the default is 10"
+
+
 def _check_int(name: str, value: Any, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -299,6 +303,7 @@ def check_attribution_args(
     _check_int("batch_size", batch_size)
     if method in ("eap-ig", "eap-ig-inputs"):
         _check_int("steps (integration points)", steps)
+        check_at_most("steps (integration points)", steps, MAX_IG_STEPS, IG_STEPS_COST)
     if method == "eap":
         if at not in EAP_POINTS:
             raise ValueError(f"unknown EAP point at={at!r}; choose one of {', '.join(EAP_POINTS)}")

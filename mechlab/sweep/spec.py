@@ -125,6 +125,11 @@ def _model_entry(entry: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return str(label), fields_
 
 
+def _without_seed(task: dict[str, Any]) -> dict[str, Any]:
+    """A trial's task dict as :class:`~mechlab.tasks.state_tracking.StateTrackingConfig` fields."""
+    return {k: v for k, v in task.items() if k != "seed"}
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     """A sweep's grid and settings, validated on construction.
@@ -199,6 +204,15 @@ class SweepSpec:
         for L in self.Ls:
             if int(L) != L or L < 2:
                 raise ValueError(f"L must be an integer >= 2, got {L}")
+        from mechlab.devices import parse_device
+        from mechlab.tasks.state_tracking import check_length, check_model_vocabulary
+
+        for L in self.Ls:  # before any count of sequences (which grows as L**2.6)
+            check_length(int(L))
+        if self.group == "zm":
+            for m in self.ms:  # before any model
+                check_model_vocabulary(int(m))
+        parse_device(self.device)  # the name; run_and_write asks whether this machine has it
         for lr in self.lrs:
             if not (lr > 0 and math.isfinite(lr)):
                 raise ValueError(f"learning rates must be positive, got {lr}")
@@ -223,13 +237,28 @@ class SweepSpec:
                     f"N_min {self.search.n_min} is larger than the {cap} unique training samples "
                     f"that exist for {key.label}"
                 )
-        from mechlab.tasks.state_tracking import StateTrackingConfig
+        from mechlab.models.registry import check_size, make_config
+        from mechlab.tasks import state_tracking as st
 
-        for key in self.main_keys():  # a trial's batch, as the model's logits, must fit
-            task = StateTrackingConfig(**{k: v for k, v in self.task(key).items() if k != "seed"})
+        # Every trial's validation and OOD sets, as make_data sizes them (the training set
+        # of a large N is sized by its trial: most searches never reach it).
+        for key in self.search_keys():
+            task = st.StateTrackingConfig(**_without_seed(self.task(key)))
+            st.check_data_size(task, self.search.n_min, lower="n_val")
+
+        for key in self.main_keys():  # a trial's model, batch and evaluation must fit
+            task = st.StateTrackingConfig(**_without_seed(self.task(key)))
             check_elements(f"a batch of {key.label} (its logits)",
                            {"batch_size": self.batch_size, "positions": task.n_ctx, "vocabulary": task.n_states},
                            lower="batch_size")  # fmt: skip
+            st.check_eval_chunk(task)
+            # the model as TrialSpec.model_config gives it
+            model = {**self.model_dict(key.model), "io": "tokens", "d_vocab": task.d_vocab,
+                     "d_vocab_out": task.d_vocab_out, "n_ctx": task.n_ctx}  # fmt: skip
+            try:
+                check_size(make_config(model))
+            except ValueError as err:
+                raise ValueError(f"{key.label}: {err}") from None
         if self.ood_n is not None:
             if self.ood_n < 1:
                 raise ValueError(f"ood_n must be >= 1, got {self.ood_n}")

@@ -25,7 +25,11 @@ Refused before any work, with one line each: a missing file, a line that is not 
 object with ``clean`` and ``corrupted``, mixed text and ids, text without a tokenizer, a
 tokenizer folder without a tokenizer, a clean and corrupted prompt of unequal token
 length, an answer that is not a single token, a logit-difference metric without answers,
-a position outside the prompt, fewer than two pairs (one to prune on, one to score).
+a position outside the prompt, fewer than two pairs (one to prune on, one to score); and,
+before any line is parsed (:func:`read_jsonl`), a file above
+:data:`~mechlab.limits.MAX_PAIR_FILE_BYTES` or :data:`~mechlab.limits.MAX_PROMPT_PAIRS`
+pairs, pairs whose padded batch could exceed the size limit (pairs x bytes of the longest
+line), a line nested deeper than :data:`mechlab.schema.MAX_DEPTH`.
 
 Metrics (:data:`METRICS`): ``logit-diff`` reports the logit difference
 ``logit[answer] - logit[wrong]`` at the explained position; ``kl`` only the divergence
@@ -45,8 +49,10 @@ observed position is the explained one).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +61,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechlab.limits import MAX_PAIR_FILE_BYTES, MAX_PROMPT_PAIRS, check_elements
+from mechlab.schema import MAX_DEPTH, json_depth
 from mechlab.traces import PruneData, Traces
 
 METRICS = ("logit-diff", "kl")
@@ -364,6 +372,8 @@ def pairs_from_records(
     kind = None
     for number, record in enumerate(records, start=1):
         where = f"{prefix}line {number}"
+        if number > MAX_PROMPT_PAIRS:
+            raise ValueError(_too_many(source or "the records"))
         if not isinstance(record, dict):
             raise ValueError(f"{where}: expected a JSON object with 'clean' and 'corrupted', got {type(record).__name__}")
         unknown = sorted(set(record) - {"clean", "corrupted", "answer", "wrong", "position"})
@@ -431,6 +441,8 @@ def pairs_from_records(
                 pad_id = value
                 break
     T = max(len(ids) for ids in clean)
+    check_elements(f"{prefix}the padded pairs", {"pairs": len(clean), "tokens of the longest prompt": T},
+                   lower="the longest prompt")  # fmt: skip
 
     def batch(rows: Sequence[list[int]]) -> Tensor:
         out = torch.full((len(rows), T), pad_id, dtype=torch.long)
@@ -449,20 +461,67 @@ def pairs_from_records(
     )  # fmt: skip
 
 
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines splits
+_NON_BLANK_LINE = re.compile(f"[^{_LINE_BREAKS}]*\\S[^{_LINE_BREAKS}]*")
+
+
+def _too_many(what: str) -> str:
+    return (
+        f"{what} holds more than mechlab's limit of {MAX_PROMPT_PAIRS:,} pairs (each is held as "
+        f"Python objects before any tensor); split them into sets of at most {MAX_PROMPT_PAIRS:,}"
+    )
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a JSONL file (blank lines skipped); one-line ValueError naming the
-    file and line when it cannot be read or a line is not JSON."""
+    """The records of a JSONL pair file (blank lines skipped), read within limits.
+
+    Before any line is parsed: the file's size (:data:`~mechlab.limits.MAX_PAIR_FILE_BYTES`),
+    its number of pairs (:data:`~mechlab.limits.MAX_PROMPT_PAIRS`) and the padded size of
+    its pairs, bounded by pairs x bytes of the longest line (a prompt has at most one token
+    per byte: a byte-level tokenizer's worst case, and each token id takes two bytes or
+    more), against the size limit (:func:`~mechlab.limits.check_elements`): one 14 MB line
+    among thousands is refused before it is tokenized or padded. Each line's nesting depth
+    is measured before ``json.loads`` (:func:`mechlab.schema.json_depth`), so a line nested
+    100,000 deep is one line of error, not a ``RecursionError``.
+
+    Raises:
+        ValueError: One line naming the file (and line) when it cannot be read, is too
+            large, or a line is not JSON or nests too deeply.
+    """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"pair file {str(path)!r} not found")
+    size = path.stat().st_size
+    if size > MAX_PAIR_FILE_BYTES:
+        raise ValueError(
+            f"pair file {str(path)!r} is {size:,} bytes, more than mechlab's limit of "
+            f"{MAX_PAIR_FILE_BYTES:,}; split it into smaller files"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot read the pair file {str(path)!r}: {err}") from None
+    breaks = sum(text.count(mark) for mark in _LINE_BREAKS)
+    if breaks >= MAX_PROMPT_PAIRS:  # then count the non-blank lines, holding none of them
+        n = sum(1 for _ in itertools.islice(_NON_BLANK_LINE.finditer(text), MAX_PROMPT_PAIRS + 1))
+        if n > MAX_PROMPT_PAIRS:
+            raise ValueError(_too_many(f"pair file {str(path)!r}"))
+    numbered = enumerate(text.splitlines(), start=1)
+    lines = [(number, line) for number, line in numbered if line.strip()]
+    if lines:
+        number, longest = max(lines, key=lambda item: len(item[1]))
+        check_elements(
+            f"the padded pairs of {str(path)!r} (line {number} is the longest)",
+            {"pairs": len(lines), "bytes of the longest line": len(longest.encode("utf-8"))},
+            lower="the longest line (or split the file)",
+        )  # fmt: skip
     records = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in lines:
+        if json_depth(line) > MAX_DEPTH:  # json.loads would recurse past the interpreter's limit
+            raise ValueError(
+                f"{path}: line {number} nests more than {MAX_DEPTH} levels deep; a pair is one "
+                "JSON object of prompts and tokens"
+            )
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError as err:

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mechlab.limits import check_elements
+from mechlab.limits import MAX_SEQUENCE_LENGTH, MAX_STATES, check_at_most, check_elements
 from mechlab.tasks.state_tracking_groups import GROUPS, S5_PERMUTATIONS, states_of
 from mechlab.tasks.state_tracking_groups import compose as compose
 from mechlab.tasks.state_tracking_groups import composition_table as composition_table
@@ -59,6 +59,39 @@ LENGTH_DISTRIBUTIONS = ("fixed", "uniform", "short_to_long")
 IGNORE = -100  # the target wherever the mask is False
 
 _INT64_MAX = 2**63 - 1
+
+
+EVAL_CHUNK = 512
+"""Sequences per forward pass of the evaluations (:func:`set_loss`, :func:`set_accuracy`)."""
+STATES_COST = "one token per element: a model's embedding, read-out and logits grow with m"
+LENGTH_COST = (
+    "checking the task counts the sequences of every length up to L, a sweep with kappa runs a "
+    "search at each, and the models read ood_factor x L elements"
+)
+
+
+def check_length(L: int) -> None:
+    """Refuse (one line, before any sequence is counted) a length above
+    :data:`~mechlab.limits.MAX_SEQUENCE_LENGTH`."""
+    check_at_most("L", L, MAX_SEQUENCE_LENGTH, LENGTH_COST)
+
+
+def check_model_vocabulary(m: int) -> None:
+    """Refuse (one line, before a model is built or trained on the task) a modulus above
+    :data:`~mechlab.limits.MAX_STATES`: the data of Z_m needs no table and takes any m, a
+    model has one embedding row and one read-out row per element, and a training step
+    holds logits of every token over all of them."""
+    check_at_most("m", m, MAX_STATES, STATES_COST)
+
+
+def check_eval_chunk(cfg: StateTrackingConfig, chunk: int = EVAL_CHUNK) -> int:
+    """Refuse an evaluation whose chunk of logits (``chunk`` sequences x the longest sequence's
+    tokens x the states) is above the size limit, before any forward pass."""
+    return check_elements(
+        "an evaluation chunk's logits",
+        {"sequences": chunk, "positions": cfg.n_ctx, "states": cfg.n_states},
+        lower="L or m",
+    )
 
 
 @dataclass
@@ -111,6 +144,7 @@ class StateTrackingConfig:
             raise ValueError(f"m must be at least 2 (Z_m with m = 2 is parity), got {self.m}")
         if self.L < 2:
             raise ValueError(f"L must be at least 2 (sequences have n = 2..L elements), got {self.L}")
+        check_length(self.L)
         for name in ("n_train", "n_val", "n_ood", "ood_factor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -363,6 +397,30 @@ class StateTrackingData:
         return encode(self.cfg, self.train.subset(index.to(self.train.lengths.device)))
 
 
+def check_data_size(
+    cfg: StateTrackingConfig, n_train: int | None = None, lower: str = "n_train, n_val or n_ood"
+) -> int:
+    """Refuse (one line) data sets whose sequences (training, validation and OOD, each as
+    long as the longest) are above the size limit, before any is drawn.
+
+    Args:
+        cfg: The task.
+        n_train: Training sequences (default ``cfg.n_train``).
+        lower: What the message tells the user to lower.
+
+    Returns:
+        The number of elements.
+    """
+    n_train = cfg.n_train if n_train is None else n_train
+    n_val = sum(validation_sizes(cfg).values())
+    n_ood = min(cfg.n_ood, cfg.n_states**cfg.ood_length)
+    return check_elements(
+        "the task's sequences",
+        {"sequences (train + validation + OOD)": n_train + n_val + n_ood, "elements": max(cfg.ood_length, cfg.L)},
+        lower=lower,
+    )  # fmt: skip
+
+
 def make_data(cfg: StateTrackingConfig, n_train: int | None = None) -> StateTrackingData:
     """Draw the task's validation, training and OOD sets (see the module docstring).
 
@@ -384,13 +442,7 @@ def make_data(cfg: StateTrackingConfig, n_train: int | None = None) -> StateTrac
             f"each length {cfg.train_lengths} is less than one; use a longer L or a larger group"
         )
     train_sizes = training_sizes(cfg, n_train)
-    n_ood_seqs = min(cfg.n_ood, cfg.n_states**cfg.ood_length)
-    check_elements(
-        "the task's sequences",
-        {"sequences (train + validation + OOD)": sum(train_sizes.values()) + sum(val_sizes.values()) + n_ood_seqs,
-         "elements": max(cfg.ood_length, cfg.L)},
-        lower="n_train, n_val or n_ood",
-    )  # fmt: skip
+    check_data_size(cfg, sum(train_sizes.values()))
     val_parts, train_parts = [], []
     for n in cfg.train_lengths:
         total = cfg.n_states**n
@@ -476,7 +528,9 @@ Predictor = Callable[[Tensor], Tensor]  # tokens [B, T] -> logits [B, T, V]
 
 
 @torch.no_grad()
-def set_loss(predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, chunk: int = 512) -> float:
+def set_loss(
+    predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, chunk: int = EVAL_CHUNK
+) -> float:
     """Mean cross-entropy per scored token over a whole set (teacher forcing for CoT).
 
     Args:
@@ -489,6 +543,7 @@ def set_loss(predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, ch
         The loss.
     """
     total, count = 0.0, 0
+    check_eval_chunk(cfg, min(chunk, len(seqs)))
     for i in range(0, len(seqs), chunk):
         tokens, targets, mask = encode(cfg, seqs.subset(slice(i, i + chunk)))
         n = mask.sum()
@@ -499,7 +554,7 @@ def set_loss(predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, ch
 
 @torch.no_grad()
 def set_loss_by_length(
-    predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, chunk: int = 512
+    predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, chunk: int = EVAL_CHUNK
 ) -> dict[int, float]:
     """Mean cross-entropy per scored token of each length's sequences (see :func:`set_loss`).
 
@@ -511,6 +566,7 @@ def set_loss_by_length(
     """
     total: dict[int, float] = {}
     count: dict[int, int] = {}
+    check_eval_chunk(cfg, min(chunk, len(seqs)))
     for i in range(0, len(seqs), chunk):
         part = seqs.subset(slice(i, i + chunk))
         tokens, targets, mask = encode(cfg, part)
@@ -548,7 +604,7 @@ def generate_cot(predict: Predictor, cfg: StateTrackingConfig, inputs: Tensor) -
 
 @torch.no_grad()
 def set_accuracy(
-    predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, chunk: int = 512
+    predict: Predictor, cfg: StateTrackingConfig, seqs: SequenceSet, chunk: int = EVAL_CHUNK
 ) -> dict[str, float]:
     """Accuracy on a set: per token (over the scored positions) and per sequence (all right).
 
@@ -566,6 +622,7 @@ def set_accuracy(
         ``seq_acc_norm`` (chance ``1/V`` for both; see :func:`normalised_accuracy`).
     """
     right_tokens, n_tokens, right_seqs = 0, 0, 0
+    check_eval_chunk(cfg, min(chunk, len(seqs)))
     for i in range(0, len(seqs), chunk):
         part = seqs.subset(slice(i, i + chunk))
         if cfg.format == "cot":

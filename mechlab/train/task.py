@@ -17,6 +17,7 @@ from mechlab.tasks import induction
 from mechlab.tasks.lds import OBS, OPEN, LDSConfig, make_libraries, sample_batch
 from mechlab.tasks.state_tracking import (
     StateTrackingConfig,
+    check_model_vocabulary,
     make_data,
     masked_cross_entropy,
     set_accuracy,
@@ -202,6 +203,8 @@ class StateTrackingTask(TokenTask):
 
     def __init__(self, overrides: dict[str, Any]):
         self.cfg = StateTrackingConfig.from_dict(overrides)
+        if self.cfg.group == "zm":
+            check_model_vocabulary(self.cfg.m)  # a model is trained on it: before any data
         self.data = make_data(self.cfg)
 
     def model_fields(self) -> dict[str, Any]:

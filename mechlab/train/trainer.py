@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,11 @@ class Trainer:
     def _check_batch_size(self) -> None:
         """Refuse batches above the size limit before one is drawn (see ``max_elements``)."""
         fields = self.task.model_fields()
-        per_trace = int(fields.get("n_ctx", 1)) * (int(fields.get("d_in", 1)) + int(fields.get("d_out", 1)) + 1)
+        if fields.get("io") == "tokens":  # a trace's logits: one row of the output vocabulary per token
+            width = int(fields.get("d_vocab_out") or fields.get("d_vocab", 1)) + 2
+        else:
+            width = int(fields.get("d_in", 1)) + int(fields.get("d_out", 1)) + 1
+        per_trace = int(fields.get("n_ctx", 1)) * width
         for name in ("batch_size", "eval_traces"):
             n = getattr(self.cfg, name) * per_trace
             if n > max_elements():
@@ -522,7 +527,13 @@ class Trainer:
         ) from None
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    on_start: Callable[[], None] | None = None,
+) -> TrainResult:
     """Train a model as ``cfg`` says; see :class:`Trainer`.
 
     Args:
@@ -530,8 +541,14 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress:
         out_dir: Run directory.
         resume: Continue the run in ``out_dir`` from its ``last.pt``.
         progress: Show a progress bar.
+        on_start: Called once the settings are checked (the trainer is built, nothing
+            written yet): where a command says what it trains, so that a refused setting
+            is its only output.
 
     Returns:
         Where the run stands: step, last checkpoint, final loss and evaluation.
     """
-    return Trainer(cfg, out_dir, progress=progress).run(resume=resume)
+    trainer = Trainer(cfg, out_dir, progress=progress)
+    if on_start is not None:
+        on_start()
+    return trainer.run(resume=resume)

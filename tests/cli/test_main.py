@@ -295,3 +295,40 @@ def test_every_help_fits_an_80_column_terminal():
         long = [line for line in out.stdout.splitlines() if len(line) > 80]
         assert not long, (command, long[:2])
         assert "Usage: mechlab" in out.stdout
+
+
+COMMANDS = [["prune", "--ckpt", "run.pt"], ["train"], ["eval", "--ckpt", "run.pt"], ["bench", "train"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_too_many_threads_are_refused_before_any_command_runs(command, tmp_path, capsys):
+    from mechlab.limits import max_threads
+
+    out = tmp_path / "out"
+    code = main([*command, "--threads", "100000", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (f"mechlab: error: --threads 100000 is more than {max_threads()} (4 per CPU core; this "
+                      f"machine has {os.cpu_count()}); give at most {max_threads()}, or leave --threads out "
+                      "for torch's default")  # fmt: skip
+    assert not out.exists()
+    assert main([*command, f"--threads={max_threads() + 1}", "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("task_cfg.m=1000000", "m 1e+06 is more than mechlab's limit of 16,384 (one token per"),
+        ("task_cfg.L=1000000", "L 1e+06 is more than mechlab's limit of 4,096"),
+        ("batch_size=1000000", "batch_size=1000000 makes batches of about"),
+    ],
+)
+def test_state_tracking_sizes_are_refused_before_training(setting, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run(capsys, "train", "--task", "state_tracking", "--set", setting, "--set",
+                       "task_cfg.m=5000" if "batch" in setting else "seed=0", "--out", out,
+                       "--no-progress")  # fmt: skip
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert not stdout  # "training ..." is said once the settings are checked
+    assert not out.exists()

@@ -83,6 +83,10 @@ def _write(path, records):
         ("target", "--target does not apply with --pairs"),
         ("metric", "unknown metric 'accuracy'"),
         ("sparsity", "sparsity must be in (0, 1)"),
+        ("long-line", "(line 301 is the longest) would hold pairs 301 x bytes of the longest line"),
+        ("many-lines", "holds more than mechlab's limit of 100,000 pairs"),
+        ("deep", "line 2 nests more than 64 levels deep"),
+        ("nan-weights", "holds non-finite weights: parameter 'blocks.1.attn.W_Q' has 2 NaN/inf"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, message, gpt2_folder, ioi_file, tmp_path,
@@ -113,6 +117,28 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, message, gpt2_fol
     elif case == "answer":
         pairs = _write(tmp_path / "p.jsonl", [{"clean": "Mary and John", "corrupted": "Lucy and Tom",
                                                "answer": " Mary Lucy", "wrong": " John"}] * 2)  # fmt: skip
+    elif case == "nan-weights":  # refused when the model is opened, before any pruning
+        import transformers as T
+
+        model = tmp_path / "nan"
+        hf = T.GPT2LMHeadModel.from_pretrained(gpt2_folder)
+        with torch.no_grad():
+            hf.transformer.h[1].attn.c_attn.weight[0, 0] = float("nan")
+            hf.transformer.h[1].attn.c_attn.weight[0, 1] = float("inf")
+        hf.save_pretrained(model)
+        extra = ["--tokenizer", str(gpt2_folder)]
+        capsys.readouterr()  # the progress bars of transformers' own loading and saving
+    elif case == "long-line":  # pads every pair to the longest line: refused before tokenizing
+        ids = {"clean": [1, 2], "corrupted": [1, 3], "answer": 1, "wrong": 2}
+        long = {"clean": [1] * 1_400_000, "corrupted": [2] * 1_400_000, "answer": 1, "wrong": 2}
+        pairs = _write(tmp_path / "p.jsonl", [ids] * 300 + [long])
+    elif case == "many-lines":
+        pairs = tmp_path / "p.jsonl"
+        pairs.write_text('{"clean": [1], "corrupted": [2]}\n' * 100_001)
+    elif case == "deep":
+        pairs = tmp_path / "p.jsonl"
+        pairs.write_text(json.dumps({"clean": [1, 2], "corrupted": [1, 3], "answer": 1, "wrong": 2}) + "\n"
+                         + '{"clean": ' + "[" * 100_000 + "]" * 100_000 + "}\n")  # fmt: skip
     args = ["prune", "--model", str(model), "--pairs", str(pairs), *extra]
     if case == "no-model":
         args = ["prune", "--pairs", str(pairs)]
@@ -130,6 +156,16 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, message, gpt2_fol
     assert code == 2
     assert len(err) == 1 and err[0].startswith("mechlab: error: ") and message in err[0], err
     assert not out.exists()
+
+
+def test_pairs_ioi_refuses_more_pairs_than_a_pair_file_may_hold(gpt2_folder, tmp_path, capsys):
+    out = tmp_path / "new" / "ioi.jsonl"
+    args = ["--tokenizer", str(gpt2_folder), "--out", str(out), "--n", "2000000000"]
+    code = main(["pairs", "ioi", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["mechlab: error: --n 2e+09 is more than mechlab's limit of 100,000 (the most "
+                                 "pairs a pair file may hold); lower --n"], err  # fmt: skip
+    assert not out.parent.exists()
 
 
 def test_a_prompt_prune_rerun_reads_back_or_refuses_by_settings(gpt2_folder, ioi_file, tmp_path, capsys):

@@ -137,6 +137,10 @@ def nan_checkpoint(tmp_path_factory):
         (["--method", "eap", "--ablation", "mean"], "needs interchange ablation, not 'mean'"),
         (["--method", "eap-ig-inputs", "--ablation", "zero"], "needs interchange ablation, not 'zero'"),
         (["--method", "eap-ig", "--ig-steps", "0"], "--ig-steps must be an integer >= 1, got 0"),
+        (
+            ["--method", "eap-ig", "--ig-steps", str(10**12)],
+            "--ig-steps 1e+12 is more than mechlab's limit of 10,000 (each point is a forward",
+        ),
         (["--method", "eap", "--ig-steps", "3"], "method 'eap' does not integrate"),
         (["--method", "eap", "--edges", "0"], "the budget keeps no edge"),
         (["--method", "exact", "--edges", "100000"], "the budget asks for 100000 edges, but only"),

@@ -29,14 +29,29 @@ TINY = ["--models", "st_lstm_small", "--formats", "acot", "--m", "3", "--L", "3"
     (["--local", "--address", "auto"], "--local or --address"),
     (["--trial", "mechlab.sweep.oracle:nothing"], "no callable 'nothing'"),
     (["--multiplier", "1"], "multiplier must be > 1"),
+    (["--trial", "no_such_module:trial"], "cannot import 'no_such_module'"),
+    (["--m", "7", "--L", "12", "--n-val", "1000000000"], "the task's sequences would hold sequences"),
+    (["--m", "1000000"], "m 1e+06 is more than mechlab's limit of 16,384 (one token per element"),
+    (["--L", "1000000"], "L 1e+06 is more than mechlab's limit of 4,096 (checking the task counts"),
+    (["--L", "4000", "--m", "5000", "--batch-size", "1"], "an evaluation chunk's logits would hold sequences 512"),
+    ({"device": "foo"}, "sweep settings: unknown device 'foo'"),
+    ({"device": "cuda:99"}, "device 'cuda:99' asked for, but torch sees"),
+    ({"models": [{"arch": "lstm", "d_model": 100000}]}, "lstm acot Z3 fixed L=3: the lstm config (d_model=100000"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys, args, message):
     out = tmp_path / "sweep"
-    code = main(["sweep", "--out", str(out), *TINY, "--lengths", "fixed", "--no-kappa", *args])
-    err = capsys.readouterr().err.strip()
+    tiny = TINY
+    if isinstance(args, dict):  # settings only a config file gives (flags would override them)
+        config = tmp_path / "sweep.yaml"
+        config.write_text(json.dumps(args))
+        tiny = TINY[2:] if "models" in args else TINY
+        args = ["--config", str(config), "--local"]
+    code = main(["sweep", "--out", str(out), *tiny, "--lengths", "fixed", "--no-kappa", *args])
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert code == 2
-    assert err.startswith("mechlab: error:") and message in err and len(err.splitlines()) == 1
-    assert not (out / "trials").exists() or not any((out / "trials").iterdir())
+    assert err.startswith("mechlab: error:") and message in err and len(err.splitlines()) == 1, err
+    assert not captured.out and not out.exists()  # nothing written (no settings.json, no trials/)
 
 
 def test_a_config_file_with_flags_over_it_runs_resumes_and_writes_the_tables(tmp_path, capsys):

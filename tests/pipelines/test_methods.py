@@ -43,6 +43,7 @@ def test_edge_pruning_keeps_its_path_and_records_its_method(tiny_lds_checkpoint)
         ("eap-ig-inputs", {"ablation": "mean"}, {}, "needs interchange ablation, not 'mean'"),
         ("exact", {}, {"ig_steps": 2}, "method 'exact' does not integrate"),
         ("eap-ig", {}, {"ig_steps": 1.5}, "--ig-steps must be an integer >= 1"),
+        ("eap-ig", {}, {"ig_steps": 10**12}, r"--ig-steps 1e\+12 is more than mechlab.s limit"),
         ("acdc", {}, {"acdc_max_edges": 0}, "max_edges must be a positive integer"),
         ("prune", {"node_sparsity": 0.5}, {}, None),
     ],

@@ -197,6 +197,7 @@ BAD = [
     ({"method": "eap", "at": "middle"}, "unknown EAP point"),
     ({"method": "eap-ig-inputs", "ablation": "zero"}, "needs interchange"),
     ({"method": "eap-ig", "steps": 0}, "steps .* must be an integer >= 1"),
+    ({"method": "eap-ig", "steps": 10**12}, r"steps \(integration points\) 1e\+12 is more than"),
     ({"method": "eap-ig", "metric": "kl"}, "unknown metric 'kl'"),
     ({"method": "exact", "ablation": "resample"}, "unknown ablation 'resample'"),
     ({"method": "exact", "batch_size": 0}, "batch_size must be an integer >= 1"),

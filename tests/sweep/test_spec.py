@@ -42,9 +42,20 @@ def refused(tmp_path, text: str) -> str:
      (LAUGHS, "expands to more than 1,000,000 values"),
      ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nests more than 64 levels deep"),
      (SMALL + "batch_size: 1000000000000\n", "(its logits) would hold batch_size 1e+12 x positions 7 x vocabulary 3"),
-     ("bogus: 1\n", "unknown sweep setting(s) bogus")],
+     ("bogus: 1\n", "unknown sweep setting(s) bogus"),
+     ("ms: [1000000]\n", "m 1e+06 is more than mechlab's limit of 16,384 (one token per element"),
+     ("Ls: [1000000]\n", "L 1e+06 is more than mechlab's limit of 4,096"),
+     (SMALL + "device: foo\n", "unknown device 'foo'"),
+     (SMALL + "device: meta\n", "mechlab does not run on device type 'meta'"),
+     ("models: [{arch: lstm, d_model: 100000}]\nms: [3]\nLs: [3]\nkappa: false\n",
+      "lstm acot Z3 uniform L=3: the lstm config (d_model=100000, n_layers=1, n_ctx=7) would allocate"),
+     ("models: [st_lstm_small]\nms: [5000]\nLs: [4000]\nkappa: false\nbatch_size: 1\n",
+      "an evaluation chunk's logits would hold sequences 512 x positions 8001 x states 5000"),
+     ("models: [st_lstm_small]\nms: [7]\nLs: [12]\nlengths: fixed\nkappa: false\nn_val: 1000000000\n",
+      "the task's sequences would hold sequences (train + validation + OOD) 1e+09 x elements 24")],
     ids=["python-tag", "steps-abc", "steps-float", "kappa-string", "ms-item", "lrs-item", "models-int", "n_max",
-         "search-field", "search-int", "list", "laughs", "deep", "batch-1e12", "unknown"],
+         "search-field", "search-int", "list", "laughs", "deep", "batch-1e12", "unknown", "m-1e6", "L-1e6",
+         "device-foo", "device-meta", "model-too-large", "eval-chunk", "n_val-1e9"],
 )  # fmt: skip
 def test_a_hostile_or_mistyped_sweep_config_is_one_line(tmp_path, text, phrase):
     assert phrase in refused(tmp_path, text)
@@ -58,3 +69,14 @@ def test_the_example_sweeps_still_read_and_one_value_stands_for_a_list(tmp_path)
     spec = SweepSpec.from_yaml(path)
     assert (spec.models, spec.ms, spec.Ls, spec.lrs) == (("st_lstm_small",), (3,), (3,), (1e-3,))
     assert read_settings(path)["lrs"] == 1e-3  # a float, though YAML 1.1 reads "1e-3" as a string
+
+
+def test_a_length_of_a_million_is_refused_at_once_not_after_a_day_of_counting(tmp_path):
+    """Checking a sweep counts the sequences of every length up to L for each search (with
+    kappa, one per length): it grows as L**2.6, so L is bounded before any count."""
+    import time
+
+    start = time.perf_counter()
+    text = SMALL.replace("kappa: false", "kappa: true").replace("Ls: [3]", "Ls: [1000000]")
+    assert "L 1e+06 is more than" in refused(tmp_path, text)
+    assert time.perf_counter() - start < 1

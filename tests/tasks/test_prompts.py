@@ -196,3 +196,53 @@ def test_prompt_pairs_validate_their_fields():
     one_line_error(pairs.split, 1.5, match="test_fraction must be in")
     one_line_error(pairs_from_records, [{"clean": [1], "corrupted": [2]}] * 2, metric="kl", position="last",
                    match="position must be an integer")
+
+
+def test_oversized_pair_files_are_refused_before_a_line_is_parsed(tmp_path, monkeypatch):
+    """Sizes of a pair file are checked before tokenizing or padding: its bytes, its number
+    of pairs, pairs x bytes of its longest line (a bound on the padded batch)."""
+    import time
+
+    from mechlab import limits
+    from mechlab.tasks import prompts
+
+    def parsed(*args, **kwargs):
+        raise AssertionError("a line was parsed before the sizes were checked")
+
+    ids = json.dumps({"clean": [1, 2], "corrupted": [1, 3], "answer": 1, "wrong": 2})
+    n = 1_400_000
+    long = json.dumps({"clean": [1] * n, "corrupted": [2] * n, "answer": 1, "wrong": 2})
+    (tmp_path / "long.jsonl").write_text((ids + "\n") * 300 + long + "\n")  # 301 x 8.4 MB: 2.5e9
+    (tmp_path / "many.jsonl").write_text("{}\n" * (limits.MAX_PROMPT_PAIRS + 1))
+    monkeypatch.setattr(prompts.json, "loads", parsed)
+    start = time.perf_counter()
+    one_line_error(load_pairs, tmp_path / "long.jsonl", metric="kl",
+                   match=r"the padded pairs of .*long.jsonl' \(line 301 is the longest\) would hold pairs "
+                         r"301 x bytes of the longest line 8\.4e\+06 = 2\.53e\+09 elements")  # fmt: skip
+    one_line_error(load_pairs, tmp_path / "many.jsonl", metric="kl",
+                   match=r"many.jsonl' holds more than mechlab's limit of 100,000 pairs")  # fmt: skip
+    monkeypatch.setattr(prompts, "MAX_PAIR_FILE_BYTES", 1000)
+    one_line_error(load_pairs, tmp_path / "long.jsonl", metric="kl",
+                   match=r"is 8,4\d\d,\d\d\d bytes, more than mechlab's limit of 1,000; split it")  # fmt: skip
+    assert time.perf_counter() - start < 5
+
+
+def test_a_line_nested_100000_deep_is_one_line_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    deep = '{"clean": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path.write_text(json.dumps(PAIRS[0]) + "\n" + deep + "\n")
+    match = r"deep.jsonl: line 2 nests more than 64 levels deep"
+    one_line_error(load_pairs, path, metric="kl", match=match)
+
+
+def test_pairs_from_records_bound_their_count_and_padded_size(monkeypatch):
+    from mechlab.tasks import prompts
+
+    monkeypatch.setattr(prompts, "MAX_PROMPT_PAIRS", 3)
+    records = ({"clean": [1, 2], "corrupted": [1, 3]} for _ in range(10**9))  # never all drawn
+    one_line_error(pairs_from_records, records, metric="kl", source="gen",
+                   match="gen holds more than mechlab's limit of 3 pairs")  # fmt: skip
+    monkeypatch.setenv("MECHLAB_MAX_ELEMENTS", "10")
+    records = [{"clean": [1] * 6, "corrupted": [2] * 6}, {"clean": [1], "corrupted": [2]}]
+    one_line_error(pairs_from_records, records, metric="kl",
+                   match=r"the padded pairs would hold pairs 2 x tokens of the longest prompt 6 = 12")  # fmt: skip

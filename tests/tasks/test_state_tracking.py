@@ -256,3 +256,33 @@ def test_data_sets_too_big_to_allocate_are_refused_before_sampling():
     with pytest.raises(ValueError, match=r"the task's sequences would hold .* 1e\+12 x elements 6") as err:
         make_data(cfg)
     assert "lower n_train, n_val or n_ood" in str(err.value)
+
+
+def test_a_length_too_large_is_refused_before_any_sequence_is_counted():
+    with pytest.raises(ValueError) as err:
+        StateTrackingConfig(L=10**6)
+    message = str(err.value)
+    assert "L 1e+06 is more than mechlab's limit of 4,096 (checking the task counts" in message
+    assert "\n" not in message
+
+
+def test_a_modulus_too_large_for_a_model_is_refused_where_one_is_trained():
+    from mechlab.tasks.state_tracking import check_model_vocabulary
+    from mechlab.train.task import StateTrackingTask
+
+    check_model_vocabulary(2**14)
+    with pytest.raises(ValueError, match=r"m 1e\+06 is more than mechlab's limit of 16,384"):
+        StateTrackingTask({"m": 10**6, "L": 3})
+
+
+def test_an_evaluation_chunk_too_large_is_refused_before_a_forward_pass():
+    cfg = StateTrackingConfig(m=5000, L=4000, lengths="fixed", n_train=1, n_val=1, n_ood=1)
+    zeros = torch.zeros(600, 4000, dtype=torch.long)
+    seqs = SequenceSet(zeros, zeros, torch.full((600,), 4000))
+
+    def forward(tokens):
+        raise AssertionError("a forward pass ran before the size check")
+
+    for evaluate in (set_loss, set_accuracy, set_loss_by_length):
+        with pytest.raises(ValueError, match=r"evaluation chunk's logits would hold sequences 512"):
+            evaluate(forward, cfg, seqs)
