@@ -487,6 +487,20 @@ def test_issue_19_view_out_never_overwrites_without_force(capsys, tmp_path, two_
     assert page.read_text() != "mine"
 
 
+def test_issue_34_view_and_overlap_never_replace_a_device_or_a_pipe(capsys, tmp_path, two_circuits):
+    """``view --out <a device node> --force`` replaced the node with a page (as root, ``--out
+    /dev/null --force`` would have replaced /dev/null); a pipe stands in for the device."""
+    a, b = two_circuits
+    page, record = tmp_path / "page.html", tmp_path / "overlap.json"
+    os.mkfifo(page)
+    os.mkfifo(record)
+    for force in ([], ["--force"]):
+        assert "is not a regular file" in refused(capsys, "view", a, b, "--out", page, *force)
+        line = refused(capsys, "overlap", a, b, "--boot", "5", "--null", "5", "--json", record, *force)
+        assert "--json" in line and "is not a regular file" in line
+    assert stat.S_ISFIFO(page.stat().st_mode) and stat.S_ISFIFO(record.stat().st_mode)
+
+
 def test_issue_19_prune_into_a_folder_git_tracks_is_refused(capsys, run_dir, tmp_path):
     import subprocess
 
