@@ -565,6 +565,27 @@ def test_issue_19_two_prunes_into_one_out_cannot_interleave(capsys, run_dir, tmp
     assert len(Circuit.from_json(tmp_path / "p" / "1-after_seed0.json").edges) == edges  # printed = stored
 
 
+def test_issue_34_a_prune_into_a_folder_inside_a_running_report_is_refused(capsys, run_dir, tmp_path):
+    """A `report --out R` and a `prune --out R/circuits` at the same time both exited 0, the
+    prune's circuit replaced by the report's: a lock now covers its folder and all under it."""
+    pid, go = _hold_lock(tmp_path / "R")  # the report, running
+    try:
+        line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--out", tmp_path / "R" / "circuits")
+        assert "circuits' lies inside" in line and f"another mechlab run (pid {pid}, mechlab prune" in line
+        assert sorted(os.listdir(tmp_path / "R")) == [".mechlab.lock"]  # nothing written, no folder made
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+    pid, go = _hold_lock(tmp_path / "R" / "circuits")  # the prune, running
+    try:
+        line = refused(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", tmp_path / "R", *REPORT_FAST)
+        assert f"{str(tmp_path / 'R' / 'circuits')!r}, which is being written by another mechlab run (pid {pid}" in line
+        assert sorted(os.listdir(tmp_path / "R")) == ["circuits"]
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+
+
 @pytest.mark.parametrize("change, phrase", [(["--traces", "9"], "n_train 8 (now 9)"),
                                             (["--haystack", "3", "--seg-len", "3"], "n_haystack 2 (now 3)"),
                                             (["--corruption", "shuffle"], "corruption misdirect_incorrect (now shuffle)")],

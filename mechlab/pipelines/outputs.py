@@ -7,8 +7,9 @@ or resumes where resuming is its promise, or refuses with one line naming ``--fo
 * a single output file (``view --out``, ``overlap --json``) must not exist
   (:func:`check_output_file`);
 * an output folder (:class:`OutputFolder`) is claimed before the first stage runs: its
-  path is checked (not a file, creatable), an exclusive lock taken (one per folder, so
-  that two runs into one folder cannot interleave), and each file the command will write
+  path is checked (not a file, creatable), an exclusive lock taken (one per folder; it
+  covers the folder and everything under it, so that two runs into one folder, or into a
+  folder and one inside it, cannot interleave), and each file the command will write
   is looked at first: a command without resume (``eval``, ``recall``) refuses files that
   exist; a command that resumes (``prune``, ``prune --share``, ``curve``, ``report``,
   ``sweep``) reuses a file only when the settings it records are the run's, and refuses
