@@ -69,7 +69,7 @@ def prune(
     ig_steps: int | None = typer.Option(None, help="Integration points of eap-ig and eap-ig-inputs (default 10)."),
     acdc_max_edges: int | None = typer.Option(None, help="ACDC's limit on countable edges (default 400; each pass runs one forward per edge)."),
     force: bool = force_option("Recompute and replace circuits of other settings found in --out (refused otherwise), and write into a folder git tracks."),
-    nearby_budgets: bool = typer.Option(False, help="Also prune each seed at 0.8x and 1.25x the asked edge count (not written; 3x the time), so that each circuit's consensus counts seeds and budgets (two or more --seed alone: seeds)."),
+    nearby_budgets: bool = typer.Option(False, help="Also prune each seed at 0.8x and 1.25x the asked edge count (not written; 3x the time), so that each circuit's consensus counts seeds and budgets (two or more --seed alone: seeds). Part of the circuits' settings, as the set of --seed is when there are two or more: a rerun that differs is refused, naming it."),
     protocol: str | None = DEPRECATED_PROTOCOL,
     checkpoints: Path | None = typer.Option(None, help="A training run directory: prune (or --method) every checkpoint of it (DIR/checkpoints/step_*.pt, lds task) into --out/step_<step>/, then across.json and across_<target>.html: per checkpoint its edges, faithfulness and Jaccard with the last checkpoint's circuit, per edge the step from which every later checkpoint keeps it (first --seed). Instead of --ckpt/--model."),
     every: int | None = typer.Option(None, help="With --checkpoints: every K-th checkpoint in step order, plus the last (default every one)."),
