@@ -739,19 +739,22 @@ def test_issue_19_a_curve_rerun_reads_back_or_refuses_by_settings(capsys, run_di
 # --------------------------------------------------------------------------- issue 19: the property
 # No command changes a file it did not create in this run. A tree holds what a user has
 # lying around (a git repository with a committed run and circuits, an untracked page, a
-# folder of an earlier prune with other settings, a file where a folder would go); each
-# example runs one command with one choice of output place, with or without --force, and
+# folder of an earlier prune with other settings, one inside a folder of its own, a file
+# where a folder would go); each example runs one command with one choice of output place, with or without --force, and
 # hashes every file before and after. Without --force nothing that existed changes or
 # disappears; with --force only files under the output place that are neither inputs nor
 # checkpoints may; new files appear only under the output place (or mechlab-out/ when
-# none is given); the outcome is exit 0, or exit 2 with one line.
+# none is given); the outcome is exit 0, or exit 2 with one line. The commands include a
+# bench subcommand (its --json, issue 34) and the places folders inside an earlier output
+# folder and a folder that holds one (nested output folders, issue 34).
 
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 POLICY_EXAMPLES = 6 * int(os.environ.get("MECHLAB_PROPERTY_EXAMPLES", "1"))
 PLACES = ["fresh", "checkpoint", "circuit", "page", "old-prune", "run-folder", "committed", "under-a-file",
-          "default"]  # fmt: skip
+          "default", "inside-prune", "holding-prune"]  # fmt: skip
+COMMANDS = ["view", "overlap", "prune", "joint", "eval", "recall", "curve", "train", "bench"]
 
 
 @pytest.fixture(scope="module")
@@ -768,6 +771,7 @@ def policy_template(run_dir, tmp_path_factory):
     for seed, folder in ((["--seed", "0", "--seed", "1"], root / "committed"), (["--sparsity", "0.5"], root / "old")):
         code = main([str(a) for a in ("prune", "--ckpt", root / "run" / "last.pt", *PRUNE_FAST, *seed, "--out", folder)])
         assert code == 0
+    shutil.copytree(root / "old", root / "outer" / "old")  # an output folder inside a folder
     (root / "page.html").write_text("<p>mine</p>")
     (root / "afile").write_text("a file")
     config = {**SMALL, "steps": 1}
@@ -786,8 +790,9 @@ def tree_state(root: Path) -> dict[str, tuple[str, int]]:
 def policy_command(root: Path, command: str, place: str) -> tuple[list, Path | None]:
     """The command line of an example and the output place it names (None: the default)."""
     ckpt, a, b = root / "run" / "last.pt", root / "committed" / "1-after_seed0.json", root / "committed" / "1-after_seed1.json"
-    target = {"fresh": root / "new" / ("out.html" if command == "view" else "out.json" if command == "overlap"
-                                       else "out"),
+    target = {"fresh": root / "new" / ("out.html" if command == "view" else "out.json"
+                                       if command in ("overlap", "bench") else "out"),
+              "inside-prune": root / "old" / "inner", "holding-prune": root / "outer",
               "checkpoint": ckpt, "circuit": a, "page": root / "page.html", "old-prune": root / "old",
               "run-folder": root / "run", "committed": root / "committed", "under-a-file": root / "afile" / "x",
               "default": None}[place]  # fmt: skip
@@ -800,8 +805,10 @@ def policy_command(root: Path, command: str, place: str) -> tuple[list, Path | N
         "recall": ["recall", "--ckpt", ckpt, "--traces", "8", "--offset", "1", "--no-components", "--no-progress"],
         "curve": ["curve", "--ckpt", ckpt, *fast_curve],
         "train": ["train", "--config", root / "train.yaml", "--no-progress"],
+        "bench": ["bench", "hooks", "--families", "mamba", "--batch", "2", "--pos", "4", "--repeats", "1",
+                  "--threads", "1"],
     }[command]
-    option = "--json" if command == "overlap" else "--out"
+    option = "--json" if command in ("overlap", "bench") else "--out"
     if target is not None:
         args += [option, target]
     elif command == "view":  # --out is required: the default place is a fresh page in the tree
@@ -816,7 +823,9 @@ CRITICAL = [("view", "page", False), ("view", "circuit", True), ("overlap", "che
             ("prune", "committed", False), ("prune", "committed", True), ("prune", "checkpoint", True),
             ("joint", "old-prune", False), ("eval", "run-folder", False), ("recall", "run-folder", False),
             ("curve", "old-prune", False), ("train", "run-folder", False), ("train", "committed", True),
-            ("eval", "default", False)]  # fmt: skip
+            ("eval", "default", False), ("bench", "checkpoint", True), ("bench", "page", False),
+            ("bench", "old-prune", True), ("prune", "inside-prune", False), ("prune", "holding-prune", True),
+            ("recall", "holding-prune", False)]  # fmt: skip
 
 
 def critical_examples(test):
@@ -828,16 +837,16 @@ def critical_examples(test):
 @critical_examples
 @settings(max_examples=POLICY_EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
-@given(command=st.sampled_from(["view", "overlap", "prune", "joint", "eval", "recall", "curve", "train"]),
-       place=st.sampled_from(PLACES), force=st.booleans())  # fmt: skip
+@given(command=st.sampled_from(COMMANDS), place=st.sampled_from(PLACES), force=st.booleans())
 def test_issue_19_no_command_changes_a_file_it_did_not_create(policy_template, tmp_path_factory, monkeypatch,
                                                               capsys, command, place, force):  # fmt: skip
     root = tmp_path_factory.mktemp("example") / "tree"
     shutil.copytree(policy_template, root)
     monkeypatch.chdir(root)
     args, target = policy_command(root, command, place)
-    inputs = {root / "run" / "last.pt", root / "committed" / "1-after_seed0.json",
-              root / "committed" / "1-after_seed1.json", root / "train.yaml"}  # fmt: skip
+    inputs = {root / "run" / "last.pt", root / "train.yaml"}  # what the commands read (and a checkpoint)
+    if command in ("view", "overlap"):  # others may replace a committed circuit with --force (prune --out committed)
+        inputs |= {root / "committed" / "1-after_seed0.json", root / "committed" / "1-after_seed1.json"}
     before = tree_state(root)
     code, _, err = cli(capsys, *args, *(["--force"] if force else []))
     after = tree_state(root)
