@@ -629,6 +629,31 @@ def test_issue_19_a_second_report_into_one_out_never_mixes_circuits(capsys, run_
     assert report["finished"] is True and report["settings"]["seeds"] == [2, 3]
 
 
+def test_issue_34_a_report_reads_back_only_circuits_whose_consensus_it_keeps(capsys, run_dir, tmp_path):
+    """A report's circuits record their seeds' consensus, so their settings hold the seeds:
+    an interrupted report resumes (its circuits read back, unchanged), while other seeds with
+    --force recompute the circuit of a seed both runs share instead of saying "read back"
+    and rewriting it with another consensus."""
+    out = tmp_path / "r"
+    args = ["report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST]
+    code, _, err = cli(capsys, *args, "--seed", "0", "--seed", "1")
+    assert code == 0, err
+    circuit = Circuit.from_json(out / "circuits" / "1-after_seed0.json")
+    assert circuit.metadata["settings"]["consensus_seeds"] == circuit.metadata["consensus"]["seeds"] == [0, 1]
+    report = json.loads((out / "report.json").read_text())
+    (out / "report.json").write_text(json.dumps({**report, "finished": False}))  # as if interrupted
+    before = {p.name: digest(p) for p in (out / "circuits").iterdir()}
+    code, stdout, err = cli(capsys, *args, "--seed", "0", "--seed", "1")
+    assert code == 0 and "circuits/1-after_seed0.json: read back (same settings)" in stdout + err, err
+    assert {p.name: digest(p) for p in (out / "circuits").iterdir()} == before
+    code, stdout, err = cli(capsys, *args, "--seed", "0", "--seed", "2", "--force")
+    assert code == 0, err
+    assert "read back" not in stdout + err
+    for s in (0, 2):
+        circuit = Circuit.from_json(out / "circuits" / f"1-after_seed{s}.json")
+        assert circuit.metadata["settings"]["consensus_seeds"] == circuit.metadata["consensus"]["seeds"] == [0, 2]
+
+
 @pytest.mark.parametrize("case", ["file", "proc", "recall-traces", "circuits-a-file"])
 def test_issue_19_report_options_and_out_are_checked_before_the_first_stage(capsys, run_dir, tmp_path, case):
     out, extra = tmp_path / "rpart", []
