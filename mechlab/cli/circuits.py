@@ -150,7 +150,7 @@ def prune(
     use_threads(threads)
     result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, force=force,
                            nearby_budgets=nearby_budgets, **common)  # fmt: skip
-    _print_resumed(result.reused, result.replaced)
+    _print_resumed(result.reused, result.replaced, result.updated)
     for a, b, o in result.overlaps:
         if o.n_edges_a == 0 or o.n_edges_b == 0:
             typer.echo(f"overlap {a} vs {b}: not defined, a circuit is empty "
@@ -189,7 +189,8 @@ def _prune_run(run_dir: Path, targets: list[str], seeds: list[int], out: Path | 
     run = prune_through_training(run_dir, targets, seeds, out, on_checkpoint=show,
                                  on_circuit=_print_circuit, **settings)  # fmt: skip
     _print_resumed([f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.reused],
-                   [f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.replaced])  # fmt: skip
+                   [f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.replaced],
+                   [f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.updated])  # fmt: skip
     for name, across in run.across.items():
         typer.echo(f"{name} through training (seed {seeds[0]}):")
         echo_table([("  step", "examples", "edges", "faithfulness", "Jaccard with last")]
@@ -256,12 +257,16 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
         warn(f"{stem}: {line}")
 
 
-def _print_resumed(reused: list[str], replaced: list[str]) -> None:
-    """Say which circuits a resumed prune read back and which it recomputed (--force)."""
+def _print_resumed(reused: list[str], replaced: list[str], updated: list[str] | None = None) -> None:
+    """Say which circuits a resumed prune read back, which it recomputed (--force) and which
+    it read back but rewrote with a new consensus."""
     if reused:
         typer.echo(f"read back {len(reused)} circuit(s) found before with the same settings: {', '.join(reused)}")
     if replaced:
         typer.echo(f"recomputed {len(replaced)} circuit(s) of other settings (--force): {', '.join(replaced)}")
+    if updated:
+        typer.echo(f"rewrote the consensus of {len(updated)} circuit(s) of the same settings (another circuit of "
+                   f"their target is not the one it was made with): {', '.join(updated)}")  # fmt: skip
 
 
 def _share(value: str) -> float:

@@ -361,6 +361,9 @@ class PruneRun:
         stability: Seed-to-seed against cross-target agreement (two or more seeds), or None.
         reused: Stems whose circuit was read back: found before with the same settings.
         replaced: Stems whose file of other settings was recomputed (``force``).
+        updated: Stems read back whose consensus changed, and so were rewritten: another
+            circuit of their target is not the one their consensus was made with (it was
+            recomputed, or edited); not in ``reused``.
     """
 
     out: Path
@@ -370,6 +373,7 @@ class PruneRun:
     stability: Stability | None = None
     reused: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
 
 
 def prune_targets(
@@ -480,8 +484,12 @@ def prune_targets(
                 circuit,
             ) in found.items():  # rewritten with it (unchanged files stay as they are)
                 json_path, html_path = run.files[stem]
+                before = json_path.read_bytes() if stem in run.reused else None
                 folder.write_circuit(circuit, json_path.name)
                 folder.write_circuit_figure(circuit, html_path.name)
+                if before is not None and json_path.read_bytes() != before:  # not what was read back
+                    run.reused.remove(stem)
+                    run.updated.append(stem)
     names = list(run.circuits)
     for a, b in zip(names, names[1:], strict=False):
         run.overlaps.append((a, b, overlap(run.circuits[a][0], run.circuits[b][0])))

@@ -188,6 +188,32 @@ def test_issue_34_a_rerun_of_other_seeds_or_budgets_never_reads_back_and_rewrite
     assert "read back 2 circuit(s)" in capsys.readouterr().out and files() == again
 
 
+def test_issue_34_a_circuit_read_back_whose_consensus_changes_is_not_called_read_back(lds_checkpoint, tmp_path,
+                                                                                     capsys):  # fmt: skip
+    """When another circuit of the target is not the one a circuit's consensus was made with
+    (recomputed, or edited by hand), the circuit is rewritten with the new consensus, and
+    the run says so instead of "read back"."""
+    import json
+
+    path, _ = lds_checkpoint
+    out = tmp_path / "c"
+    argv = ["prune", "--ckpt", str(path), "--traces", "8", "--test-traces", "8", "--steps", "2", "--sparsity",
+            "0.9", "--seed", "0", "--seed", "1", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    edited = json.loads((out / "1-after_seed1.json").read_text())
+    circuit = Circuit.from_dict(edited)
+    circuit.edges.pop(next(iter(circuit.edges)))  # its settings record stays: it is read back
+    (out / "1-after_seed1.json").write_text(json.dumps(circuit.to_dict(), indent=1))
+    capsys.readouterr()
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "read back" not in text and "rewrote the consensus of 2 circuit(s)" in text, text
+    assert Circuit.from_json(out / "1-after_seed0.json").metadata["consensus"]["scores"] == \
+        Circuit.from_json(out / "1-after_seed1.json").metadata["consensus"]["scores"]  # fmt: skip
+    assert main(argv) == 0  # and now they are what a rerun reads back
+    assert "read back 2 circuit(s)" in capsys.readouterr().out
+
+
 def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
     """Two targets x two seeds (and the target check before them): one read of the file
     (main at 4d72a04 read it 1 + targets x seeds times)."""
