@@ -700,7 +700,9 @@ def test_issue_19_duplicate_circuits_unknown_writers_and_huge_shares_are_refused
 def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(capsys, run_dir, tmp_path,
                                                                              monkeypatch):  # fmt: skip
     """kill -9 while seed 0's figure is half written: the rerun reads seed 0 back (its
-    figure redrawn), prunes only seed 1, and removes the temporary file."""
+    figure redrawn), prunes only seed 1, and removes the temporary file. Seed 0 was written
+    before the seeds' consensus, so the rerun says it rewrote it with the consensus (issue
+    34: never "read back" of a file it then rewrites)."""
     import signal
     import subprocess
     import sys
@@ -734,7 +736,9 @@ def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(cap
     monkeypatch.setattr(pipeline, "prune_checkpoint", lambda *a, **k: pruned.append(k["seed"]) or real(*a, **k))
     code, out, err = cli(capsys, *args)
     assert code == 0, err
-    assert pruned == [1] and "read back 1 circuit(s) found before with the same settings: 1-after_seed0" in out
+    assert pruned == [1] and "read back 1 circuit(s) of the same settings and rewrote them with this run's " \
+        "consensus (an interrupted run wrote them before it" in out and "found before" not in out  # fmt: skip
+    assert Circuit.from_json(tmp_path / "k" / "1-after_seed0.json").metadata["consensus"]["seeds"] == [0, 1]
     assert sorted(os.listdir(tmp_path / "k")) == ["1-after_seed0.html", "1-after_seed0.json", "1-after_seed1.html",
                                                   "1-after_seed1.json", "plotly.min.js"]  # fmt: skip
     assert "plotly" in (tmp_path / "k" / "1-after_seed0.html").read_text()

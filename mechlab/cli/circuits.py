@@ -258,15 +258,16 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
 
 
 def _print_resumed(reused: list[str], replaced: list[str], updated: list[str] | None = None) -> None:
-    """Say which circuits a resumed prune read back, which it recomputed (--force) and which
-    it read back but rewrote with a new consensus."""
+    """Say which circuits a resumed prune read back unchanged, which it recomputed (--force)
+    and which it read back but rewrote with this run's consensus."""
     if reused:
         typer.echo(f"read back {len(reused)} circuit(s) found before with the same settings: {', '.join(reused)}")
     if replaced:
         typer.echo(f"recomputed {len(replaced)} circuit(s) of other settings (--force): {', '.join(replaced)}")
     if updated:
-        typer.echo(f"rewrote the consensus of {len(updated)} circuit(s) of the same settings (another circuit of "
-                   f"their target is not the one it was made with): {', '.join(updated)}")  # fmt: skip
+        typer.echo(f"read back {len(updated)} circuit(s) of the same settings and rewrote them with this run's "
+                   f"consensus (an interrupted run wrote them before it, or another circuit of their target "
+                   f"changed): {', '.join(updated)}")  # fmt: skip
 
 
 def _share(value: str) -> float:

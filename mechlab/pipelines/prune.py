@@ -361,9 +361,9 @@ class PruneRun:
         stability: Seed-to-seed against cross-target agreement (two or more seeds), or None.
         reused: Stems whose circuit was read back: found before with the same settings.
         replaced: Stems whose file of other settings was recomputed (``force``).
-        updated: Stems read back whose consensus changed, and so were rewritten: another
-            circuit of their target is not the one their consensus was made with (it was
-            recomputed, or edited); not in ``reused``.
+        updated: Stems read back and then rewritten with this run's consensus (an
+            interrupted run wrote them before the consensus, or another circuit of their
+            target is not the one their consensus was made with); not in ``reused``.
     """
 
     out: Path
@@ -487,7 +487,7 @@ def prune_targets(
                 before = json_path.read_bytes() if stem in run.reused else None
                 folder.write_circuit(circuit, json_path.name)
                 folder.write_circuit_figure(circuit, html_path.name)
-                if before is not None and json_path.read_bytes() != before:  # not what was read back
+                if before is not None and json_path.read_bytes() != before:  # not only read back
                     run.reused.remove(stem)
                     run.updated.append(stem)
     names = list(run.circuits)

@@ -175,7 +175,7 @@ def test_issue_34_a_rerun_of_other_seeds_or_budgets_never_reads_back_and_rewrite
         assert len(lines) == 1 and "1-after_seed0.json" in lines[0] and phrase in lines[0], err
         assert "read back" not in out_ and files() == before
     assert main([*base, "--seed", "1", "--seed", "0"]) == 0  # the same seeds in another order: the same files
-    assert "read back 2 circuit(s)" in capsys.readouterr().out and files() == before
+    assert "read back 2 circuit(s) found before with the same settings" in capsys.readouterr().out and files() == before
     assert main([*base, "--seed", "0", "--seed", "2", "--force"]) == 0  # asked: recomputed, keyed anew
     for s in (0, 2):
         c = Circuit.from_json(out / f"1-after_seed{s}.json")
@@ -185,7 +185,7 @@ def test_issue_34_a_rerun_of_other_seeds_or_budgets_never_reads_back_and_rewrite
     capsys.readouterr()
     again = files()
     assert main([*base, "--seed", "0", "--seed", "2", "--nearby-budgets"]) == 0  # the same: truly read back
-    assert "read back 2 circuit(s)" in capsys.readouterr().out and files() == again
+    assert "read back 2 circuit(s) found before with the same settings" in capsys.readouterr().out and files() == again
 
 
 def test_issue_34_a_circuit_read_back_whose_consensus_changes_is_not_called_read_back(lds_checkpoint, tmp_path,
@@ -207,11 +207,12 @@ def test_issue_34_a_circuit_read_back_whose_consensus_changes_is_not_called_read
     capsys.readouterr()
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "read back" not in text and "rewrote the consensus of 2 circuit(s)" in text, text
+    assert "found before with the same settings" not in text, text  # not said to be read back unchanged
+    assert "read back 2 circuit(s) of the same settings and rewrote them with this run's consensus" in text, text
     assert Circuit.from_json(out / "1-after_seed0.json").metadata["consensus"]["scores"] == \
         Circuit.from_json(out / "1-after_seed1.json").metadata["consensus"]["scores"]  # fmt: skip
     assert main(argv) == 0  # and now they are what a rerun reads back
-    assert "read back 2 circuit(s)" in capsys.readouterr().out
+    assert "read back 2 circuit(s) found before with the same settings" in capsys.readouterr().out
 
 
 def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
