@@ -488,6 +488,20 @@ def test_issue_19_view_out_never_overwrites_without_force(capsys, tmp_path, two_
     assert page.read_text() != "mine"
 
 
+def test_issue_34_view_and_overlap_never_replace_a_device_or_a_pipe(capsys, tmp_path, two_circuits):
+    """``view --out <a device node> --force`` replaced the node with a page (as root, ``--out
+    /dev/null --force`` would have replaced /dev/null); a pipe stands in for the device."""
+    a, b = two_circuits
+    page, record = tmp_path / "page.html", tmp_path / "overlap.json"
+    os.mkfifo(page)
+    os.mkfifo(record)
+    for force in ([], ["--force"]):
+        assert "is not a regular file" in refused(capsys, "view", a, b, "--out", page, *force)
+        line = refused(capsys, "overlap", a, b, "--boot", "5", "--null", "5", "--json", record, *force)
+        assert "--json" in line and "is not a regular file" in line
+    assert stat.S_ISFIFO(page.stat().st_mode) and stat.S_ISFIFO(record.stat().st_mode)
+
+
 def test_issue_19_prune_into_a_folder_git_tracks_is_refused(capsys, run_dir, tmp_path):
     import subprocess
 
@@ -552,6 +566,27 @@ def test_issue_19_two_prunes_into_one_out_cannot_interleave(capsys, run_dir, tmp
     assert len(Circuit.from_json(tmp_path / "p" / "1-after_seed0.json").edges) == edges  # printed = stored
 
 
+def test_issue_34_a_prune_into_a_folder_inside_a_running_report_is_refused(capsys, run_dir, tmp_path):
+    """A `report --out R` and a `prune --out R/circuits` at the same time both exited 0, the
+    prune's circuit replaced by the report's: a lock now covers its folder and all under it."""
+    pid, go = _hold_lock(tmp_path / "R")  # the report, running
+    try:
+        line = refused(capsys, "prune", "--ckpt", run_dir / "last.pt", *PRUNE_FAST, "--out", tmp_path / "R" / "circuits")
+        assert "circuits' lies inside" in line and f"another mechlab run (pid {pid}, mechlab prune" in line
+        assert sorted(os.listdir(tmp_path / "R")) == [".mechlab.lock"]  # nothing written, no folder made
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+    pid, go = _hold_lock(tmp_path / "R" / "circuits")  # the prune, running
+    try:
+        line = refused(capsys, "report", "--ckpt", run_dir / "last.pt", "--out", tmp_path / "R", *REPORT_FAST)
+        assert f"{str(tmp_path / 'R' / 'circuits')!r}, which is being written by another mechlab run (pid {pid}" in line
+        assert sorted(os.listdir(tmp_path / "R")) == ["circuits"]
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+
+
 @pytest.mark.parametrize("change, phrase", [(["--traces", "9"], "n_train 8 (now 9)"),
                                             (["--haystack", "3", "--seg-len", "3"], "n_haystack 2 (now 3)"),
                                             (["--corruption", "shuffle"], "corruption misdirect_incorrect (now shuffle)")],
@@ -593,6 +628,31 @@ def test_issue_19_a_second_report_into_one_out_never_mixes_circuits(capsys, run_
     assert sorted(p.name for p in (out / "circuits").glob("*.json")) == ["1-after_seed2.json", "1-after_seed3.json"]
     report = json.loads((out / "report.json").read_text())
     assert report["finished"] is True and report["settings"]["seeds"] == [2, 3]
+
+
+def test_issue_34_a_report_reads_back_only_circuits_whose_consensus_it_keeps(capsys, run_dir, tmp_path):
+    """A report's circuits record their seeds' consensus, so their settings hold the seeds:
+    an interrupted report resumes (its circuits read back, unchanged), while other seeds with
+    --force recompute the circuit of a seed both runs share instead of saying "read back"
+    and rewriting it with another consensus."""
+    out = tmp_path / "r"
+    args = ["report", "--ckpt", run_dir / "last.pt", "--out", out, *REPORT_FAST]
+    code, _, err = cli(capsys, *args, "--seed", "0", "--seed", "1")
+    assert code == 0, err
+    circuit = Circuit.from_json(out / "circuits" / "1-after_seed0.json")
+    assert circuit.metadata["settings"]["consensus_seeds"] == circuit.metadata["consensus"]["seeds"] == [0, 1]
+    report = json.loads((out / "report.json").read_text())
+    (out / "report.json").write_text(json.dumps({**report, "finished": False}))  # as if interrupted
+    before = {p.name: digest(p) for p in (out / "circuits").iterdir()}
+    code, stdout, err = cli(capsys, *args, "--seed", "0", "--seed", "1")
+    assert code == 0 and "circuits/1-after_seed0.json: read back (same settings)" in stdout + err, err
+    assert {p.name: digest(p) for p in (out / "circuits").iterdir()} == before
+    code, stdout, err = cli(capsys, *args, "--seed", "0", "--seed", "2", "--force")
+    assert code == 0, err
+    assert "read back" not in stdout + err
+    for s in (0, 2):
+        circuit = Circuit.from_json(out / "circuits" / f"1-after_seed{s}.json")
+        assert circuit.metadata["settings"]["consensus_seeds"] == circuit.metadata["consensus"]["seeds"] == [0, 2]
 
 
 @pytest.mark.parametrize("case", ["file", "proc", "recall-traces", "circuits-a-file"])
@@ -641,7 +701,9 @@ def test_issue_19_duplicate_circuits_unknown_writers_and_huge_shares_are_refused
 def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(capsys, run_dir, tmp_path,
                                                                              monkeypatch):  # fmt: skip
     """kill -9 while seed 0's figure is half written: the rerun reads seed 0 back (its
-    figure redrawn), prunes only seed 1, and removes the temporary file."""
+    figure redrawn), prunes only seed 1, and removes the temporary file. Seed 0 was written
+    before the seeds' consensus, so the rerun says it rewrote it with the consensus (issue
+    34: never "read back" of a file it then rewrites)."""
     import signal
     import subprocess
     import sys
@@ -675,7 +737,9 @@ def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(cap
     monkeypatch.setattr(pipeline, "prune_checkpoint", lambda *a, **k: pruned.append(k["seed"]) or real(*a, **k))
     code, out, err = cli(capsys, *args)
     assert code == 0, err
-    assert pruned == [1] and "read back 1 circuit(s) found before with the same settings: 1-after_seed0" in out
+    assert pruned == [1] and "read back 1 circuit(s) of the same settings and rewrote them with this run's " \
+        "consensus (an interrupted run wrote them before it" in out and "found before" not in out  # fmt: skip
+    assert Circuit.from_json(tmp_path / "k" / "1-after_seed0.json").metadata["consensus"]["seeds"] == [0, 1]
     assert sorted(os.listdir(tmp_path / "k")) == ["1-after_seed0.html", "1-after_seed0.json", "1-after_seed1.html",
                                                   "1-after_seed1.json", "plotly.min.js"]  # fmt: skip
     assert "plotly" in (tmp_path / "k" / "1-after_seed0.html").read_text()
@@ -705,19 +769,22 @@ def test_issue_19_a_curve_rerun_reads_back_or_refuses_by_settings(capsys, run_di
 # --------------------------------------------------------------------------- issue 19: the property
 # No command changes a file it did not create in this run. A tree holds what a user has
 # lying around (a git repository with a committed run and circuits, an untracked page, a
-# folder of an earlier prune with other settings, a file where a folder would go); each
-# example runs one command with one choice of output place, with or without --force, and
+# folder of an earlier prune with other settings, one inside a folder of its own, a file
+# where a folder would go); each example runs one command with one choice of output place, with or without --force, and
 # hashes every file before and after. Without --force nothing that existed changes or
 # disappears; with --force only files under the output place that are neither inputs nor
 # checkpoints may; new files appear only under the output place (or mechlab-out/ when
-# none is given); the outcome is exit 0, or exit 2 with one line.
+# none is given); the outcome is exit 0, or exit 2 with one line. The commands include a
+# bench subcommand (its --json, issue 34) and the places folders inside an earlier output
+# folder and a folder that holds one (nested output folders, issue 34).
 
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 POLICY_EXAMPLES = 6 * int(os.environ.get("MECHLAB_PROPERTY_EXAMPLES", "1"))
 PLACES = ["fresh", "checkpoint", "circuit", "page", "old-prune", "run-folder", "committed", "under-a-file",
-          "default"]  # fmt: skip
+          "default", "inside-prune", "holding-prune"]  # fmt: skip
+COMMANDS = ["view", "overlap", "prune", "joint", "eval", "recall", "curve", "train", "bench"]
 
 
 @pytest.fixture(scope="module")
@@ -734,6 +801,7 @@ def policy_template(run_dir, tmp_path_factory):
     for seed, folder in ((["--seed", "0", "--seed", "1"], root / "committed"), (["--sparsity", "0.5"], root / "old")):
         code = main([str(a) for a in ("prune", "--ckpt", root / "run" / "last.pt", *PRUNE_FAST, *seed, "--out", folder)])
         assert code == 0
+    shutil.copytree(root / "old", root / "outer" / "old")  # an output folder inside a folder
     (root / "page.html").write_text("<p>mine</p>")
     (root / "afile").write_text("a file")
     config = {**SMALL, "steps": 1}
@@ -752,8 +820,9 @@ def tree_state(root: Path) -> dict[str, tuple[str, int]]:
 def policy_command(root: Path, command: str, place: str) -> tuple[list, Path | None]:
     """The command line of an example and the output place it names (None: the default)."""
     ckpt, a, b = root / "run" / "last.pt", root / "committed" / "1-after_seed0.json", root / "committed" / "1-after_seed1.json"
-    target = {"fresh": root / "new" / ("out.html" if command == "view" else "out.json" if command == "overlap"
-                                       else "out"),
+    target = {"fresh": root / "new" / ("out.html" if command == "view" else "out.json"
+                                       if command in ("overlap", "bench") else "out"),
+              "inside-prune": root / "old" / "inner", "holding-prune": root / "outer",
               "checkpoint": ckpt, "circuit": a, "page": root / "page.html", "old-prune": root / "old",
               "run-folder": root / "run", "committed": root / "committed", "under-a-file": root / "afile" / "x",
               "default": None}[place]  # fmt: skip
@@ -766,8 +835,10 @@ def policy_command(root: Path, command: str, place: str) -> tuple[list, Path | N
         "recall": ["recall", "--ckpt", ckpt, "--traces", "8", "--offset", "1", "--no-components", "--no-progress"],
         "curve": ["curve", "--ckpt", ckpt, *fast_curve],
         "train": ["train", "--config", root / "train.yaml", "--no-progress"],
+        "bench": ["bench", "hooks", "--families", "mamba", "--batch", "2", "--pos", "4", "--repeats", "1",
+                  "--threads", "1"],
     }[command]
-    option = "--json" if command == "overlap" else "--out"
+    option = "--json" if command in ("overlap", "bench") else "--out"
     if target is not None:
         args += [option, target]
     elif command == "view":  # --out is required: the default place is a fresh page in the tree
@@ -782,7 +853,9 @@ CRITICAL = [("view", "page", False), ("view", "circuit", True), ("overlap", "che
             ("prune", "committed", False), ("prune", "committed", True), ("prune", "checkpoint", True),
             ("joint", "old-prune", False), ("eval", "run-folder", False), ("recall", "run-folder", False),
             ("curve", "old-prune", False), ("train", "run-folder", False), ("train", "committed", True),
-            ("eval", "default", False)]  # fmt: skip
+            ("eval", "default", False), ("bench", "checkpoint", True), ("bench", "page", False),
+            ("bench", "old-prune", True), ("prune", "inside-prune", False), ("prune", "holding-prune", True),
+            ("recall", "holding-prune", False)]  # fmt: skip
 
 
 def critical_examples(test):
@@ -794,16 +867,16 @@ def critical_examples(test):
 @critical_examples
 @settings(max_examples=POLICY_EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
-@given(command=st.sampled_from(["view", "overlap", "prune", "joint", "eval", "recall", "curve", "train"]),
-       place=st.sampled_from(PLACES), force=st.booleans())  # fmt: skip
+@given(command=st.sampled_from(COMMANDS), place=st.sampled_from(PLACES), force=st.booleans())
 def test_issue_19_no_command_changes_a_file_it_did_not_create(policy_template, tmp_path_factory, monkeypatch,
                                                               capsys, command, place, force):  # fmt: skip
     root = tmp_path_factory.mktemp("example") / "tree"
     shutil.copytree(policy_template, root)
     monkeypatch.chdir(root)
     args, target = policy_command(root, command, place)
-    inputs = {root / "run" / "last.pt", root / "committed" / "1-after_seed0.json",
-              root / "committed" / "1-after_seed1.json", root / "train.yaml"}  # fmt: skip
+    inputs = {root / "run" / "last.pt", root / "train.yaml"}  # what the commands read (and a checkpoint)
+    if command in ("view", "overlap"):  # others may replace a committed circuit with --force (prune --out committed)
+        inputs |= {root / "committed" / "1-after_seed0.json", root / "committed" / "1-after_seed1.json"}
     before = tree_state(root)
     code, _, err = cli(capsys, *args, *(["--force"] if force else []))
     after = tree_state(root)

@@ -21,8 +21,9 @@ average decays by e in a minute): ``scripts/bench_quiet.sh`` waits between runs 
 is below the limit (:mod:`mechlab.bench.quiet`).
 
 A run's :class:`BenchRecord` prints as a header plus its tables and writes as JSON
-(``mechlab bench ... --json PATH``: atomically, never over an existing file unless
-``--force``); :mod:`mechlab.bench.tables` renders those files into docs/benchmarks.md.
+(:meth:`BenchRecord.to_json`; ``mechlab bench ... --json PATH`` writes it under the output
+policy of :mod:`mechlab.pipelines.outputs`: atomically, never over an existing file unless
+``--force``, never over a checkpoint, an input or a device); :mod:`mechlab.bench.tables` renders those files into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from mechlab.io import atomic_write_text
 
 LOAD_PER_CORE = 0.5  # load per core (before, after less the run's threads, others' threads): above it, provisional
 SCHEMA = "mechlab-bench/1"
@@ -323,6 +322,10 @@ class BenchRecord:
                 "started": self.started, "seconds": self.seconds,
                 "tables": [vars(t) for t in self.tables], "data": self.data}  # fmt: skip
 
+    def to_json(self) -> str:
+        """The record as the JSON text ``--json`` writes (indented, one final newline)."""
+        return json.dumps(self.to_dict(), indent=1, default=str) + "\n"
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchRecord:
         if data.get("schema") != SCHEMA:
@@ -334,29 +337,6 @@ class BenchRecord:
     @classmethod
     def read(cls, path: str | Path) -> BenchRecord:
         return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-def check_json_path(path: str | Path | None, force: bool) -> None:
-    """Refuse, before anything runs, a ``--json`` file that exists (unless ``force``) or whose
-    folder cannot be made."""
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"--json {p} is a folder; give a file name, e.g. {p / 'bench.json'}")
-    if p.exists() and not force:
-        raise ValueError(f"--json {p} exists; pass --force to overwrite it, or choose another file")
-    parent = p.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"--json {p}: {parent} is not writable")
-
-
-def write_record(record: BenchRecord, path: str | Path, force: bool = False) -> Path:
-    """Write a record as JSON, atomically; refuses an existing file unless ``force``."""
-    check_json_path(path, force)
-    return atomic_write_text(path, json.dumps(record.to_dict(), indent=1, default=str) + "\n")
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:

@@ -8,7 +8,7 @@ renders into docs/benchmarks.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +18,38 @@ from mechlab.cli.app import UsageProblem, bench_app, use_threads
 from mechlab.limits import check_elements
 
 JSON_HELP = "Also write the run's record (settings, machine, load, tables, raw times) here as JSON."
-FORCE_HELP = "Overwrite the --json file if it exists."
+FORCE_HELP = "Overwrite the --json file if it exists (never a checkpoint or an input)."
+
+
+def _check_output(path: Path | None, force: bool, inputs: Sequence[Path | str | None] = (), option: str = "--json") -> None:
+    """Refuse, before anything runs, an output file the policy refuses
+    (:func:`mechlab.pipelines.outputs.check_output_file`): one that exists (without
+    ``force``), a checkpoint, one of the ``inputs``, a folder, a device node or a pipe."""
+    from mechlab.pipelines import outputs
+
+    if path is None:
+        return
+    try:
+        outputs.check_output_file(path, force=force, inputs=[p for p in inputs if p is not None], option=option)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def _recorded(bench: str, settings: dict[str, Any], device: str, json_path: Path | None, force: bool,
-              measure: Callable[[], tuple[list, dict]]) -> None:  # fmt: skip
-    """Run ``measure`` under a load recorder, print the record, write it to ``json_path``."""
-    from mechlab.bench.record import Recorder, check_json_path, write_record
+              measure: Callable[[], tuple[list, dict]], inputs: Sequence[Path | str | None] = ()) -> None:  # fmt: skip
+    """Run ``measure`` under a load recorder, print the record, write it to ``json_path``
+    (under the output policy: checked before anything runs, and again as it is written)."""
+    from mechlab.bench.record import Recorder
+    from mechlab.pipelines import outputs
 
-    try:
-        check_json_path(json_path, force)  # before anything runs
-    except ValueError as exc:
-        raise UsageProblem(str(exc)) from None
+    _check_output(json_path, force, inputs)
     with Recorder(bench, settings, device) as recorder:
         tables, data = measure()
         record = recorder.record(tables, data)
     typer.echo(record.text())
     if json_path is not None:
-        write_record(record, json_path, force=force)
+        _check_output(json_path, force, inputs)  # what appeared meanwhile is refused too
+        outputs.write_text(json_path, record.to_json())
         typer.echo(f"record written to {json_path}")
 
 
@@ -86,7 +100,8 @@ def bench_prune_(
         return [prune_table(names, batch=batch, n_pos=n_pos, repeats=repeats, device=device, memory=memory,
                             straightforward=straightforward)], {}  # fmt: skip
 
-    _recorded("prune-reference" if reference is not None else "prune", settings, device, json_path, force, measure)
+    _recorded("prune-reference" if reference is not None else "prune", settings, device, json_path, force, measure,
+              inputs=[reference])  # fmt: skip
 
 
 @bench_app.command("startup")
@@ -245,7 +260,7 @@ def bench_methods_(
     threads: int = typer.Option(1, min=1, help="Torch CPU threads."),
     device: str = typer.Option("cpu"),
     out: Path | None = typer.Option(None, help="Write the table and its settings as JSON here."),
-    force: bool = typer.Option(False, help="Overwrite --out if it exists."),
+    force: bool = typer.Option(False, help="Overwrite --out if it exists (never a checkpoint or an input)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     stability_boots: int = typer.Option(5, min=0, help="Bootstrap resamples of the training traces per method and target: the stability column, the mean edge Jaccard of the method's circuits on them with its own circuit (bar 0.8; not counted in the method's seconds). 0: off; else at least 2."),
     redundant: str = typer.Option("tests.prune.planted_cases:redundant_budget_cases", help="Redundant planted generator MODULE:FUNCTION (a function of the seeds returning (PlantedCase, {budget name: edges}, faithfulness goal) items; the default is used where it exists), or none: a 'redundant found (<budget>)' column per budget."),
@@ -274,8 +289,7 @@ def bench_methods_(
         raise UsageProblem(f"--sparsity must be in (0, 1), got {sparsity}")
     if stability_boots == 1:
         raise UsageProblem("--stability-boots must be 0 (off) or at least 2 (a spread needs two resamples)")
-    if out is not None and out.exists() and not force:
-        raise UsageProblem(f"{str(out)!r} exists; pass --force to overwrite it")
+    _check_output(out, force, [ckpt], option="--out")
     planted_seeds, tracr_seed_list = _seeds("--seeds", seeds), _seeds("--tracr-seeds", tracr_seeds)
     use_threads(threads)
     cases = planted_cases(planted, planted_seeds)
@@ -305,6 +319,7 @@ def bench_methods_(
         if missed:
             typer.echo(f"redundant {method} not found: {', '.join(missed)}")
     if out is not None:
+        _check_output(out, force, [ckpt], option="--out")  # what appeared meanwhile is refused too
         typer.echo(f"wrote {outputs.write_json(out, table.to_dict(), default=str)}")
 
 

@@ -69,7 +69,7 @@ def prune(
     ig_steps: int | None = typer.Option(None, help="Integration points of eap-ig and eap-ig-inputs (default 10)."),
     acdc_max_edges: int | None = typer.Option(None, help="ACDC's limit on countable edges (default 400; each pass runs one forward per edge)."),
     force: bool = force_option("Recompute and replace circuits of other settings found in --out (refused otherwise), and write into a folder git tracks."),
-    nearby_budgets: bool = typer.Option(False, help="Also prune each seed at 0.8x and 1.25x the asked edge count (not written; 3x the time), so that each circuit's consensus counts seeds and budgets (two or more --seed alone: seeds)."),
+    nearby_budgets: bool = typer.Option(False, help="Also prune each seed at 0.8x and 1.25x the asked edge count (not written; 3x the time), so that each circuit's consensus counts seeds and budgets (two or more --seed alone: seeds). Part of the circuits' settings, as the set of --seed is when there are two or more: a rerun that differs is refused, naming it."),
     protocol: str | None = DEPRECATED_PROTOCOL,
     checkpoints: Path | None = typer.Option(None, help="A training run directory: prune (or --method) every checkpoint of it (DIR/checkpoints/step_*.pt, lds task) into --out/step_<step>/, then across.json and across_<target>.html: per checkpoint its edges, faithfulness and Jaccard with the last checkpoint's circuit, per edge the step from which every later checkpoint keeps it (first --seed). Instead of --ckpt/--model."),
     every: int | None = typer.Option(None, help="With --checkpoints: every K-th checkpoint in step order, plus the last (default every one)."),
@@ -150,7 +150,7 @@ def prune(
     use_threads(threads)
     result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, force=force,
                            nearby_budgets=nearby_budgets, **common)  # fmt: skip
-    _print_resumed(result.reused, result.replaced)
+    _print_resumed(result.reused, result.replaced, result.updated)
     for a, b, o in result.overlaps:
         if o.n_edges_a == 0 or o.n_edges_b == 0:
             typer.echo(f"overlap {a} vs {b}: not defined, a circuit is empty "
@@ -189,7 +189,8 @@ def _prune_run(run_dir: Path, targets: list[str], seeds: list[int], out: Path | 
     run = prune_through_training(run_dir, targets, seeds, out, on_checkpoint=show,
                                  on_circuit=_print_circuit, **settings)  # fmt: skip
     _print_resumed([f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.reused],
-                   [f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.replaced])  # fmt: skip
+                   [f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.replaced],
+                   [f"{folder}/{stem}" for folder, r in run.runs.items() for stem in r.updated])  # fmt: skip
     for name, across in run.across.items():
         typer.echo(f"{name} through training (seed {seeds[0]}):")
         echo_table([("  step", "examples", "edges", "faithfulness", "Jaccard with last")]
@@ -256,12 +257,17 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
         warn(f"{stem}: {line}")
 
 
-def _print_resumed(reused: list[str], replaced: list[str]) -> None:
-    """Say which circuits a resumed prune read back and which it recomputed (--force)."""
+def _print_resumed(reused: list[str], replaced: list[str], updated: list[str] | None = None) -> None:
+    """Say which circuits a resumed prune read back unchanged, which it recomputed (--force)
+    and which it read back but rewrote with this run's consensus."""
     if reused:
         typer.echo(f"read back {len(reused)} circuit(s) found before with the same settings: {', '.join(reused)}")
     if replaced:
         typer.echo(f"recomputed {len(replaced)} circuit(s) of other settings (--force): {', '.join(replaced)}")
+    if updated:
+        typer.echo(f"read back {len(updated)} circuit(s) of the same settings and rewrote them with this run's "
+                   f"consensus (an interrupted run wrote them before it, or another circuit of their target "
+                   f"changed): {', '.join(updated)}")  # fmt: skip
 
 
 def _share(value: str) -> float:

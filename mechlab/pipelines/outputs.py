@@ -7,16 +7,18 @@ or resumes where resuming is its promise, or refuses with one line naming ``--fo
 * a single output file (``view --out``, ``overlap --json``) must not exist
   (:func:`check_output_file`);
 * an output folder (:class:`OutputFolder`) is claimed before the first stage runs: its
-  path is checked (not a file, creatable), an exclusive lock taken (one per folder, so
-  that two runs into one folder cannot interleave), and each file the command will write
+  path is checked (not a file, creatable), an exclusive lock taken (one per folder; it
+  covers the folder and everything under it, so that two runs into one folder, or into a
+  folder and one inside it, cannot interleave), and each file the command will write
   is looked at first: a command without resume (``eval``, ``recall``) refuses files that
   exist; a command that resumes (``prune``, ``prune --share``, ``curve``, ``report``,
   ``sweep``) reuses a file only when the settings it records are the run's, and refuses
   one made with other settings, naming them (:meth:`OutputFolder.plan`).
 
 **Never, even with --force**: a command writes over one of its inputs (a checkpoint, a
-circuit, a config, a file of an input folder such as a model's or tokenizer's) or over a
-file that looks like a checkpoint.
+circuit, a config, a file of an input folder such as a model's or tokenizer's), over a
+file that looks like a checkpoint, or over a path that is not a regular file (a device
+node such as ``/dev/null``, a pipe, a socket).
 
 **Nothing committed.** A file or folder that holds files git tracks is refused unless
 ``--force`` (so ``prune --out circuits/recall-cpu`` does not rewrite committed circuits),
@@ -43,6 +45,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -74,9 +77,11 @@ def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (folders created); returns the path.
 
     Raises:
-        ValueError: ``path`` is a checkpoint (never overwritten by an output).
+        ValueError: ``path`` is a checkpoint, or exists and is not a regular file (a device
+            node, a pipe): never replaced by an output.
     """
     _refuse_checkpoint(Path(path))
+    _refuse_special(Path(path))
     return atomic_write_text(path, text)
 
 
@@ -175,6 +180,20 @@ def _refuse_checkpoint(path: Path) -> None:
                          "(not even with --force): choose another path")  # fmt: skip
 
 
+def _refuse_special(path: Path, option: str | None = None) -> None:
+    """Refuse an existing path that is not a regular file or a folder (a device node, a pipe,
+    a socket): replacing it would destroy it (``--out /dev/null --force`` as root), so not
+    even ``--force`` does."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # missing (or a dangling link): nothing to destroy
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        where = f"{option} {str(path)!r}" if option else repr(str(path))
+        raise ValueError(f"{where} is not a regular file (a device, a pipe or a socket); mechlab never "
+                         "writes an output over one (not even with --force): choose another file")  # fmt: skip
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.exists() and b.exists() and os.path.samefile(a, b)
@@ -220,8 +239,8 @@ def check_output_file(
 ) -> Path:
     """Check a single output file before any work (``view --out``, ``overlap --json``).
 
-    Refused, with one line: one of the ``inputs`` or a checkpoint (always); a folder; a
-    file that exists or that git tracks (unless ``force``); a place no file can be made
+    Refused, with one line: one of the ``inputs``, a checkpoint, a folder, or anything else
+    that is not a regular file (a device node, a pipe: always); a file that exists or that git tracks (unless ``force``); a place no file can be made
     (its nearest existing folder is a file or not writable); another suffix than
     ``suffixes``.
 
@@ -241,6 +260,7 @@ def check_output_file(
         raise ValueError(f"{option} must be a {' or '.join(suffixes)} file, got {shown!r}")
     if path.is_dir():
         raise ValueError(f"{option} {shown!r} is a folder; give a file name")
+    _refuse_special(path, option)
     if path.exists() and not force:
         raise ValueError(f"{option} {shown!r} exists; pass --force to replace it, or choose another file")
     if not force and git_tracked(path):
@@ -418,6 +438,7 @@ class OutputFolder:
         _refuse_checkpoint(path)
         if path.is_dir():
             raise ValueError(f"{str(path)!r} is a folder where mechlab writes a file; choose another {self.option}")
+        _refuse_special(path)
 
     # -- writing ----------------------------------------------------------------------
     def _target(self, name: str | Path) -> Path:

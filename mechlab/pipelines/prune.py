@@ -284,6 +284,20 @@ def _with_stability(record: dict[str, Any] | None, stability: int) -> dict[str, 
     return {**record, "stability_boots": stability}
 
 
+def _with_consensus(
+    record: dict[str, Any] | None, seeds: Sequence[int], nearby_budgets: bool
+) -> dict[str, Any] | None:
+    """A circuit's settings record with what its consensus is made of, when it records one
+    (two or more seeds, or nearby budgets): the seeds and the nearby budgets. The consensus
+    is written into every circuit file, so a rerun with other seeds (``--seed 0 --seed 2``
+    after ``--seed 0 --seed 1``) or without ``--nearby-budgets`` does not read back a circuit
+    whose consensus it would rewrite; a run of one seed records what it did before."""
+    if record is None or (len(seeds) < 2 and not nearby_budgets):
+        return record
+    return {**record, "consensus_seeds": sorted(int(s) for s in seeds),
+            **({"nearby_budgets": True} if nearby_budgets else {})}  # fmt: skip
+
+
 def _with_method(
     record: dict[str, Any] | None, method_settings: dict[str, Any]
 ) -> dict[str, Any] | None:
@@ -347,6 +361,9 @@ class PruneRun:
         stability: Seed-to-seed against cross-target agreement (two or more seeds), or None.
         reused: Stems whose circuit was read back: found before with the same settings.
         replaced: Stems whose file of other settings was recomputed (``force``).
+        updated: Stems read back and then rewritten with this run's consensus (an
+            interrupted run wrote them before the consensus, or another circuit of their
+            target is not the one their consensus was made with); not in ``reused``.
     """
 
     out: Path
@@ -356,6 +373,7 @@ class PruneRun:
     stability: Stability | None = None
     reused: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
 
 
 def prune_targets(
@@ -377,7 +395,10 @@ def prune_targets(
     in the way), before the first is pruned; each circuit is written
     (``<target>_seed<k>.json`` and ``.html``; state tracking: ``<target>_n<length>_seed<k>``)
     as soon as it is found. A circuit file that records the same settings is read back
-    instead of pruned again, so an interrupted run resumes.
+    instead of pruned again, so an interrupted run resumes. With two or more seeds (or
+    ``nearby_budgets``) every circuit records the consensus of its target's runs, so its
+    settings record the seeds (``consensus_seeds``) and ``nearby_budgets`` too: a rerun
+    with other seeds reads back nothing whose consensus it would rewrite.
 
     Args:
         source: A checkpoint or its file (opened once).
@@ -392,7 +413,8 @@ def prune_targets(
         nearby_budgets: Also prune every seed at the nearby budgets (0.8x and 1.25x the
             asked edge count, :func:`~mechlab.prune.consensus.nearby_sparsities`; not
             written, rerun on a resume), so that each circuit's consensus counts seeds and
-            budgets. Without it, two or more seeds give a consensus over the seeds.
+            budgets; part of each circuit's settings. Without it, two or more seeds give a
+            consensus over the seeds.
         **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
             ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
             and every target's budget are checked before the first circuit, and the
@@ -416,7 +438,7 @@ def prune_targets(
         planned, status = plan_targets(ckpt, targets, seeds, folder, recipe=recipe,
                                        nearby_budgets=nearby_budgets, **settings)
         found: dict[str, Circuit] = {}
-        for stem, (name, s, _) in planned.items():
+        for stem, (name, s, record) in planned.items():
             json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
             if status.get(f"{stem}.json") == "same":
                 circuit = Circuit.from_json(json_path)
@@ -429,6 +451,8 @@ def prune_targets(
                         "ignore", message=FAITHFULNESS_WARNING, category=UserWarning
                     )
                     circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
+                if record is not None:  # what the plan compared: with the consensus's settings
+                    circuit.metadata.update(outputs.settings_record(record))
                 if status.get(f"{stem}.json") == "redo":
                     run.replaced.append(stem)
                 folder.write_circuit(circuit, json_path.name)
@@ -450,6 +474,8 @@ def prune_targets(
                             prune_checkpoint(ckpt, name, seed=s, recipe=recipe,
                                              **{**settings, "sparsity": nearby, "stability": 0}))
         if len(seeds) >= 2 or nearby_budgets:  # each circuit records how often its target's runs keep each edge
+            for group in runs.values():  # in one order whatever the order of --seed (ties keep it)
+                group.sort(key=lambda c: (c.metadata.get("seed", 0), -c.metadata.get("sparsity_asked", 0.0)))
             for target, group in run.circuits.items():
                 for circuit in group:
                     attach_consensus(circuit, runs[target])
@@ -458,8 +484,12 @@ def prune_targets(
                 circuit,
             ) in found.items():  # rewritten with it (unchanged files stay as they are)
                 json_path, html_path = run.files[stem]
+                before = json_path.read_bytes() if stem in run.reused else None
                 folder.write_circuit(circuit, json_path.name)
                 folder.write_circuit_figure(circuit, html_path.name)
+                if before is not None and json_path.read_bytes() != before:  # not only read back
+                    run.reused.remove(stem)
+                    run.updated.append(stem)
     names = list(run.circuits)
     for a, b in zip(names, names[1:], strict=False):
         run.overlaps.append((a, b, overlap(run.circuits[a][0], run.circuits[b][0])))
@@ -529,6 +559,7 @@ def plan_targets(
         for s in seeds:
             record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
             record = _with_stability(_with_method(record, chosen_method), stability)
+            record = _with_consensus(record, seeds, nearby_budgets)
             tag = "" if method == "prune" else "_" + method
             stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
             planned[stem] = (name, s, record)

@@ -38,7 +38,12 @@ from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, source_path
 from mechlab.pipelines.data import check_targets, circuit_data
 from mechlab.pipelines.evaluate import run_suite
-from mechlab.pipelines.prune import PRUNE_PROTOCOLS, prune_checkpoint, prune_settings
+from mechlab.pipelines.prune import (
+    PRUNE_PROTOCOLS,
+    _with_consensus,
+    prune_checkpoint,
+    prune_settings,
+)
 from mechlab.pipelines.recall import recall_checkpoint
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.consensus import attach_seed_consensus
@@ -335,6 +340,10 @@ def make_report(
         found
     ) in circuits.values():  # each circuit records how often its target's seeds keep each edge
         attach_seed_consensus(found)
+        for c in found if len(found) >= 2 else ():  # and the seeds among its settings (a rerun
+            if "settings" in c.metadata:  # with other seeds reads none of them back)
+                settings = _with_consensus(c.metadata["settings"], cfg.seeds, False)
+                c.metadata.update(outputs.settings_record(settings))
     timings["pruning"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -467,9 +476,9 @@ def report_checkpoint(
         check_report(opened, cfg)
         record = report_settings(opened.sha256, cfg)
         circuit_settings = {
-            f"circuits/{_stem(t, s)}.json": prune_settings(opened, t, n_train=cfg.prune_traces,
-                                                           n_test=2 * cfg.prune_traces, seed=s,
-                                                           recipe=cfg.recipe, steps=cfg.steps)
+            f"circuits/{_stem(t, s)}.json": _with_consensus(
+                prune_settings(opened, t, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, seed=s,
+                               recipe=cfg.recipe, steps=cfg.steps), cfg.seeds, False)
             for t in cfg.targets for s in cfg.seeds
         }  # fmt: skip
         status, circuits = _plan(folder, cfg, record, circuit_settings)
@@ -491,6 +500,8 @@ def report_checkpoint(
                 reused.append(name)
                 return Circuit.from_json(folder.file(name))
             circuit = find()
+            if "settings" in circuit.metadata:  # what the plan compared (with the consensus's seeds)
+                circuit.metadata.update(outputs.settings_record(circuit_settings[name]))
             folder.write_circuit(circuit, name)
             return circuit
 

@@ -12,9 +12,10 @@ import torch
 
 import mechlab.bench.record as record
 from mechlab.bench import tables
-from mechlab.bench.record import BenchRecord, Recorder, Table, check_json_path, write_record
+from mechlab.bench.record import BenchRecord, Recorder, Table
 from mechlab.bench.timing import Timing, paired_ratio, quartiles, timing_of
 from mechlab.cli import main
+from mechlab.pipelines import outputs
 
 
 def make_record(others: int, monkeypatch, load: float = 0.1) -> BenchRecord:
@@ -72,18 +73,13 @@ def test_the_sampler_counts_a_child_process_as_this_runs_own_work():
     assert n is None or n >= 0
 
 
-def test_json_is_written_atomically_and_never_over_a_file_unless_forced(tmp_path, monkeypatch):
+def test_a_record_reads_back_from_its_json(tmp_path, monkeypatch):
+    """--json writes ``to_json`` under the output policy (tests/cli/test_bench.py checks the
+    refusals of every bench subcommand); what it writes reads back as the same record."""
     rec = make_record(0, monkeypatch)
-    path = tmp_path / "sub" / "hooks.json"
-    write_record(rec, path)
+    path = outputs.write_text(tmp_path / "sub" / "hooks.json", rec.to_json())
     again = BenchRecord.read(path)
     assert again.to_dict() == json.loads(json.dumps(rec.to_dict(), default=str))
-    with pytest.raises(ValueError, match="exists; pass --force"):
-        write_record(rec, path)
-    with pytest.raises(ValueError, match="is a folder"):
-        check_json_path(tmp_path, force=True)
-    write_record(make_record(2, monkeypatch), path, force=True)
-    assert BenchRecord.read(path).provisional
     assert sorted(p.name for p in path.parent.iterdir()) == ["hooks.json"]  # no temporary left
     with pytest.raises(ValueError, match="not a mechlab benchmark record"):
         BenchRecord.from_dict({"schema": "other"})
@@ -107,7 +103,7 @@ def test_bench_json_on_the_command_line(tmp_path, capsys):
 
 
 def test_tables_render_every_block_of_a_page_from_its_record(tmp_path, monkeypatch):
-    write_record(make_record(0, monkeypatch), tmp_path / "r.json")
+    outputs.write_text(tmp_path / "r.json", make_record(0, monkeypatch).to_json())
     page = tmp_path / "page.md"
     page.write_text("# Page\n\nprose\n\n<!-- bench: r.json -->\nold\n<!-- /bench -->\n\nmore prose\n")
     assert tables.main([str(page), "--root", str(tmp_path), "--check"]) == 1

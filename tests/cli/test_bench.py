@@ -139,3 +139,73 @@ def test_the_default_redundant_generator_is_skipped_where_it_does_not_exist():
     assert redundant_cases(DEFAULT_REDUNDANT.replace(":", ":no_such_function_"), [0], missing_ok=True) == []
     with pytest.raises(ValueError, match="has no 'no_such_function_"):
         redundant_cases(DEFAULT_REDUNDANT.replace(":", ":no_such_function_"), [0])
+
+
+# --------------------------------------------------------------------------- issue 34: the output policy
+# Every bench subcommand writes its --json (--out for methods) under the output policy of
+# mechlab.pipelines.outputs: an existing file only with --force, never a checkpoint, an input,
+# a folder, a device node or a pipe (not even with --force); refused before anything runs,
+# in one line, exit 2, nothing written.
+
+BENCHES = {
+    "startup": ["bench", "startup", "--repeats", "1"],
+    "prune": ["bench", "prune", "--presets", "tiny", "--batch", "2", "--pos", "4", "--repeats", "1", "--threads", "1"],
+    "hooks": ["bench", "hooks", "--families", "mamba", "--batch", "2", "--pos", "4", "--repeats", "1",
+              "--threads", "1"],
+    "scan": ["bench", "scan", "--families", "mamba", "--batch", "2", "--pos", "4", "--repeats", "1"],
+    "train": ["bench", "train", "--repeats", "1", "--threads", "1"],
+    "ensemble": ["bench", "ensemble", "--presets", "st_transformer_small", "--steps", "1", "--n-train", "4",
+                 "--repeats", "1"],
+    "methods": ["bench", "methods", "--methods", "eap", "--planted", "none", *TINY],
+}  # fmt: skip
+
+
+def bench_args(name: str, ckpt, target) -> list[str]:
+    args = list(BENCHES[name])
+    if name == "methods":
+        args += ["--ckpt", str(ckpt)]
+    return [*args, "--out" if name == "methods" else "--json", str(target)]
+
+
+@pytest.mark.parametrize("name", sorted(BENCHES))
+@pytest.mark.parametrize("place", ["checkpoint", "fifo", "folder", "exists", "input"])
+def test_issue_34_no_bench_output_replaces_what_it_must_not(tiny_lds_checkpoint, tmp_path, capsys, name, place):
+    import os
+    import shutil
+    import stat
+
+    ckpt = tmp_path / "run" / "last.pt"
+    ckpt.parent.mkdir()
+    shutil.copyfile(tiny_lds_checkpoint, ckpt)
+    force = place != "exists"
+    if place == "checkpoint":  # `bench startup --json .../last.pt --force` made the checkpoint JSON
+        target = tmp_path / "other" / "last.pt"
+        target.parent.mkdir()
+        shutil.copyfile(tiny_lds_checkpoint, target)
+    elif place == "fifo":
+        target = tmp_path / "record.json"
+        os.mkfifo(target)
+    elif place == "folder":
+        target = tmp_path / "records"
+        target.mkdir()
+    elif place == "exists":
+        target = tmp_path / "record.json"
+        target.write_text("{}")
+    else:  # the checkpoint bench methods reads, by another name that is no checkpoint's
+        if name != "methods":
+            pytest.skip("only bench methods reads a checkpoint")
+        target = tmp_path / "run" / "weights"
+        os.link(ckpt, target)
+    before = {p: (p.stat().st_mode, p.read_bytes() if p.is_file() and not stat.S_ISFIFO(p.stat().st_mode) else b"")
+              for p in tmp_path.rglob("*")}  # fmt: skip
+    code = main([*bench_args(name, ckpt, target), *(["--force"] if force else [])])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("mechlab: error: "), err
+    assert "Traceback" not in err and "record written" not in out
+    message = {"checkpoint": "is a checkpoint", "fifo": "is not a regular file", "folder": "is a folder",
+               "exists": "exists; pass --force", "input": "input"}[place]  # fmt: skip
+    assert message in lines[0], lines[0]
+    after = {p: (p.stat().st_mode, p.read_bytes() if p.is_file() and not stat.S_ISFIFO(p.stat().st_mode) else b"")
+             for p in tmp_path.rglob("*")}  # fmt: skip
+    assert after == before

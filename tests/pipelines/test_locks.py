@@ -90,3 +90,106 @@ def test_the_pid_file_lock_without_fcntl_takes_over_a_dead_owner(tmp_path, monke
     with pytest.raises(ValueError, match=r"pid 1, mechlab curve"):
         with OutputFolder(tmp_path, "prune"):
             pass
+
+
+# --------------------------------------------------------------------------- issue 34: nested folders
+# A `report --out R` and a `prune --out R/circuits` at the same time both exited 0, the
+# prune's circuit file replaced by the report's: a lock covered its folder, not the folders
+# inside it. Now a claimed folder's lock covers everything under it.
+
+
+def test_a_folder_inside_a_claimed_one_is_refused_naming_the_owner(tmp_path):
+    (tmp_path / "R").mkdir()
+    pid, go = _fork_holding(tmp_path / "R", "wait")  # the report
+    try:
+        with pytest.raises(ValueError) as err:
+            with OutputFolder(tmp_path / "R" / "circuits", "prune"):  # the prune
+                pass
+        line = str(err.value)
+        assert "circuits' lies inside" in line and f"which is being written by another mechlab run (pid {pid}" in line
+        assert not (tmp_path / "R" / "circuits").exists()  # nothing left behind
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+
+
+def test_a_folder_holding_a_claimed_one_is_refused_naming_the_owner(tmp_path):
+    (tmp_path / "R" / "circuits").mkdir(parents=True)
+    pid, go = _fork_holding(tmp_path / "R" / "circuits", "wait")  # the prune
+    try:
+        with pytest.raises(ValueError) as err:
+            with OutputFolder(tmp_path / "R", "report"):  # the report
+                pass
+        line = str(err.value)
+        assert "'R' holds" in line or f"{str(tmp_path / 'R')!r} holds" in line
+        assert f"being written by another mechlab run (pid {pid}, mechlab prune" in line
+        assert sorted(os.listdir(tmp_path / "R")) == ["circuits"]  # no lock of the refused run left
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+    with OutputFolder(tmp_path / "R", "report"):  # free again
+        pass
+
+
+def test_a_run_nests_its_own_claims_and_siblings_do_not_collide(tmp_path):
+    with OutputFolder(tmp_path / "R", "prune") as top:
+        with OutputFolder(tmp_path / "R" / "step_1", "prune") as inner:  # through-training's nesting
+            inner.write_text("x.json", "{}")
+        top.write_text("y.json", "{}")
+    (tmp_path / "R" / "a").mkdir()
+    pid, go = _fork_holding(tmp_path / "R" / "a", "wait")
+    try:
+        with OutputFolder(tmp_path / "R" / "b", "prune"):  # a sibling: not inside, not holding
+            pass
+    finally:
+        os.close(go)
+        os.waitpid(pid, 0)
+
+
+def _claim_on_signal(folder: Path) -> tuple[int, int, int, int]:
+    """A child that waits for a byte on its ``go`` pipe, then claims ``folder`` (Lock API),
+    reports ``b"1"`` (held) or ``b"0"`` (refused) and holds until a byte on ``done`` (bytes,
+    not closed pipes: another child holds copies of these pipes' ends)."""
+    go_r, go_w = os.pipe()
+    said_r, said_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in (go_w, said_r, done_w):
+                os.close(fd)
+            os.read(go_r, 1)
+            lock = locks.Lock(folder, "prune", "--out")
+            try:
+                lock.acquire()
+            except ValueError:
+                os.write(said_w, b"0")
+            else:
+                os.write(said_w, b"1")
+                os.read(done_r, 1)
+                lock.release()
+        finally:
+            os._exit(0)
+    for fd in (go_r, said_w, done_r):
+        os.close(fd)
+    return pid, go_w, said_r, done_w
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_two_overlapping_claims_at_once_never_both_hold(tmp_path, round_):
+    """Two processes released together claim R and R/circuits: at most one holds (no sleeps:
+    each takes its own lock before it looks above and below, so the later one sees it)."""
+    (tmp_path / "R" / "circuits").mkdir(parents=True)
+    children = [_claim_on_signal(tmp_path / "R"), _claim_on_signal(tmp_path / "R" / "circuits")]
+    if round_ % 2:
+        children.reverse()
+    for _, go, _, _ in children:
+        os.write(go, b"1")
+    held = [os.read(said, 1) == b"1" for _, _, said, _ in children]
+    for (pid, go, said, done), holds in zip(children, held, strict=True):
+        if holds:
+            os.write(done, b"1")
+        for fd in (go, said, done):
+            os.close(fd)
+        os.waitpid(pid, 0)
+    assert held.count(True) <= 1, held

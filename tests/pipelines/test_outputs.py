@@ -122,6 +122,26 @@ def test_no_write_replaces_an_input_or_a_checkpoint(tmp_path):
     assert config.read_text() == "a: 1"
 
 
+def test_no_output_replaces_a_path_that_is_not_a_regular_file(tmp_path):
+    """Issue 34: ``view --out <a device node> --force`` replaced the node with a page (as root,
+    ``--out /dev/null --force`` would have replaced /dev/null). A pipe stands in for the device."""
+    import stat
+
+    pipe = tmp_path / "page.html"
+    os.mkfifo(pipe)
+    for force in (False, True):
+        with pytest.raises(ValueError, match=r"--out '.*page.html' is not a regular file .*not even with --force"):
+            check_output_file(pipe, force=force, suffixes=(".html",))
+    with pytest.raises(ValueError, match="is not a regular file"):
+        outputs.write_text(pipe, "<p>page</p>")  # the low-level write refuses it too
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out" / "x.json")
+    with OutputFolder(tmp_path / "out", "eval", force=True) as folder:
+        with pytest.raises(ValueError, match="x.json' is not a regular file"):
+            folder.write_json("x.json", {})
+    assert stat.S_ISFIFO(pipe.stat().st_mode) and stat.S_ISFIFO((tmp_path / "out" / "x.json").stat().st_mode)
+
+
 def test_a_file_of_an_input_folder_is_an_input(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -147,6 +147,74 @@ def test_nearby_budgets_join_the_consensus_and_are_counted_again_here(lds_checkp
     assert "--nearby-budgets applies to edge pruning" in capsys.readouterr().err
 
 
+def test_issue_34_a_rerun_of_other_seeds_or_budgets_never_reads_back_and_rewrites(lds_checkpoint, tmp_path,
+                                                                                  capsys):  # fmt: skip
+    """`prune --seed 0 --seed 1`, then `--seed 0 --seed 2`, said "read back ... 1-after_seed0"
+    and rewrote it (its consensus now over seeds [0, 2]) while seed 1's said [0, 1]; nor was
+    --nearby-budgets part of the key. Each circuit's settings now hold what its consensus is
+    made of: such a rerun is refused in one line naming the difference, nothing written."""
+    path, _ = lds_checkpoint
+    out = tmp_path / "c"
+    base = ["prune", "--ckpt", str(path), "--traces", "8", "--test-traces", "8", "--steps", "2", "--sparsity",
+            "0.9", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main([*base, "--seed", "0", "--seed", "1"]) == 0
+    capsys.readouterr()
+
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+    before = files()
+    settings = Circuit.from_json(out / "1-after_seed0.json").metadata["settings"]
+    assert settings["consensus_seeds"] == [0, 1] and "nearby_budgets" not in settings
+    for change, phrase in ((["--seed", "0", "--seed", "2"], "consensus_seeds [0, 1] (now [0, 2])"),
+                           (["--seed", "0"], "consensus_seeds [0, 1] (now unset)"),
+                           (["--seed", "0", "--seed", "1", "--nearby-budgets"], "nearby_budgets unset (now true)")):  # fmt: skip
+        assert main([*base, *change]) == 2
+        out_, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "1-after_seed0.json" in lines[0] and phrase in lines[0], err
+        assert "read back" not in out_ and files() == before
+    assert main([*base, "--seed", "1", "--seed", "0"]) == 0  # the same seeds in another order: the same files
+    assert "read back 2 circuit(s) found before with the same settings" in capsys.readouterr().out and files() == before
+    assert main([*base, "--seed", "0", "--seed", "2", "--force"]) == 0  # asked: recomputed, keyed anew
+    for s in (0, 2):
+        c = Circuit.from_json(out / f"1-after_seed{s}.json")
+        assert c.metadata["settings"]["consensus_seeds"] == c.metadata["consensus"]["seeds"] == [0, 2]
+    assert main([*base, "--seed", "0", "--seed", "2", "--nearby-budgets", "--force"]) == 0
+    assert Circuit.from_json(out / "1-after_seed0.json").metadata["settings"]["nearby_budgets"] is True
+    capsys.readouterr()
+    again = files()
+    assert main([*base, "--seed", "0", "--seed", "2", "--nearby-budgets"]) == 0  # the same: truly read back
+    assert "read back 2 circuit(s) found before with the same settings" in capsys.readouterr().out and files() == again
+
+
+def test_issue_34_a_circuit_read_back_whose_consensus_changes_is_not_called_read_back(lds_checkpoint, tmp_path,
+                                                                                     capsys):  # fmt: skip
+    """When another circuit of the target is not the one a circuit's consensus was made with
+    (recomputed, or edited by hand), the circuit is rewritten with the new consensus, and
+    the run says so instead of "read back"."""
+    import json
+
+    path, _ = lds_checkpoint
+    out = tmp_path / "c"
+    argv = ["prune", "--ckpt", str(path), "--traces", "8", "--test-traces", "8", "--steps", "2", "--sparsity",
+            "0.9", "--seed", "0", "--seed", "1", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    edited = json.loads((out / "1-after_seed1.json").read_text())
+    circuit = Circuit.from_dict(edited)
+    circuit.edges.pop(next(iter(circuit.edges)))  # its settings record stays: it is read back
+    (out / "1-after_seed1.json").write_text(json.dumps(circuit.to_dict(), indent=1))
+    capsys.readouterr()
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "found before with the same settings" not in text, text  # not said to be read back unchanged
+    assert "read back 2 circuit(s) of the same settings and rewrote them with this run's consensus" in text, text
+    assert Circuit.from_json(out / "1-after_seed0.json").metadata["consensus"]["scores"] == \
+        Circuit.from_json(out / "1-after_seed1.json").metadata["consensus"]["scores"]  # fmt: skip
+    assert main(argv) == 0  # and now they are what a rerun reads back
+    assert "read back 2 circuit(s) found before with the same settings" in capsys.readouterr().out
+
+
 def test_a_prune_command_opens_its_checkpoint_once(lds_checkpoint, tmp_path, monkeypatch):
     """Two targets x two seeds (and the target check before them): one read of the file
     (main at 4d72a04 read it 1 + targets x seeds times)."""
