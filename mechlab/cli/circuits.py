@@ -56,7 +56,7 @@ def prune(
     progress: bool = typer.Option(True, help="Show a progress bar."),
     recipe: str = typer.Option("default", help=RECIPE_HELP),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
-    normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: raw; with --share, normalising weighs targets of different loss scales equally)."),
+    normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: the recipe's, normalised for default, uniform and fast, raw for study; with --share, normalising weighs targets of different loss scales equally)."),
     share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
         model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Mamba), pruned on --pairs."),
     pairs: Path | None = typer.Option(None, help="JSONL clean/corrupted prompt pairs (text or token ids; docs/models.md) to prune --model (or a token --ckpt) on."),

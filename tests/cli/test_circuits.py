@@ -133,7 +133,7 @@ def test_prune_without_steps_or_rates_runs_the_library_defaults(tiny_lds_checkpo
 
     def captured(ckpt, targets, seeds, out, **settings):
         seen.update(settings)
-        return types.SimpleNamespace(overlaps=[], stability=None, reused=[], replaced=[])
+        return types.SimpleNamespace(overlaps=[], stability=None, reused=[], replaced=[], updated=[])
 
     monkeypatch.setattr(pipelines, "prune_targets", captured)
     assert main(["prune", "--ckpt", str(tiny_lds_checkpoint), "--no-progress"]) == 0
