@@ -129,7 +129,9 @@ def report(
     device: str = typer.Option("cpu", help="Where every stage runs (cpu, cuda, ...)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     force: bool = force_option(
-        "Replace a report of other settings in --out (refused otherwise; its other circuits are removed), and write into a folder git tracks."
+        "Replace a report of other settings in --out (refused otherwise; its other circuits are removed), write into a folder "
+        "that holds files a report does not write, such as a prune's (refused otherwise; they are left as they are), "
+        "and write into a folder git tracks."
     ),
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:

@@ -13,7 +13,9 @@ or resumes where resuming is its promise, or refuses with one line naming ``--fo
   is looked at first: a command without resume (``eval``, ``recall``) refuses files that
   exist; a command that resumes (``prune``, ``prune --share``, ``curve``, ``report``,
   ``sweep``) reuses a file only when the settings it records are the run's, and refuses
-  one made with other settings, naming them (:meth:`OutputFolder.plan`).
+  one made with other settings, naming them (:meth:`OutputFolder.plan`); a command that
+  owns its folder's layout (``report``) also refuses files it does not write, another
+  command's outputs (a prune's circuits), naming them (:meth:`OutputFolder.check_foreign`).
 
 **Never, even with --force**: a command writes over one of its inputs (a checkpoint, a
 circuit, a config, a file of an input folder such as a model's or tokenizer's), over a
@@ -374,6 +376,51 @@ class OutputFolder:
             more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
             raise ValueError(f"{str(existing[0])!r}{more} exists; pass --force to replace it, or choose "
                              f"another {self.option}")  # fmt: skip
+
+    def foreign(self, own: Mapping[str, Iterable[str] | None]) -> list[Path]:
+        """The files and folders of the folder that the command does not write: another
+        command's outputs (a prune's circuits in a report's folder), sorted.
+
+        Args:
+            own: The names the command writes at the folder's top -> ``None`` (a file, or a
+                folder whose contents the command checks itself) or, for a folder, the names
+                it writes inside it (``{"eval": ("nih.json", "ood.json")}``). Hidden entries
+                (the lock, temporary files, ``.DS_Store``) are not counted.
+        """
+        found: list[Path] = []
+        if not self.path.is_dir():
+            return found
+        for entry in sorted(self.path.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            if entry.name not in own:
+                found.append(entry)
+                continue
+            inside = own[entry.name]
+            if inside is not None and entry.is_dir():
+                found.extend(p for p in sorted(entry.iterdir()) if not p.name.startswith(".") and p.name not in inside)
+        return found
+
+    def check_foreign(self, own: Mapping[str, Iterable[str] | None], what: str) -> list[Path]:
+        """Refuse (unless ``force``) a folder that holds files the command does not write
+        (:meth:`foreign`): writing there would mix its outputs with another command's. One
+        line naming what is in the way; nothing is written or removed.
+
+        Args:
+            own: What the command writes (see :meth:`foreign`).
+            what: Whose files the command writes, for the message (``"a report"``).
+
+        Returns:
+            The foreign entries (left where they are, with ``force``).
+        """
+        found = self.foreign(own)
+        if found and not self.force:
+            names = [str(p.relative_to(self.path)) + ("/" if p.is_dir() else "") for p in found]
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise ValueError(f"{self.option} {str(self.path)!r} holds files {what} does not write, which it would "
+                             f"mix with its own ({shown}); pass --force to write beside them, or choose "
+                             f"another {self.option}")  # fmt: skip
+        return found
 
     def plan(self, entries: Mapping[str | Path, Mapping[str, Any]]) -> dict[str, str]:
         """What to do with each result a resuming command may write, before any work.

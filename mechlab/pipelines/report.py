@@ -386,6 +386,9 @@ def _stem(target: str, seed: int) -> str:
 
 
 _REPORT_FILES = ("eval/nih.json", "eval/ood.json", "overlap.json", "recall.json", "index.html")
+_REPORT_LAYOUT = {"report.json": None, "index.html": None, "plotly.min.js": None, "overlap.json": None,
+                  "recall.json": None, "eval": ("nih.json", "ood.json"), "circuits": None}  # fmt: skip
+"""What a report writes at its folder's top (circuits/ is checked by :func:`_plan` itself)."""
 
 
 def _plan(folder: outputs.OutputFolder, cfg: ReportConfig, record: dict[str, Any],
@@ -399,7 +402,10 @@ def _plan(folder: outputs.OutputFolder, cfg: ReportConfig, record: dict[str, Any
 
     Raises:
         ValueError: Without ``force``: another report's ``report.json``, circuits of other
-            settings or that this report does not make, or page files without a report.
+            settings or that this report does not make, page files without a report, or, in
+            a folder without a report, files a report does not write (another command's
+            outputs; left in place with ``force``). Files added to a report's folder later
+            (a ``view.html``) do not stop its rerun.
     """
     status = folder.plan({"report.json": record})["report.json"]
     names = [f"circuits/{_stem(t, s)}.json" for t in cfg.targets for s in cfg.seeds]
@@ -408,6 +414,8 @@ def _plan(folder: outputs.OutputFolder, cfg: ReportConfig, record: dict[str, Any
     if status == "new":  # no report here: the page files must not exist either
         folder.check_fresh(_REPORT_FILES)
     circuits = folder.plan({n: circuit_settings[n] for n in names if n in circuit_settings})
+    if status == "new":  # no report here yet: another command's outputs (a prune's) are not mixed in
+        folder.check_foreign(_REPORT_LAYOUT, "a report")
     others = sorted(
         p for p in folder.file("circuits").glob("*.json") if f"circuits/{p.name}" not in names
     )

@@ -176,6 +176,32 @@ def test_plan_reuses_only_results_of_the_same_settings(tmp_path):
         assert folder.plan({"a.json": {**settings, "steps": 3}, "b.json": settings}) == {"a.json": "redo", "b.json": "redo"}
 
 
+def test_files_another_command_wrote_are_named_and_refused_without_force(tmp_path):
+    """A command that owns its folder's layout (a report) refuses a folder holding another
+    command's files (a prune's circuits), naming them, and leaves them as they are with --force."""
+    out = tmp_path / "o"
+    (out / "eval").mkdir(parents=True)
+    for name in ("1-after_seed0.json", "1-after_seed0.html", "plotly.min.js", ".mechlab.lock.x", "eval/nih.json",
+                 "eval/extra.json", "notes.txt", "zz.json"):  # fmt: skip
+        (out / name).write_text("{}")
+    (out / "joint").mkdir()
+    layout = {"plotly.min.js": None, "eval": ("nih.json", "ood.json"), "circuits": None}
+    with OutputFolder(out, "report") as folder:
+        assert [str(p.relative_to(out)) for p in folder.foreign(layout)] == [
+            "1-after_seed0.html", "1-after_seed0.json", "eval/extra.json", "joint", "notes.txt", "zz.json"]
+        with pytest.raises(ValueError) as err:
+            folder.check_foreign(layout, "a report")
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"--out {str(out)!r} holds files a report does not write")
+    assert "(1-after_seed0.html, 1-after_seed0.json, eval/extra.json and 3 more)" in line
+    assert "pass --force to write beside them, or choose another --out" in line
+    with OutputFolder(out, "report", force=True) as folder:
+        assert len(folder.check_foreign(layout, "a report")) == 6
+    assert (out / "1-after_seed0.json").read_text() == "{}" and (out / "joint").is_dir()  # left as they were
+    with OutputFolder(tmp_path / "fresh", "report") as folder:
+        assert folder.check_foreign(layout, "a report") == []
+
+
 def test_a_rerun_rewrites_no_file_whose_content_it_would_not_change(tmp_path):
     with OutputFolder(tmp_path, "eval") as folder:
         path = folder.write_json("t.json", {"a": 1})

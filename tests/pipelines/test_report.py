@@ -204,6 +204,31 @@ def test_cli_report_runs_and_bad_input_creates_nothing(tiny_lds_checkpoint, tmp_
     assert main([*args, "--out", ""]) == 2
 
 
+def test_a_report_into_a_prunes_folder_is_refused_unless_forced(written, tiny_lds_checkpoint, tmp_path, capsys):
+    """`report --out P` where a prune wrote its circuits: refused in one line naming them,
+    nothing written; with --force the report is written beside them, which stay as they were."""
+    report, *_ = written
+    prune_out = tmp_path / "p"
+    prune_out.mkdir()
+    for name in ("1-after_seed0.json", "1-after_seed0.html", "plotly.min.js"):
+        (prune_out / name).write_text("the prune's")
+    before = sorted(p.name for p in prune_out.iterdir())
+    args = ["report", "--ckpt", str(tiny_lds_checkpoint), "--out", str(prune_out), "--eval-traces", "8",
+            "--prune-traces", "8", "--recall-traces", "8", "--steps", "2", "--seed", "0", "--no-components",
+            "--no-progress", "--threads", "1"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "holds files a report does not write" in err and "1-after_seed0.html, 1-after_seed0.json" in err
+    assert "--force" in err
+    assert sorted(p.name for p in prune_out.iterdir()) == before  # nothing written
+    with pytest.raises(ValueError, match="holds files a report does not write"):
+        report.write(prune_out)
+    assert sorted(p.name for p in prune_out.iterdir()) == before
+    page = report.write(prune_out, force=True)
+    assert page.is_file() and (prune_out / "1-after_seed0.json").read_text() == "the prune's"
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [
