@@ -12,7 +12,6 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 MIN_SEEDS_FOR_INTERVAL = 3  # a bootstrap over two circuits has two distinct values: no interval
@@ -33,14 +32,19 @@ CONCEPTS = {
 
 
 def concepts_link(key: str, text: str) -> str:
-    """A link to a section of ``docs/concepts.md`` (the repository's copy, where mechlab
-    runs from a clone; otherwise the page names the file and section)."""
-    anchor = CONCEPTS[key]
-    docs = Path(__file__).resolve().parents[2] / "docs" / "concepts.md"
-    label = html.escape(text)
-    if docs.is_file():
-        return f"<a href='{docs.as_uri()}#{anchor}'>{label}</a>"
-    return f"{label} (docs/concepts.md, “{anchor.replace('-', ' ')}”)"
+    """A link to the term's definition on the page itself (``#concept-<key>``, at the end:
+    :func:`mechlab.pipelines.report_page.page`), which names its section of
+    ``docs/concepts.md`` in the mechlab repository: a relative link, so that the page works
+    wherever it is moved or opened (no path of the machine that wrote it)."""
+    if key not in CONCEPTS:
+        raise KeyError(f"no section of docs/concepts.md for {key!r}")
+    return f"<a href='#concept-{key}'>{html.escape(text)}</a>"
+
+
+def concepts_source(key: str) -> str:
+    """Where a term is explained further: its section of ``docs/concepts.md`` in the
+    mechlab repository (``docs/concepts.md#the-recall-task``), as the page names it."""
+    return f"docs/concepts.md#{CONCEPTS[key]}"
 
 
 def _f(x: Any, digits: int = 3) -> str:

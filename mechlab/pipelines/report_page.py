@@ -2,7 +2,8 @@
 
 :func:`page` turns a :class:`~mechlab.pipelines.report.Report` into ``index.html``. Every
 section opens with a short "how to read this" (``<p class="how">``), links its terms to
-``docs/concepts.md``, and ends with what the numbers say, in sentences computed here from
+their definitions at the page's end (each naming its section of ``docs/concepts.md``;
+links within the page, so that it works wherever it is moved), and ends with what the numbers say, in sentences computed here from
 the report's own numbers (:func:`~mechlab.pipelines.report_findings.findings`, in
 :mod:`mechlab.pipelines.report_findings`). Nothing on the page is written by hand for
 one checkpoint: the same code words the report of any recall run.
@@ -22,6 +23,7 @@ from mechlab.pipelines.report_findings import (  # re-exported: the page's names
     _table,
     caveats,
     concepts_link,
+    concepts_source,
     cross_findings,
     findings,
     head_findings,
@@ -243,6 +245,19 @@ def _recall_section(report: Any, found: dict[str, list[str]], figure: Any) -> st
 def _definitions() -> str:
     terms = [
         (
+            "nih",
+            "The recall task (needle in a haystack)",
+            "Several systems are shown once each (the haystack), then one resumes after its open label "
+            "(the query); j-after is the prediction j − 1 tokens after the query label, so 1-after is "
+            "predicted at the label itself.",
+        ),
+        (
+            "circuits",
+            "Circuit",
+            "The edges (writer → reader pairs of the residual stream) a search keeps; every other edge "
+            "carries its ablated output (by default, the writer's output on the misdirected trace).",
+        ),
+        (
             "faithfulness",
             "Faithfulness",
             "1 − error(circuit) / error(everything ablated), both against the full model's prediction on "
@@ -274,6 +289,12 @@ def _definitions() -> str:
             "fraction of its target's seeds that keep it.",
         ),
         (
+            "cross",
+            "Cross-evaluation",
+            "Each circuit scored on every target, all on one set of held-out traces: does the 1-after "
+            "circuit also do the 2-after job?",
+        ),
+        (
             "recall",
             "Label- vs observation-based recall",
             "Whether a prediction after the query label comes from the label (which system it names) or "
@@ -286,10 +307,15 @@ def _definitions() -> str:
             "blocks.1.hook_mlp_out; a0.h4.q, the head's query input, is blocks.0.attn.hook_q[4].",
         ),
     ]
-    items = "".join(f"<dt>{concepts_link(k, t)}</dt><dd>{d}</dd>" for k, t, d in terms)
+    items, seen = [], set()
+    for k, t, d in terms:  # the page's terms link here (#concept-<key>): relative, so the page can move
+        anchor = "" if k in seen else f" id='concept-{k}'"
+        seen.add(k)
+        items.append(f"<dt{anchor}>{html.escape(t)}</dt><dd>{d} More: <code>{concepts_source(k)}</code>.</dd>")
     return _section("definitions", "Definitions",
-                    "Each term links its section of docs/concepts.md, which says more and points on.",
-                    f"<dl>{items}</dl>")  # fmt: skip
+                    "The terms the page links are defined here; each names its section of docs/concepts.md "
+                    "in the mechlab repository, which says more and points on.",
+                    f"<dl>{''.join(items)}</dl>")  # fmt: skip
 
 
 def _files(report: Any) -> str:
@@ -316,6 +342,7 @@ __all__ = [
     "SIGNIFICANT",
     "caveats",
     "concepts_link",
+    "concepts_source",
     "cross_findings",
     "findings",
     "head_findings",

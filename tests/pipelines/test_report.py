@@ -131,6 +131,20 @@ def test_the_page_explains_itself_and_says_why_there_is_no_interval(written):
     assert "held-out traces of seed 0's 1-after circuit" in text
 
 
+def test_no_page_links_a_path_of_the_machine_that_wrote_it(written):
+    """The page's terms link its own definitions (relative anchors), each naming its section
+    of docs/concepts.md in the repository: no file:/// link, so the page works when moved."""
+    report, out, page, _, _ = written
+    pages = sorted(out.rglob("*.html"))
+    assert page in pages
+    for path in pages:
+        assert "file://" not in path.read_text(), path
+    text = page.read_text()
+    links = set(re.findall(r"href='#(concept-[a-z]+)'", text))
+    assert links and all(f"id='{anchor}'" in text for anchor in links)  # every term finds its definition
+    assert "<code>docs/concepts.md#the-recall-task</code>" in text  # the repository's path, not this machine's
+
+
 def test_the_json_behind_the_page_is_what_the_page_reports(written):
     report, out, _, _, _ = written
     summary = json.loads((out / "report.json").read_text())["summary"]
