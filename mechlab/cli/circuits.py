@@ -352,7 +352,11 @@ def view(
     label: list[str] = typer.Option([], help="A name per circuit (default: target and seed)."),
     force: bool = force_option("Replace --out if it exists."),
 ) -> None:
-    """Render circuits: one file draws its graph; two or more add the overlap view on one layout."""
+    """Render circuits: one file draws its graph; two or more open the explorer with two compared on one
+    layout (shared edges, only one, only the other). Circuits of two or more targets open comparing the targets:
+    the first file with another target's circuit of the same seed (1-after_seed0.json with 2-after_seed0.json,
+    whatever the order of the files); circuits of one target open comparing the first two files (seed with seed).
+    The page's menus switch both."""
     from mechlab.pipelines import view_circuits
 
     typer.echo(f"wrote {view_circuits(circuits, out, label, force=force)}")

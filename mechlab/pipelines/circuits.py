@@ -40,7 +40,9 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
                   force: bool = False) -> Path:  # fmt: skip
     """``mechlab view``: the circuit explorer of the circuits (:func:`mechlab.viz.circuit_explorer`):
     choose target, method and seed, compare two (shared / only A / only B), filter by score
-    and stability, hover or click for scores; one offline file, plotly.js inside.
+    and stability, hover or click for scores; one offline file, plotly.js inside. It opens
+    on the first circuit compared with another (:func:`first_comparison`: another target's
+    of the same seed, when the circuits have two or more targets).
 
     Args:
         paths: Circuit JSON files.
@@ -58,8 +60,32 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
     outputs.check_output_file(out, force=force, inputs=paths, suffixes=(".html", ".htm"))
     loaded = load_circuits(paths)
     explorer = circuit_explorer(loaded, list(labels) or None)
-    page = explorer.to_html("inline", start=0, compare=1 if len(loaded) >= 2 else None)
+    page = explorer.to_html("inline", start=0, compare=first_comparison(loaded))
     return outputs.write_text(out, page)
+
+
+def first_comparison(circuits: Sequence[Circuit]) -> int | None:
+    """The circuit ``mechlab view`` compares the first one with when the page opens (the
+    page switches either): circuits of two or more targets compare the targets, the first
+    circuit with the first of another target of the same seed and method where there is
+    one (``1-after_seed0`` with ``2-after_seed0``, however the files are ordered, e.g. by a
+    shell's ``*.json``); circuits of one target compare the first two given (seed with seed,
+    or method with method). None for one circuit.
+    """
+    if len(circuits) < 2:
+        return None
+    meta = [c.metadata for c in circuits]
+    first = meta[0]
+    others = [i for i, m in enumerate(meta) if str(m.get("target")) != str(first.get("target"))]
+    if not others:
+        return 1
+
+    def rank(i: int) -> tuple[bool, bool, int]:  # same seed first, then same method, then order given
+        m = meta[i]
+        return (m.get("seed") != first.get("seed"),
+                m.get("method", "prune") != first.get("method", "prune"), i)  # fmt: skip
+
+    return min(others, key=rank)
 
 
 def _group(circuit: Circuit, default: str = "?") -> str:

@@ -250,3 +250,37 @@ def test_the_circuit_page_says_its_bootstrap_stability_in_words():
     unstable = transformer_circuit([("m0", "m1.in")], stability=stability_record(0.5, n_boot=6))
     assert "mean edge Jaccard 0.50 with the circuit over 6 resamples" in circuit_figure(unstable).layout.title.text
     assert "(bar 0.8: not met)" in circuit_figure(unstable).layout.title.text
+
+
+def test_cli_view_of_two_targets_opens_comparing_the_targets(tmp_path):
+    """`mechlab view` of both targets' circuits (as a shell's *.json gives them: every seed of
+    1-after, then of 2-after) opens on 1-after seed 0 against 2-after seed 0, not against
+    1-after seed 1; circuits of one target open seed against seed."""
+    import json
+    import re
+    from pathlib import Path
+
+    from mechlab.cli import main
+    from mechlab.pipelines.circuits import first_comparison
+    from mechlab.prune import Circuit
+
+    def opened(files, name):
+        out = tmp_path / name
+        assert main(["view", *map(str, files), "--out", str(out)]) == 0
+        page = out.read_text()
+        init = json.loads(re.search(r"mechlabExplorer\('[^']+', (\{[^}]*\})\)", page).group(1))
+        shown = json.loads(re.search(r"<script type='application/json'[^>]*>(.*?)</script>", page, re.S).group(1))
+        pick = lambda i: None if i is None else (shown["circuits"][i]["target"], shown["circuits"][i]["seed"])  # noqa: E731
+        return pick(init["start"]), pick(init["compare"])
+
+    committed = sorted(Path("circuits/recall-cpu").glob("*-after_seed[0-2].json"))
+    assert opened(committed, "both.html") == (("1-after", "0"), ("2-after", "0"))
+    reordered = [committed[1], committed[0], *committed[2:]]  # seed 1 first: its 2-after seed 1
+    assert opened(reordered, "seed1.html") == (("1-after", "1"), ("2-after", "1"))
+    one_target = [p for p in committed if p.name.startswith("1-after")]
+    assert opened(one_target, "seeds.html") == (("1-after", "0"), ("1-after", "1"))
+    assert opened(committed[:1], "one.html") == (("1-after", "0"), None)
+    loaded = [Circuit.from_json(p) for p in committed]
+    assert first_comparison(loaded) == 3
+    loaded[3].metadata["seed"] = 7  # no 2-after circuit of seed 0: the first 2-after one given
+    assert first_comparison(loaded[:1] + loaded[4:] + loaded[3:4]) == 1
