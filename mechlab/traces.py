@@ -196,7 +196,10 @@ def target_name(target: Target) -> str:
 
 
 def check_target(target: Target, traces: Traces) -> None:
-    """Raise ValueError unless ``target`` is ``"k-after"``, ``"all"`` or a callable valid for ``traces``."""
+    """Raise ValueError unless ``target`` is ``"k-after"``, ``"all"`` or a callable valid for ``traces``.
+
+    An unknown name is refused in the command line's terms (``k-after`` or ``all``: a
+    command's ``--target`` takes a name, never a Python callable)."""
     if callable(target):
         return
     if not isinstance(target, str):
@@ -205,8 +208,8 @@ def check_target(target: Target, traces: Traces) -> None:
         return
     m = _K_AFTER.fullmatch(target)
     if m is None:
-        raise ValueError(
-            f"unknown target {target!r}; use 'k-after' (e.g. '1-after', '2-after'), 'all', or a callable"
+        raise ValueError(  # said as on the command line, where a target is a name
+            f"unknown target {target!r}; use k-after (1-after, 2-after, ...) or all"
         )
     k = int(m.group(1))
     if traces.query_position is None:

@@ -49,7 +49,7 @@ def resolve_function(name: str | Callable) -> Callable:
         raise ValueError(f"cannot import {module_name!r} for trial function {name!r}: {exc}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"{module_name!r} has no callable {attr!r}")
+        raise ValueError(f"trial function {name!r}: module {module_name!r} has no function {attr!r}")
     return fn
 
 

@@ -259,6 +259,18 @@ def test_prune_cli_needs_task_metadata(tmp_path, capsys):
     assert err.startswith("mechlab: error:") and "metadata" in err
 
 
+@pytest.mark.parametrize("command", ["prune", "curve"])
+def test_an_unknown_target_is_refused_in_the_command_lines_terms(command, tmp_path, capsys):
+    """--target takes a name: the refusal names the names (k-after, all), not the library's
+    "or a callable"."""
+    ckpt = Path(__file__).resolve().parents[2] / "examples/checkpoints/recall-cpu/last.pt"
+    args = [command, "--ckpt", str(ckpt), "--target", "3-before", "--no-progress", "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "mechlab: error: unknown target '3-before'; use k-after (1-after, 2-after, ...) or all", err
+    assert not (tmp_path / "o").exists()
+
+
 def test_info_builds_the_model_a_training_preset_trains(capsys):
     from mechlab.checkpoint import load_checkpoint
 

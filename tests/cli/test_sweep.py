@@ -27,7 +27,7 @@ TINY = ["--models", "st_lstm_small", "--formats", "acot", "--m", "3", "--L", "3"
     (["--address", "127.0.0.1:1"], "cannot reach a Ray cluster at '127.0.0.1:1'"),
     (["--units", "batch"], "unknown --units 'batch'"),
     (["--local", "--address", "auto"], "--local or --address"),
-    (["--trial", "mechlab.sweep.oracle:nothing"], "no callable 'nothing'"),
+    (["--trial", "mechlab.sweep.oracle:nothing"], "module 'mechlab.sweep.oracle' has no function 'nothing'"),
     (["--multiplier", "1"], "multiplier must be > 1"),
     (["--trial", "no_such_module:trial"], "cannot import 'no_such_module'"),
     (["--m", "7", "--L", "12", "--n-val", "1000000000"], "the task's sequences would hold sequences"),
