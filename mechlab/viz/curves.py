@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import plotly.colors
 import plotly.graph_objects as go
 
-from mechlab.viz.figures import legend_below
+from mechlab.viz.figures import legend_below, readable_log_axes
 
 if TYPE_CHECKING:
     from mechlab.prune.curves import FaithfulnessCurve
@@ -68,4 +68,4 @@ def faithfulness_curves_figure(
         title=title, xaxis_title="edge budget (% of edges, log scale)", xaxis_type="log",
         yaxis_title="faithfulness  1 - d(C, full) / d(empty, full)", hovermode="x unified",
     )  # fmt: skip
-    return legend_below(fig)
+    return legend_below(readable_log_axes(fig))

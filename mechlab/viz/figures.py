@@ -87,6 +87,82 @@ def legend_below(fig: go.Figure, plot_height: int = 380, row_height: int = 26) -
     return fig
 
 
+_MANTISSAS = ((1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0), (1.0, 2.0, 5.0), (1.0,))
+
+
+def _tick_text(v: float) -> str:
+    """A log tick's label: ``0.002``, ``50``, ``5000``; ``1e-5``, ``2e6`` outside 0.001..9999."""
+    if 1e-3 <= v < 1e4:
+        return f"{v:.4g}"
+    mantissa, exponent = f"{v:.1e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _axis_values(fig: go.Figure, ref: str) -> list[float]:
+    """The positive numbers drawn on the axis ``ref`` (``"x"``, ``"y2"``): trace values,
+    their error bars, and lines (``add_hline``) in its data coordinates."""
+    import math
+
+    letter = ref[0]
+    values: list[float] = []
+
+    def add(items: Any) -> None:
+        for v in items if items is not None else ():
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+                values.append(float(v))
+
+    for trace in fig.data:
+        if (getattr(trace, f"{letter}axis", None) or letter) != ref or not hasattr(trace, letter):
+            continue
+        data = getattr(trace, letter)
+        data = list(data) if data is not None else []
+        add(data)
+        error = getattr(trace, f"error_{letter}", None)
+        if error is not None and error.array is not None and len(error.array) == len(data):
+            minus = error.array if error.symmetric is not False or error.arrayminus is None else error.arrayminus
+            for v, plus, less in zip(data, error.array, minus, strict=False):
+                if isinstance(v, int | float) and plus is not None and less is not None:
+                    add([v + plus, v - less])
+    for shape in fig.layout.shapes or ():
+        if getattr(shape, f"{letter}ref") == ref:
+            add([getattr(shape, f"{letter}0"), getattr(shape, f"{letter}1")])
+    return values
+
+
+def readable_log_axes(fig: go.Figure) -> go.Figure:
+    """Give every log axis of ``fig`` ticks one can read at 800 to 1600 px: labelled
+    ticks at 1, 1.5, 2, 3, ... within a decade, at 1-2-5 across up to 3.5 decades, at the
+    powers of ten beyond (every k-th past 10 decades), with short labels (``0.002``,
+    ``1e-5``), instead of plotly's default of a label at every digit 2..9 of each decade,
+    which overlap. Axes with ticks set already are left alone. Returns ``fig``.
+    """
+    import math
+    import re
+
+    for name in [k for k in fig.layout.to_plotly_json() if re.fullmatch(r"[xy]axis\d*", k)]:
+        axis = fig.layout[name]
+        if axis.type != "log" or axis.tickvals is not None or axis.dtick is not None:
+            continue
+        values = _axis_values(fig, name[0] + name[5:])
+        if axis.range is not None and None not in axis.range:
+            values = [10.0 ** axis.range[0], 10.0 ** axis.range[1]]
+        if not values:
+            continue
+        low, high = math.log10(min(values)), math.log10(max(values))
+        decades = high - low
+        mantissas = _MANTISSAS[0 if decades < 1 else 1 if decades <= 3.5 else 2]
+        step = max(1, math.ceil(decades / 10))
+        ticks = [m * 10.0**e for e in range(math.floor(low) - 1, math.ceil(high) + 2)
+                 if (e - math.floor(low)) % step == 0 for m in mantissas]  # fmt: skip
+        pad = 0.1 * max(decades, 0.3)  # plotly's autorange pads the data a little
+        ticks = [t for t in ticks if low - pad <= math.log10(t) <= high + pad]
+        if len(ticks) < 2:
+            continue
+        axis.update(tickmode="array", tickvals=[float(f"{t:.6g}") for t in ticks],
+                    ticktext=[_tick_text(float(f"{t:.6g}")) for t in ticks])  # fmt: skip
+    return fig
+
+
 def figure_html(fig: go.Figure, plotlyjs: str = "inline") -> str:
     """One figure as a whole offline page (plotly.js inlined, or beside the page); the
     page's element id comes from the figure, so the same figure writes the same bytes (a
@@ -202,7 +278,7 @@ def _nih_figure(offsets: dict[str, dict[str, float]], title: str) -> go.Figure:
     )
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="zero predictor (mean)")
     fig.update_layout(title=title, yaxis_title="squared error (summed over dims)", yaxis_type="log")
-    return fig
+    return readable_log_axes(fig)
 
 
 def figure_for_suite(report: dict[str, Any]) -> go.Figure:
@@ -229,7 +305,7 @@ def figure_for_suite(report: dict[str, Any]) -> go.Figure:
             yaxis_title="squared error",
             yaxis_type="log",
         )
-        return fig
+        return readable_log_axes(fig)
     if suite == "uninterleaved":
         xs = list(range(1, len(r["model_median"]) + 1))
         fig = go.Figure(
@@ -246,7 +322,7 @@ def figure_for_suite(report: dict[str, Any]) -> go.Figure:
             yaxis_title="squared error",
             yaxis_type="log",
         )
-        return fig
+        return readable_log_axes(fig)
     if suite == "dynamics":
         fig = go.Figure()
         ex = r["examples"]
@@ -260,5 +336,5 @@ def figure_for_suite(report: dict[str, Any]) -> go.Figure:
             yaxis_title="squared error",
             yaxis_type="log",
         )
-        return fig
+        return readable_log_axes(fig)
     raise ValueError(f"no figure for suite {suite!r}")

@@ -7,6 +7,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mechlab.viz.figures import readable_log_axes
+
 _PROBES = ("clean", "misdirect_incorrect", "sync_rotations", "misdirect_unseen", "misdirect_restart")
 
 
@@ -116,7 +118,7 @@ def recall_figure(report: dict[str, Any]) -> go.Figure:
                        f"{r['n_haystack']} haystack systems of {r['seg_len']}, {r['n_traces']} traces</sup>"},
         legend=_legend(tops[0]), legend2=_legend(tops[1]), legend3=_legend(tops[2]),
     )  # fmt: skip
-    return fig
+    return readable_log_axes(fig)
 
 
 def recall_dynamics_figure(report: dict[str, Any]) -> go.Figure:
@@ -148,4 +150,4 @@ def recall_dynamics_figure(report: dict[str, Any]) -> go.Figure:
     fig.update_yaxes(type="log", row=3, col=1)
     fig.update_layout(title="When each mechanism appears: recall scores across training", height=900,
                       legend={"title": {"text": "offset"}})  # fmt: skip
-    return fig
+    return readable_log_axes(fig)

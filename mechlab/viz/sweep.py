@@ -9,7 +9,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from mechlab.viz.figures import legend_below
+from mechlab.viz.figures import legend_below, readable_log_axes
 
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f")
 _DASH = {"outcome": "solid", "cot": "dash", "acot": "dot"}
@@ -70,7 +70,7 @@ def n_star_figure(rows: Rows, title: str | None = None) -> go.Figure:
         xaxis_title="L (longest length; for fixed, the length)", yaxis_title="N* (log scale)",
         yaxis_type="log",
     )  # fmt: skip
-    return legend_below(fig)
+    return legend_below(readable_log_axes(fig))
 
 
 def kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
@@ -108,7 +108,7 @@ def kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
         title=title or "kappa = sum_n N*_n / N*_joint (> 1: lengths share; < 1: interfere)",
         barmode="group", yaxis_title="kappa", yaxis_type="log",
     )  # fmt: skip
-    return legend_below(fig)
+    return legend_below(readable_log_axes(fig))
 
 
 def ood_kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
@@ -141,4 +141,4 @@ def ood_kappa_figure(rows: Rows, title: str | None = None) -> go.Figure:
         xaxis_title="kappa (log scale)", xaxis_type="log", yaxis_title="OOD accuracy (chance-normalised)",
        
     )  # fmt: skip
-    return legend_below(fig)
+    return legend_below(readable_log_axes(fig))
