@@ -30,6 +30,7 @@ from mechlab.prune.circuit import Circuit, jaccard
 from mechlab.prune.consensus import consensus_scores
 from mechlab.prune.graph import component_of, parse_component, window_of
 from mechlab.prune.stability import stability_text
+from mechlab.viz.figures import colour_range
 
 _KIND_COLOUR = {
     "q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "mixer": "#9467bd",
@@ -522,9 +523,10 @@ def circuits_across_checkpoints_figure(
         vertical_spacing=0.04,
         specs=[[{}], [{"secondary_y": True}]],
     )  # the Jaccard on its own 0-1 axis
+    zmin, zmax, bar = colour_range(z, "score")  # an attribution score may pass 0..1: not clipped
     fig.add_trace(go.Heatmap(
-        z=z, x=labels, y=[f"{w} → {r}" for w, r in rows], colorscale="Viridis", zmin=0, zmax=1,
-        colorbar={"title": "score", "len": 0.7, "y": 0.62}, hoverongaps=False,
+        z=z, x=labels, y=[f"{w} → {r}" for w, r in rows], colorscale="Viridis", zmin=zmin, zmax=zmax,
+        colorbar={"title": bar, "len": 0.7, "y": 0.62}, hoverongaps=False,
         hovertemplate="step %{x}<br>%{y}<br>score %{z:.3f}<extra></extra>",
     ), row=1, col=1)  # fmt: skip
     fig.add_trace(go.Scatter(x=labels, y=[len(c.edges) for c in circuits], name="edges kept",

@@ -163,6 +163,38 @@ def readable_log_axes(fig: go.Figure) -> go.Figure:
     return fig
 
 
+def colour_range(z: Any, title: str, low: float = 0.0, high: float = 1.0) -> tuple[float, float, str]:
+    """A heatmap's colour range and colour bar title: ``low``..``high`` (the values' usual
+    range, e.g. a fraction's 0..1), widened to the data where the data goes past it, so
+    that no value is clipped to the end colour; the title then says how far (``fraction
+    (up to 1.07)``).
+
+    Args:
+        z: The heatmap's values (nested lists; None and NaN are gaps).
+        title: The colour bar's title.
+        low: The lower end of the usual range.
+        high: The upper end.
+
+    Returns:
+        ``(zmin, zmax, title)``.
+    """
+    import math
+
+    def flat(items: Any) -> list[float]:
+        if isinstance(items, list | tuple):
+            return [v for item in items for v in flat(item)]
+        return [float(items)] if isinstance(items, int | float) and math.isfinite(items) else []
+
+    values = flat(z)
+    zmin, zmax = min([low, *values]), max([high, *values])
+    past = []
+    if zmin < low:
+        past.append(f"from {zmin:.3g}")
+    if zmax > high:
+        past.append(f"up to {zmax:.3g}")
+    return zmin, zmax, title + (f"<br>({', '.join(past)})" if past else "")
+
+
 def figure_html(fig: go.Figure, plotlyjs: str = "inline") -> str:
     """One figure as a whole offline page (plotly.js inlined, or beside the page); the
     page's element id comes from the figure, so the same figure writes the same bytes (a

@@ -7,7 +7,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mechlab.viz.figures import readable_log_axes
+from mechlab.viz.figures import colour_range, readable_log_axes
 
 _PROBES = ("clean", "misdirect_incorrect", "sync_rotations", "misdirect_unseen", "misdirect_restart")
 
@@ -98,9 +98,10 @@ def recall_figure(report: dict[str, Any]) -> go.Figure:
     fig.update_xaxes(tickvals=xs, ticktext=[f"{x}<br><b>{v}</b>" for x, v in zip(xs, verdicts, strict=True)],
                      row=3, col=1)  # fmt: skip
     if z:
+        zmin, zmax, bar = colour_range(z, "fraction")  # a head can carry more than the whole patch (> 1)
         fig.add_trace(go.Heatmap(
-            x=heads, y=layers, z=z, colorscale="Viridis", zmin=0, zmax=1, xgap=1, ygap=1,
-            colorbar={"title": {"text": "fraction"}, "yanchor": "bottom", "thickness": 14},
+            x=heads, y=layers, z=z, colorscale="Viridis", zmin=zmin, zmax=zmax, xgap=1, ygap=1,
+            colorbar={"title": {"text": bar}, "yanchor": "bottom", "thickness": 14},
             hovertemplate="%{y} %{x}: %{z:.2f}<extra></extra>",
         ), row=4, col=1)  # fmt: skip
         fig.update_yaxes(tickmode="array", tickvals=layers, ticktext=layers, autorange="reversed", row=4, col=1)

@@ -93,3 +93,30 @@ def test_log_ticks_step_by_the_range(low, high, labels):
     set_by_hand = go.Figure(go.Scatter(x=[1, 2], y=[low, high]))
     set_by_hand.update_layout(yaxis_type="log", yaxis_dtick=1)
     assert readable_log_axes(set_by_hand).layout.yaxis.tickvals is None  # left alone
+
+
+def test_heatmaps_show_values_above_one_and_say_so():
+    """The recall figure's head heatmap clipped the committed checkpoint's fraction 1.07 (a
+    head carrying more than the whole label patch) to the colour of 1: the scale now reaches
+    the data, and the colour bar's title says how far past 0..1 it goes."""
+    from mechlab.prune import Circuit
+    from mechlab.viz import circuits_across_checkpoints_figure, recall_figure
+    from mechlab.viz.figures import colour_range
+
+    report = read(RUN / "recall" / "recall.json")
+    fractions = [c["fraction"] for c in report["result"]["components"]
+                 if c["patch"] == "label" and c["direction"] == "noise" and c["offset"] == 1 and c["head"] >= 0]  # fmt: skip
+    assert max(fractions) > 1  # the committed results have one
+    heatmap = next(t for t in recall_figure(report).data if t.type == "heatmap")
+    assert (heatmap.zmin, heatmap.zmax) == (0, max(fractions))
+    assert heatmap.colorbar.title.text == f"fraction<br>(up to {max(fractions):.3g})"
+
+    assert colour_range([[0.2, None], [0.9, float("nan")]], "score") == (0, 1, "score")  # within: 0..1
+    assert colour_range([[-0.5, 2.0]], "f") == (-0.5, 2.0, "f<br>(from -0.5, up to 2)")
+    circuit = Circuit.from_json(ROOT / "circuits" / "recall-cpu" / "1-after_seed0.json")
+    edge = next(iter(circuit.edges))
+    louder = Circuit.from_dict({**circuit.to_dict()})
+    louder.edges[edge] = 3.0  # an attribution score past 1
+    heatmap = next(t for t in circuits_across_checkpoints_figure([circuit, louder], steps=[1, 2]).data
+                   if t.type == "heatmap")  # fmt: skip
+    assert heatmap.zmax == 3.0 and "up to 3" in heatmap.colorbar.title.text
