@@ -6,6 +6,7 @@ or nnsight until a name that needs them is touched::
 
     import mechlab
     ckpt = mechlab.load_checkpoint("run.pt")
+    circuits = mechlab.load_circuits(["1-after_seed0.json", "2-after_seed0.json"])
     t = mechlab.nih(ckpt, 64)
     result = mechlab.activation_patch(ckpt.model, t.clean, t.corrupted, metric)
 """
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.models.hooked import HookedModule, hooked
     from mechlab.models.importers import from_pretrained
     from mechlab.models.names import graph_name, hook_name
+    from mechlab.pipelines import load_circuits
     from mechlab.tasks.nih import NiH, nih
 
 __version__ = "0.1.0"
@@ -67,6 +69,7 @@ _LAZY_NAMES = {
     "recall_analysis": "mechlab.label_vs_observation",
     "prune_checkpoint": "mechlab.pipelines",
     "open_checkpoint": "mechlab.pipelines",
+    "load_circuits": "mechlab.pipelines",  # beside load_checkpoint: where one looks first
     "Traces": "mechlab.traces",
     "PruneData": "mechlab.traces",
 }
@@ -111,6 +114,7 @@ __all__ = [
     "hook_name",
     "hooked",
     "load_checkpoint",
+    "load_circuits",
     "make_config",
     "make_report",
     "nih",

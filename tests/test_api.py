@@ -67,3 +67,15 @@ def test_the_cli_help_loads_neither_torch_nor_transformer_lens():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_circuit_files_load_from_the_top_level_and_from_pipelines():
+    """load_circuits sits beside load_checkpoint, where one looks first, and in
+    mechlab.pipelines, where the commands take it from: one function."""
+    import mechlab.pipelines
+    from mechlab.pipelines.circuits import load_circuits
+
+    assert mechlab.load_circuits is mechlab.pipelines.load_circuits is load_circuits
+    assert "load_circuits" in mechlab.__all__ and "load_circuits" in mechlab.pipelines.__all__
+    circuits = mechlab.load_circuits(["circuits/recall-cpu/1-after_seed0.json", "circuits/recall-cpu/2-after_seed0.json"])
+    assert [c.metadata["target"] for c in circuits] == ["1-after", "2-after"]

@@ -19,9 +19,17 @@ MIXED_WARNING = "comparing circuits of different checkpoints"  # the engine's wa
 
 
 def load_circuits(paths: Sequence[str | Path]) -> list[Circuit]:
-    """Every circuit file, each checked (one line naming the file or the field) before any
-    work; a file given twice (by any path, or a copy of the same bytes) is refused: a
-    circuit compared with itself would read as perfect agreement."""
+    """Read circuit files as ``mechlab view`` and ``overlap`` do (also ``mechlab.load_circuits``):
+    each checked (one line naming the file or the field) before any work; a file given twice
+    (by any path, or a copy of the same bytes) is refused: a circuit compared with itself
+    would read as perfect agreement.
+
+    Args:
+        paths: Circuit JSON files (``mechlab prune``'s ``<target>_seed<k>.json``).
+
+    Returns:
+        The :class:`~mechlab.prune.Circuit` of each file, in the order given.
+    """
     seen: dict[str, str] = {}
     loaded = []
     for path in paths:
