@@ -356,7 +356,7 @@ def view(
     layout (shared edges, only one, only the other). Circuits of two or more targets open comparing the targets:
     the first file with another target's circuit of the same seed (1-after_seed0.json with 2-after_seed0.json,
     whatever the order of the files); circuits of one target open comparing the first two files (seed with seed).
-    The page's menus switch both."""
+    The page's menus change either circuit."""
     from mechlab.pipelines import view_circuits
 
     typer.echo(f"wrote {view_circuits(circuits, out, label, force=force)}")
