@@ -355,7 +355,8 @@ def view(
     """Render circuits: one file draws its graph; two or more open the explorer with two compared on one
     layout (shared edges, only one, only the other). Circuits of two or more targets open comparing the targets:
     the first file with another target's circuit of the same seed (1-after_seed0.json with 2-after_seed0.json,
-    whatever the order of the files); circuits of one target open comparing the first two files (seed with seed).
+    whatever the order of the files); one target's circuits of two or more methods open comparing the methods;
+    otherwise the first two files (seed with seed).
     The page's menus change either circuit."""
     from mechlab.pipelines import view_circuits
 

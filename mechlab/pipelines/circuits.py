@@ -50,7 +50,7 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
     choose target, method and seed, compare two (shared / only A / only B), filter by score
     and stability, hover or click for scores; one offline file, plotly.js inside. It opens
     on the first circuit compared with another (:func:`first_comparison`: another target's
-    of the same seed, when the circuits have two or more targets).
+    of the same seed, when the circuits have two or more targets; else another method's).
 
     Args:
         paths: Circuit JSON files.
@@ -74,23 +74,24 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
 
 def first_comparison(circuits: Sequence[Circuit]) -> int | None:
     """The circuit ``mechlab view`` compares the first one with when the page opens (the
-    page switches either): circuits of two or more targets compare the targets, the first
+    page switches either). Circuits of two or more targets compare the targets: the first
     circuit with the first of another target of the same seed and method where there is
     one (``1-after_seed0`` with ``2-after_seed0``, however the files are ordered, e.g. by a
-    shell's ``*.json``); circuits of one target compare the first two given (seed with seed,
-    or method with method). None for one circuit.
+    shell's ``*.json``); one target's circuits of two or more methods compare the methods
+    (the same seed); one target's and method's circuits compare the first two given (seed
+    with seed). None for one circuit.
     """
     if len(circuits) < 2:
         return None
     meta = [c.metadata for c in circuits]
     first = meta[0]
-    others = [i for i, m in enumerate(meta) if str(m.get("target")) != str(first.get("target"))]
+    others = [i for i, c in enumerate(circuits) if _group(c) != _group(circuits[0])]
     if not others:
         return 1
 
-    def rank(i: int) -> tuple[bool, bool, int]:  # same seed first, then same method, then order given
+    def rank(i: int) -> tuple[bool, bool, bool, int]:  # another target, the same seed, the same method, first given
         m = meta[i]
-        return (m.get("seed") != first.get("seed"),
+        return (str(m.get("target")) == str(first.get("target")), m.get("seed") != first.get("seed"),
                 m.get("method", "prune") != first.get("method", "prune"), i)  # fmt: skip
 
     return min(others, key=rank)

@@ -61,6 +61,7 @@ def test_method_circuits_are_viewed_and_compared_as_their_own_groups(tiny_lds_ch
     assert main(["view", *map(str, files), "--out", str(tmp_path / "v.html")]) == 0
     page = (tmp_path / "v.html").read_text()
     assert "1-after · eap-ig · seed 1" in page and "1-after · exact · seed 0" in page
+    assert '{"start": 0, "compare": 2}' in page  # opens on eap-ig seed 0 against exact seed 0: the methods
     capsys.readouterr()
     report = tmp_path / "o.json"
     code = main(["overlap", *map(str, files), "--boot", "20", "--null", "20", "--json", str(report),
