@@ -143,6 +143,13 @@ def test_no_page_links_a_path_of_the_machine_that_wrote_it(written):
     links = set(re.findall(r"href='#(concept-[a-z]+)'", text))
     assert links and all(f"id='{anchor}'" in text for anchor in links)  # every term finds its definition
     assert "<code>docs/concepts.md#the-recall-task</code>" in text  # the repository's path, not this machine's
+    from pathlib import Path
+
+    import mechlab
+
+    for module in Path(mechlab.__file__).parent.rglob("*.py"):  # and no other page links one either
+        source = module.read_text()
+        assert ".as_uri()" not in source and "file:///" not in source, module
 
 
 def test_the_json_behind_the_page_is_what_the_page_reports(written):
