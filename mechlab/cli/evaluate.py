@@ -146,6 +146,11 @@ def report(
     result = report_checkpoint(ckpt, out, cfg, force=force, device=device, progress=progress,
                                log=lambda line: typer.echo(line, err=True))  # fmt: skip
     s = result.summary
+    from mechlab.pipelines.report_findings import task_warning
+
+    for name, status in s.get("task", {}).items():  # first: circuits of a task not done mean nothing
+        if not status["does_task"]:
+            typer.echo(f"WARNING {name}: " + task_warning(name, status))
     typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
     typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
     for name, c in s["circuits"].items():

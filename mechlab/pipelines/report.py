@@ -8,6 +8,9 @@
    bootstrap intervals and the uniform / degree-preserving null models, and each circuit
    evaluated on the other target (cross-evaluation);
 4. the label- vs observation-based recall verdicts per offset;
+5. per target, whether the model does its prediction at all (median error below half the
+   mean predictor's: :data:`~mechlab.pipelines.report_findings.DOES_TASK_BELOW`); where it
+   does not, the page and the summary say so first and its circuits are not interpreted;
 
 and writes one offline ``index.html`` (every figure and number, each section with how to
 read it and what its numbers say: :mod:`mechlab.pipelines.report_page`; plotly.js once,
@@ -164,7 +167,10 @@ class Report:
         """The headline numbers (also ``report.json``'s ``summary``)."""
         nih = self.evals["nih"]["result"]["offsets"]
         per = self.recall["result"]["per_offset"]
+        from mechlab.pipelines.report_findings import task_status
+
         out: dict[str, Any] = {
+            "task": task_status(self.evals, self.recall, list(self.circuits)),
             "nih_median": {f"{j}-after": v["median"] for j, v in nih.items()},
             "verdict": {f"{j}-after": v["verdict"] for j, v in per.items()},
             "circuits": {},
@@ -206,7 +212,14 @@ class Report:
         flat = [c for found in self.circuits.values() for c in found]
         labels = [f"{c.metadata.get('target')} · {c.metadata.get('method', 'prune')} · seed "
                   f"{c.metadata.get('seed')}" for c in flat]  # fmt: skip
-        return circuit_explorer(flat, labels, "Circuits of the report")
+        from mechlab.pipelines.report_findings import not_done, task_status
+
+        absent = not_done(task_status(self.evals, self.recall, list(self.circuits)))
+        title = "Circuits of the report" + (
+            f" ({', '.join(absent)}: circuits of a model that does not do "
+            f"{'this prediction' if len(absent) == 1 else 'these predictions'}, not interpreted)" if absent else ""
+        )  # fmt: skip
+        return circuit_explorer(flat, labels, title)
 
     def findings(self) -> dict[str, list[str]]:
         """The page's conclusions, written from the numbers (:func:`mechlab.pipelines.report_findings.findings`)."""

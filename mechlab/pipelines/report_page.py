@@ -16,6 +16,7 @@ from typing import Any
 
 from mechlab.pipelines.report_findings import (  # re-exported: the page's names before the split
     CONCEPTS,
+    DOES_TASK_BELOW,
     MIN_SEEDS_FOR_INTERVAL,
     SIGNIFICANT,
     _f,
@@ -25,8 +26,10 @@ from mechlab.pipelines.report_findings import (  # re-exported: the page's names
     cross_findings,
     findings,
     head_findings,
+    not_done,
     null_sentence,
     recall_findings,
+    task_status,
 )
 
 STYLE = (
@@ -34,6 +37,7 @@ STYLE = (
     "ul.findings li{margin:0.35em 0}p.caveat{color:#444;font-size:0.95em}"
     "section{margin-bottom:2.2em}dl dt{font-weight:bold;margin-top:0.6em}dl dd{margin-left:1.2em}"
     "code{font-size:0.92em}"
+    "div.not-done{background:#fdecea;border:2px solid #c0392b;padding:8px 12px;margin:0.8em 0}"
 )
 
 
@@ -62,12 +66,20 @@ def page(report: Any) -> str:
     figures = dict(report.figures())
     cfg = report.config
     n_seeds = len(cfg.seeds)
+    absent = not_done(task_status(report.evals, report.recall, list(report.circuits)))
+    warning = "" if not found["task"] else (
+        "<div class='not-done' id='not-done'><b>The model does not do the task here.</b><ul>"
+        + "".join(f"<li>{html.escape(w[0].upper() + w[1:])}</li>" for w in found["task"])
+        + f"</ul>The rule: the model does a prediction when its median error is below "
+        f"{DOES_TASK_BELOW:.2f} of what predicting the mean state scores (1 on this page's scale). "
+        "Train longer, or report a later checkpoint, before reading its circuits.</div>"
+    )  # fmt: skip
     summary = _section(
         "findings", "What this report finds",
         "Each line below is written by mechlab from the numbers further down (nothing is hand-written "
         "for this checkpoint); the sections after it show the numbers, the figures and how to read "
         "them, and the definitions are at the end.",
-        _list([*found["recall"][:2], *found["overlap"][:1], *found["heads"][:1]]),
+        _list([*found["task"], *found["recall"][:2], *found["overlap"][:1], *found["heads"][:1]]),
         "".join(f"<p class='caveat'>{c}</p>" for c in found["caveats"]),
     )  # fmt: skip
 
@@ -96,7 +108,8 @@ def page(report: Any) -> str:
     for target, cs in report.circuits.items():
         for c in cs:
             m = c.metadata.get("metrics", {})
-            crow.append([target, str(c.metadata.get("seed")), str(len(c.edges)),
+            crow.append([target + (" (not done by the model)" if target in absent else ""),
+                         str(c.metadata.get("seed")), str(len(c.edges)),
                          str(c.metadata.get("n_edges_asked", "")), _f(m.get("faithfulness")),
                          _f(m.get("complement_faithfulness"))])  # fmt: skip
     circuits = _section(
@@ -117,7 +130,7 @@ def page(report: Any) -> str:
 
     overlap = _overlap_section(report, found, n_seeds)
     recall = _recall_section(report, found, figures["Label- vs observation-based recall"])
-    sections = [summary, evaluation, circuits, overlap, recall,
+    sections = [warning, summary, evaluation, circuits, overlap, recall,
                 _definitions(), _files(report)]  # fmt: skip
     return page_html(f"mechlab report: {report.checkpoint}", [("", "".join(sections))],
                      plotlyjs="directory", style=STYLE)  # fmt: skip
@@ -314,6 +327,7 @@ __all__ = [
     "CONCEPTS",
     "MIN_SEEDS_FOR_INTERVAL",
     "SIGNIFICANT",
+    "DOES_TASK_BELOW",
     "caveats",
     "concepts_link",
     "cross_findings",
