@@ -156,10 +156,10 @@ def report(
     for name, c in s["circuits"].items():
         faith = ", ".join(fmt(f) for f in c["faithfulness"])
         typer.echo(f"circuit {name}: edges {c['edges']}, faithfulness {faith}")
+    from mechlab.pipelines.circuits import report_overlap_line
+
     for key, o in s["overlap"].items():
-        typer.echo(f"{key}: Jaccard {o['jaccard']:.3f} (null uniform {o['null_uniform']:.3f}, "
-                   f"degree {o['null_degree']:.3f}); within seeds "
-                   + ", ".join(f"{t} {v:.3f}" for t, v in s["within"].items()))  # fmt: skip
+        typer.echo(report_overlap_line(key, o, s["within"]))
     if result.reused:
         typer.echo(
             "read back: the report in --out was finished with the same settings (--force to recompute)"

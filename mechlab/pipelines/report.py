@@ -182,9 +182,12 @@ class Report:
                 "faithfulness": [m.get("faithfulness") for m in metrics],
                 "complement_faithfulness": [m.get("complement_faithfulness") for m in metrics],
             }
-        out["overlap"] = {
+        n = len(self.config.seeds)
+        out["overlap"] = {  # "jaccard": the cross-target Jaccard (mechlab.prune.circuit)
             key: {"jaccard": entry["jaccard_observed"], "null_uniform": entry["null_uniform"]["mc_mean"],
-                  "null_degree": entry["null_degree"]["mc_mean"]}
+                  "null_degree": entry["null_degree"]["mc_mean"], "n_seeds": n,
+                  "interval": None if not entry.get("jaccard") or entry["jaccard"].get("low") is None
+                  else [entry["jaccard"]["low"], entry["jaccard"]["high"], entry["jaccard"]["level"]]}
             for key, entry in self.overlap["across"].items()
         }  # fmt: skip
         out["within"] = {t: ci["value"] for t, ci in self.overlap["within"].items()}

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MIN_SEEDS_FOR_INTERVAL = 3  # a bootstrap over two circuits has two distinct values: no interval
+from mechlab.prune.circuit import (  # the overlap statistics' names and interval rule, defined once
+    CROSS_TARGET_JACCARD,
+    MIN_SEEDS_FOR_INTERVAL,
+    SEED_BASELINE_JACCARD,
+    no_interval,
+)
+
 SIGNIFICANT = 0.05  # a null's tail probability below this: "more than the null"
 DOES_TASK_BELOW = 0.5
 """The model does a target's prediction when its median NiH error is below this fraction
@@ -29,6 +35,8 @@ CONCEPTS = {
     "nih": "the-recall-task",
     "faithfulness": "faithfulness-and-complement-faithfulness",
     "complement": "faithfulness-and-complement-faithfulness",
+    "task": "does-the-model-do-the-task",
+    "overlap": "overlap-statistics",
     "nulls": "null-models-uniform-and-degree-preserving",
     "stability": "seed-stability-and-intervals",
     "cross": "cross-evaluation",
@@ -229,7 +237,8 @@ def null_sentence(key: str, entry: dict[str, Any], within: dict[str, dict[str, A
     below_d = deg["p_less"] < SIGNIFICANT
     a, b = key.split(" vs ")
     head = (
-        f"The {a} and {b} circuits share a Jaccard of {_f(obs)} of their edges; random circuits of "
+        f"The {a} and {b} circuits share a {CROSS_TARGET_JACCARD} of {_f(obs)} (mean edge Jaccard over "
+        "every pair of seeds); random circuits of "
         f"the same sizes would share {_f(uni['mc_mean'])} (uniform null), random circuits with the "
         f"same number of edges at every writer and reader {_f(deg['mc_mean'])} ± {_f(deg['mc_std'])} "
         "(degree-preserving null)."
@@ -258,7 +267,8 @@ def null_sentence(key: str, entry: dict[str, Any], within: dict[str, dict[str, A
     seeds = [within[t]["value"] for t in (a, b) if t in within]
     if seeds:
         meaning += (
-            f" Two prunings of one target (other seeds, other traces) agree at {_span(seeds)}: "
+            f" Two prunings of one target (other seeds, other traces) agree at {_span(seeds)} (the "
+            f"{SEED_BASELINE_JACCARD}): "
             + ("far more than the two targets do, so the targets' circuits differ beyond pruning noise."
                if obs < min(seeds) else "no more than the two targets do, so the difference may be pruning noise.")
         )  # fmt: skip
@@ -314,7 +324,7 @@ def caveats(report: Any) -> list[str]:
     out = []
     if n < MIN_SEEDS_FOR_INTERVAL:
         out.append(
-            f"{n} seed{'s' if n > 1 else ''} per target: no interval is shown (a bootstrap over fewer "
+            f"{no_interval(n)[0].upper()}{no_interval(n)[1:]}: none is shown (a bootstrap over fewer "
             f"than {MIN_SEEDS_FOR_INTERVAL} circuits has too few distinct resamples to bound anything); "
             "rerun with --seed 0 --seed 1 --seed 2 (or more) for intervals."
         )

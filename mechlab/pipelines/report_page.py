@@ -31,6 +31,14 @@ from mechlab.pipelines.report_findings import (  # re-exported: the page's names
     recall_findings,
     task_status,
 )
+from mechlab.prune.circuit import (
+    CROSS_TARGET_JACCARD,
+    EDGE_JACCARD,
+    INTERVAL,
+    SEED_BASELINE_JACCARD,
+    SHOWN_JACCARD,
+    interval_text,
+)
 
 STYLE = (
     "p.how{background:#f3f7fb;border-left:4px solid #6a9fd4;padding:6px 10px;margin:0.6em 0}"
@@ -72,7 +80,8 @@ def page(report: Any) -> str:
         + "".join(f"<li>{html.escape(w[0].upper() + w[1:])}</li>" for w in found["task"])
         + f"</ul>The rule: the model does a prediction when its median error is below "
         f"{DOES_TASK_BELOW:.2f} of what predicting the mean state scores (1 on this page's scale). "
-        "Train longer, or report a later checkpoint, before reading its circuits.</div>"
+        f"Train longer, or report a later checkpoint, before reading its circuits "
+        f"({concepts_link('task', 'does the model do the task?')}).</div>"
     )  # fmt: skip
     summary = _section(
         "findings", "What this report finds",
@@ -144,9 +153,8 @@ def _explorer(report: Any) -> str:
 
 
 def _interval(ci: dict[str, Any] | None, n_seeds: int) -> str:
-    if ci is None or n_seeds < MIN_SEEDS_FOR_INTERVAL:
-        return f"{n_seeds} seed{'s' if n_seeds > 1 else ''}: no interval"
-    return f"[{_f(ci['low'])}, {_f(ci['high'])}]"
+    """The interval cell: the words every command uses (:func:`mechlab.prune.circuit.interval_text`)."""
+    return html.escape(interval_text(ci, n_seeds))
 
 
 def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> str:
@@ -154,16 +162,16 @@ def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> 
     if not ov.get("across"):
         return _section("overlap", "3. Do the targets share a circuit?",
                         "With one target there is nothing to compare; give two or more --target.")  # fmt: skip
-    rows = [["pair", "edge Jaccard", "95% interval", "uniform null", "degree-preserving null",
+    rows = [["pair", "statistic", "value", "interval", "uniform null", "degree-preserving null",
              "P(degree null ≥ observed)"]]  # fmt: skip
     for key, e in ov["across"].items():
         d = e["null_degree"]
-        rows.append([key, _f(e["jaccard_observed"]), _interval(e["jaccard"], n_seeds),
+        rows.append([key, CROSS_TARGET_JACCARD, _f(e["jaccard_observed"]), _interval(e["jaccard"], n_seeds),
                      _f(e["null_uniform"]["mc_mean"]), f"{_f(d['mc_mean'])} ± {_f(d['mc_std'])}",
                      _f(d["p_greater"], 4)])  # fmt: skip
     for target, ci in ov.get("within", {}).items():
         rows.append(
-            [f"{target}, seed vs seed", _f(ci["value"]), _interval(ci, n_seeds), "", "", ""]
+            [f"{target}, seed vs seed", SEED_BASELINE_JACCARD, _f(ci["value"]), _interval(ci, n_seeds), "", "", ""]
         )
     excluded = ", ".join(ov.get("excluded_writers", [])) or "none"
     srow = [["pair", "shared, stable", "shared, unstable", "only first, stable", "only first, unstable",
@@ -199,13 +207,18 @@ def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> 
     )  # fmt: skip
     return _section(
         "overlap", "3. Do the targets share a circuit?",
-        "The edge Jaccard is the shared edges over all edges of the two circuits, averaged over every "
-        "pair of seeds (one of each target). It means little alone, so it stands beside two "
+        f"The {EDGE_JACCARD} of two circuits is their shared edges over all their edges; the "
+        f"<b>{CROSS_TARGET_JACCARD}</b> of two targets ({concepts_link('overlap', 'overlap statistics')}), "
+        "this section's headline, is its mean over every "
+        "pair of seeds (one circuit of each target). The circuit explorer above shows instead the "
+        f"{SHOWN_JACCARD} of the one pair it compares, which is why its number differs. The "
+        f"{CROSS_TARGET_JACCARD} means little alone, so it stands beside two "
         f"{concepts_link('nulls', 'null models')}: random circuits of the same sizes (uniform), and "
         "random circuits in which every writer and reader keeps its number of edges (degree-"
         "preserving; what the circuits' shapes alone force them to share). The seed-vs-seed rows "
-        f"are the {concepts_link('stability', 'seed baseline')}: how much two prunings of one target "
-        f"agree. Intervals are bootstraps over seeds, shown with {MIN_SEEDS_FOR_INTERVAL} or more "
+        f"are the {SEED_BASELINE_JACCARD} ({concepts_link('stability', 'the seed baseline')}): the mean "
+        "edge Jaccard of two prunings of one target with different seeds. Intervals are "
+        f"{INTERVAL}s, computed and shown only with {MIN_SEEDS_FOR_INTERVAL} or more "
         f"seeds per target. Edges of writers that cannot matter under the ablation ({excluded}) are "
         "left out of the nulls' edge pool.",
         _table(rows), _list(found["overlap"]), stable,
@@ -266,6 +279,19 @@ def _definitions() -> str:
             "Complement faithfulness",
             "The same with only the circuit's edges ablated and everything else kept: near 0 when "
             "nothing outside the circuit can do the job.",
+        ),
+        (
+            "overlap",
+            "Cross-target Jaccard",
+            "The mean edge Jaccard (shared edges over all edges of two circuits) over every pair of one "
+            "circuit of each target, every seed with every seed. The explorer's number is one pair's "
+            "edge Jaccard over the edges shown.",
+        ),
+        (
+            "overlap",
+            "Seed-baseline Jaccard",
+            "The mean edge Jaccard over every pair of one target's circuits of different seeds. "
+            f"Intervals (bootstraps over seeds) only from {MIN_SEEDS_FOR_INTERVAL} seeds per target.",
         ),
         (
             "nulls",
