@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -213,19 +214,28 @@ def pair_line(a: str, b: str, o: Overlap, seeds: tuple[Any, Any] | None = None) 
             f"overlap coefficient {o.overlap_coefficient:.3f}")  # fmt: skip
 
 
+def _n_circuits(report: dict[str, Any], name: str) -> int:
+    """A target's circuits: ``n_circuits``, or (files written before it was recorded) the
+    count its seed-baseline interval names, or 1 when it has no seed baseline."""
+    if name in report.get("n_circuits", {}):
+        return int(report["n_circuits"][name])
+    found = re.search(r"(\d+) circuits", str(report["within"].get(name, {}).get("resampled", "")))
+    return int(found.group(1)) if found else 2 if name in report["within"] else 1
+
+
 def overlap_lines(report: dict[str, Any]) -> list[str]:
     """The overlap statistics of :func:`~mechlab.prune.stats.overlap_report` (or
     :func:`overlap_circuits`) as ``mechlab overlap`` prints them: each target's seed-baseline
     Jaccard and each pair's cross-target Jaccard (with an interval only from
     :data:`~mechlab.prune.circuit.MIN_SEEDS_FOR_INTERVAL` seeds per target), then the nulls."""
-    counts = report.get("n_circuits", {})
+    counts = {name: _n_circuits(report, name) for name in report["within"]}
     lines = []
     for name, ci in report["within"].items():
-        n = counts.get(name, 2)
+        n = counts[name]
         lines.append(f"{name}: {SEED_BASELINE_JACCARD} {ci['value']:.3f}, {interval_text(ci, n)}")
     for key, entry in report["across"].items():
         a, b = key.split(" vs ")
-        n = min(counts.get(a, 1), counts.get(b, 1))
+        n = min(_n_circuits(report, a), _n_circuits(report, b))
         lines.append(f"{key}: {CROSS_TARGET_JACCARD} {entry['jaccard_observed']:.3f}, "
                      f"{interval_text(entry['jaccard'], n)}")  # fmt: skip
         lines.append(f"  cross-target overlap coefficient {entry['overlap_coefficient_observed']:.3f}, "

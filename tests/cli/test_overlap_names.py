@@ -120,3 +120,14 @@ def test_view_names_its_jaccard_as_one_pairs(tmp_path):
     assert (
         f'"jaccard_name": "{SHOWN_JACCARD}"' in page and "Jaccard of the edges shown ${" not in page
     )
+
+
+def test_a_file_written_before_the_counts_were_recorded_prints_the_same_way():
+    from mechlab.pipelines.circuits import overlap_lines
+
+    saved = json.loads((COMMITTED / "stats" / "overlap.json").read_text())  # 5 seeds, no n_circuits
+    lines = overlap_lines(saved)
+    assert lines[0] == f"1-after: {SEED_BASELINE_JACCARD} 0.652, 95% interval [0.601, 0.701]"
+    assert lines[2] == f"1-after vs 2-after: {CROSS_TARGET_JACCARD} 0.156, 95% interval [0.136, 0.174]"
+    two = {**saved, "n_circuits": {"1-after": 2, "2-after": 2}}
+    assert all("interval [" not in line for line in overlap_lines(two))
