@@ -377,7 +377,8 @@ def findings(report: Any) -> dict[str, list[str]]:
     circuits of a target the model does not do are not interpreted."""
     status = task_status(report.evals, report.recall, list(report.circuits))
     absent = not_done(status)
-    out: dict[str, list[str]] = {"task": [task_warning(t, status[t]) for t in absent]}
+    warnings = [task_warning(t, status[t]) for t in absent]
+    out: dict[str, list[str]] = {"task": [html.escape(w[0].upper() + w[1:]) for w in warnings]}
     out["evaluation"] = _eval_findings(report.evals)
     out["circuits"] = [
         _not_interpreted(t) if t in absent else line

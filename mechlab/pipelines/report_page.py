@@ -77,7 +77,7 @@ def page(report: Any) -> str:
     absent = not_done(task_status(report.evals, report.recall, list(report.circuits)))
     warning = "" if not found["task"] else (
         "<div class='not-done' id='not-done'><b>The model does not do the task here.</b><ul>"
-        + "".join(f"<li>{html.escape(w[0].upper() + w[1:])}</li>" for w in found["task"])
+        + "".join(f"<li>{w}</li>" for w in found["task"])
         + f"</ul>The rule: the model does a prediction when its median error is below "
         f"{DOES_TASK_BELOW:.2f} of what predicting the mean state scores (1 on this page's scale). "
         f"Train longer, or report a later checkpoint, before reading its circuits "
