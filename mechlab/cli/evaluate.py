@@ -159,7 +159,7 @@ def report(
     from mechlab.pipelines.circuits import report_overlap_line
 
     for key, o in s["overlap"].items():
-        typer.echo(report_overlap_line(key, o, s["within"]))
+        typer.echo(report_overlap_line(key, o, s["within"], len(cfg.seeds)))
     if result.reused:
         typer.echo(
             "read back: the report in --out was finished with the same settings (--force to recompute)"

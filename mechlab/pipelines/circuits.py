@@ -249,10 +249,11 @@ def overlap_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report_overlap_line(key: str, o: dict[str, Any], within: dict[str, float]) -> str:
+def report_overlap_line(key: str, o: dict[str, Any], within: dict[str, float], n_seeds: int = 0) -> str:
     """One pair of targets of ``mechlab report``'s printed summary (``report.json``'s
-    ``summary``), in the names and interval words of ``mechlab overlap``."""
-    n = o.get("n_seeds", 0)
+    ``summary``), in the names and interval words of ``mechlab overlap``; ``n_seeds``
+    where the summary does not record it (a report written before it did)."""
+    n = o.get("n_seeds", n_seeds)
     ci = None if not o.get("interval") else dict(zip(("low", "high", "level"), o["interval"], strict=True))
     seeds = ", ".join(f"{t} {v:.3f}" for t, v in within.items())
     return (f"{key}: {CROSS_TARGET_JACCARD} {o['jaccard']:.3f}, {interval_text(ci, n)} (uniform null "
