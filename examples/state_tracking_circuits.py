@@ -31,6 +31,7 @@ import torch
 from mechlab.checkpoint import load_checkpoint
 from mechlab.io import atomic_write_text
 from mechlab.pipelines import prune_checkpoint
+from mechlab.pipelines.circuits import overlap_lines
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import countable_edges, pruning_graph
 from mechlab.prune.stats import overlap_report
@@ -132,14 +133,8 @@ def main(argv: list[str] | None = None) -> None:
                       *((name, circuit_figure(c)) for name, c in zip(names, first, strict=True))])  # fmt: skip
     atomic_write_text(args.out / f"{args.target}_seed{args.seeds[0]}_lengths.html", page)
     print(f"universe: {len(universe)} countable edges")
-    for key, entry in report["across"].items():
-        ci = entry["jaccard"]
-        nu = entry["null_uniform"]
-        print(f"{key}: Jaccard {ci['value']:.3f} [95% CI {ci['low']:.3f}, {ci['high']:.3f}]; null (uniform) "
-              f"{nu['mc_mean']:.3f}, P(null >= obs) {nu['p_greater']:.4f}; null (degree) "
-              f"{entry['null_degree']['mc_mean']:.3f}, P {entry['null_degree']['p_greater']:.4f}")
-    for name, ci in report["within"].items():
-        print(f"within {name}: Jaccard {ci['value']:.3f} [95% CI {ci['low']:.3f}, {ci['high']:.3f}]")
+    for line in overlap_lines(report):  # the names and interval rule of mechlab overlap
+        print(line)
     for r in cross:
         f = r["faithfulness"]
         print(f"found at n={r['found_at']}, scored at n={r['evaluated_at']}: faithfulness "

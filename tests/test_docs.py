@@ -70,3 +70,37 @@ def test_the_induction_page_runs_and_prints_what_it_says(in_tmp_with_examples, c
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "0 3 [3]"  # the page's comment
     assert float(lines[1]) > 0.8
+
+
+def test_the_docs_overlap_numbers_are_the_committed_circuits():
+    """concepts.md, quickstart.md and pruning.md quote the overlap of the committed circuits
+    (circuits/recall-cpu/stats/overlap.json): each number is checked against the file."""
+    import json
+
+    saved = json.loads((ROOT / "circuits" / "recall-cpu" / "stats" / "overlap.json").read_text())
+    e = saved["across"]["1-after vs 2-after"]
+    cross, degree, uniform = (f"{v:.3f}" for v in (e["jaccard_observed"], e["null_degree"]["mc_mean"],
+                                                   e["null_uniform"]["mc_mean"]))  # fmt: skip
+    within = {t: f"{saved['within'][t]['value']:.3f}" for t in ("1-after", "2-after")}
+    docs = {p: (ROOT / "docs" / p).read_text() for p in ("concepts.md", "quickstart.md", "pruning.md")}
+    concepts = " ".join(docs["concepts.md"].split())
+    assert (f"cross-target Jaccard **{cross}** beside a degree null of **{degree}** "
+            f"(uniform null **{uniform}**)") in concepts  # fmt: skip
+    assert f"0.652 for 1-after, 0.822 for 2-after, against the cross-target {cross}" in concepts
+    assert within == {"1-after": "0.652", "2-after": "0.822"}
+    quick = " ".join(docs["quickstart.md"].split())
+    assert f"the cross-target Jaccard is {cross} against a degree null of {degree} (uniform null {uniform})" in quick
+    row = re.search(r"^\| 1-after vs 2-after \(25 pairs\) \| cross-target Jaccard \| (\S+) \| \[(\S+), (\S+)\] "
+                    r"\| (\S+) \(exact\).*\| (\S+) \+- (\S+), at the (\d+)th percentile \|$",
+                    docs["pruning.md"], flags=re.M)  # fmt: skip
+    assert row, "pruning.md's overlap table"
+    ci = e["jaccard"]
+    assert row.groups() == (cross, f"{ci['low']:.3f}", f"{ci['high']:.3f}", f"{e['null_uniform']['expected_exact']:.3f}",
+                            degree, f"{e['null_degree']['mc_std']:.3f}",
+                            f"{100 * e['null_degree']['percentile']:.0f}")  # fmt: skip
+    for t in ("1-after", "2-after"):
+        w = saved["within"][t]
+        assert re.search(rf"^\| {t} \(10 pairs\) \| seed-baseline Jaccard \| {within[t]} \| "
+                         rf"\[{w['low']:.3f}, {w['high']:.3f}\] \|", docs["pruning.md"], flags=re.M), t  # fmt: skip
+    # no stale overlap number is quoted as the bundled checkpoint's
+    assert "0.157 beside 0.157" not in concepts and "0.19 against 0.19" not in quick

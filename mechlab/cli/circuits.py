@@ -151,13 +151,11 @@ def prune(
     result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, force=force,
                            nearby_budgets=nearby_budgets, **common)  # fmt: skip
     _print_resumed(result.reused, result.replaced, result.updated)
-    for a, b, o in result.overlaps:
-        if o.n_edges_a == 0 or o.n_edges_b == 0:
-            typer.echo(f"overlap {a} vs {b}: not defined, a circuit is empty "
-                       f"({o.n_edges_a} and {o.n_edges_b} edges)")  # fmt: skip
-            continue
-        typer.echo(f"overlap {a} vs {b}: {o.n_shared_edges} shared edges, Jaccard {o.jaccard:.3f}, "
-                   f"overlap coefficient {o.overlap_coefficient:.3f}")  # fmt: skip
+    from mechlab.pipelines.circuits import pair_line
+
+    for a, b, o in result.overlaps:  # the first seeds' circuits; the means over seeds below
+        seeds = (result.circuits[a][0].metadata.get("seed"), result.circuits[b][0].metadata.get("seed"))
+        typer.echo(pair_line(a, b, o, seeds))
     if result.stability is not None:
         typer.echo(result.stability.summary())
 
@@ -366,7 +364,7 @@ def view(
 def overlap_(
     circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
     ckpt: Path | None = typer.Option(None, help="Checkpoint the circuits come from: adds cross-evaluation (each circuit scored on every target)."),
-    boot: int = typer.Option(2000, min=1, help="Bootstrap resamples (each target's circuits resampled with replacement)."),
+    boot: int = typer.Option(2000, min=1, help="Bootstrap resamples (each target's circuits resampled with replacement; intervals need 3 circuits per target)."),
     null_samples: int = typer.Option(1000, "--null", min=1, help="Monte Carlo samples of each null model."),
     level: float = typer.Option(0.95, help="Coverage of the bootstrap intervals, in (0, 1)."),
     exclude_writer: list[str] = typer.Option([], help="Leave this writer's edges out of the null models' edge pool (e.g. pos); repeatable."),
@@ -377,15 +375,17 @@ def overlap_(
     progress: bool = typer.Option(True, help="Show progress bars (null models, cross-evaluation)."),
     force: bool = force_option("Replace --json if it exists."),
 ) -> None:
-    """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
-    uniform and degree-preserving null models, cross-evaluation with --ckpt."""
+    """Overlap of circuits: pairwise edge Jaccard table, each target's seed-baseline Jaccard and each
+    pair's cross-target Jaccard (the mean over every pair of seeds; a bootstrap interval over seeds
+    from 3 circuits per target), uniform and degree-preserving null models, cross-evaluation with --ckpt."""
     from mechlab.pipelines import overlap_circuits
+    from mechlab.pipelines.circuits import overlap_lines
 
     r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level, exclude_writers=exclude_writer,
                          seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out,
                          progress=progress, log=(lambda line: typer.echo(line, err=True)) if progress else None,
                          force=force)  # fmt: skip
-    rows = [("a", "b", "edges a", "edges b", "shared", "jaccard", "overlap coef", "shared nodes")]
+    rows = [("a", "b", "edges a", "edges b", "shared", "edge Jaccard", "overlap coef", "shared nodes")]
     for p in r["pairs"]:
         rows.append((Path(p["a"]).name, Path(p["b"]).name, str(p["n_edges_a"]), str(p["n_edges_b"]),
                      str(p["n_shared_edges"]), f"{p['jaccard']:.3f}", f"{p['overlap_coefficient']:.3f}",
@@ -393,22 +393,8 @@ def overlap_(
     echo_table(rows)
     if r["stability"] is not None:
         typer.echo(r["stability"].summary())
-    pct = f"{100 * level:g}%"
-    for name, ci in r["within"].items():
-        typer.echo(f"within {name}: Jaccard {ci['value']:.3f} [{pct} CI {ci['low']:.3f}, {ci['high']:.3f}]")
-    for key, entry in r["across"].items():
-        typer.echo(f"{key}:")
-        for stat in ("jaccard", "overlap_coefficient"):
-            ci = entry[stat]
-            if ci is not None:
-                typer.echo(f"  {stat}: {ci['value']:.3f} [{pct} CI {ci['low']:.3f}, {ci['high']:.3f}] "
-                           f"({ci['n_boot']} resamples of each target's circuits)")  # fmt: skip
-        for kind in ("uniform", "degree"):
-            nm = entry[f"null_{kind}"]
-            exact = "" if nm["expected_exact"] is None else f", exact {nm['expected_exact']:.3f}"
-            typer.echo(f"  null ({kind}, {nm['n_universe']} edges): Jaccard {nm['mc_mean']:.3f} +- "
-                       f"{nm['mc_std']:.3f}{exact}; observed at percentile {100 * nm['percentile']:.1f}, "
-                       f"P(null >= obs) {nm['p_greater']:.4f}, P(null <= obs) {nm['p_less']:.4f}")  # fmt: skip
+    for line in overlap_lines(r):
+        typer.echo(line)
     if "cross_evaluation" in r:
         table = [("circuit", "seed", "evaluated on", "faithfulness", "complement faithfulness")]
         for c in r["cross_evaluation"]:

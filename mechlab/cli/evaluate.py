@@ -148,15 +148,20 @@ def report(
     result = report_checkpoint(ckpt, out, cfg, force=force, device=device, progress=progress,
                                log=lambda line: typer.echo(line, err=True))  # fmt: skip
     s = result.summary
+    from mechlab.pipelines.report_findings import task_warning
+
+    for name, status in s.get("task", {}).items():  # first: circuits of a task not done mean nothing
+        if not status["does_task"]:
+            typer.echo(f"WARNING {name}: " + task_warning(name, status))
     typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
     typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
     for name, c in s["circuits"].items():
         faith = ", ".join(fmt(f) for f in c["faithfulness"])
         typer.echo(f"circuit {name}: edges {c['edges']}, faithfulness {faith}")
+    from mechlab.pipelines.circuits import report_overlap_line
+
     for key, o in s["overlap"].items():
-        typer.echo(f"{key}: Jaccard {o['jaccard']:.3f} (null uniform {o['null_uniform']:.3f}, "
-                   f"degree {o['null_degree']:.3f}); within seeds "
-                   + ", ".join(f"{t} {v:.3f}" for t, v in s["within"].items()))  # fmt: skip
+        typer.echo(report_overlap_line(key, o, s["within"], len(cfg.seeds)))
     if result.reused:
         typer.echo(
             "read back: the report in --out was finished with the same settings (--force to recompute)"

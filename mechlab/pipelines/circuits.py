@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +14,16 @@ from mechlab.limits import check_elements
 from mechlab.pipelines import outputs
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import circuit_data
-from mechlab.prune.circuit import Circuit, overlap, seed_stability
+from mechlab.prune.circuit import (
+    CROSS_TARGET_JACCARD,
+    EDGE_JACCARD,
+    SEED_BASELINE_JACCARD,
+    Circuit,
+    Overlap,
+    interval_text,
+    overlap,
+    seed_stability,
+)
 
 MIXED_WARNING = "comparing circuits of different checkpoints"  # the engine's warning
 
@@ -225,3 +235,62 @@ def overlap_circuits(
     if json_out is not None:
         outputs.write_json(json_out, result)
     return {**result, "stability": stability}
+
+
+# --------------------------------------------------------------------- the printed statistics
+
+
+def pair_line(a: str, b: str, o: Overlap, seeds: tuple[Any, Any] | None = None) -> str:
+    """One pair of circuits, as ``mechlab prune`` prints it: their edge Jaccard (one seed each)."""
+    which = f", seed {seeds[0]} vs seed {seeds[1]}" if seeds else ""
+    if o.n_edges_a == 0 or o.n_edges_b == 0:
+        return f"{a} vs {b}{which}: {EDGE_JACCARD} not defined, a circuit is empty ({o.n_edges_a} and {o.n_edges_b} edges)"
+    return (f"{a} vs {b}{which}: {EDGE_JACCARD} {o.jaccard:.3f} ({o.n_shared_edges} shared edges), "
+            f"overlap coefficient {o.overlap_coefficient:.3f}")  # fmt: skip
+
+
+def _n_circuits(report: dict[str, Any], name: str) -> int:
+    """A target's circuits: ``n_circuits``, or (files written before it was recorded) the
+    count its seed-baseline interval names, or 1 when it has no seed baseline."""
+    if name in report.get("n_circuits", {}):
+        return int(report["n_circuits"][name])
+    found = re.search(r"(\d+) circuits", str(report["within"].get(name, {}).get("resampled", "")))
+    return int(found.group(1)) if found else 2 if name in report["within"] else 1
+
+
+def overlap_lines(report: dict[str, Any]) -> list[str]:
+    """The overlap statistics of :func:`~mechlab.prune.stats.overlap_report` (or
+    :func:`overlap_circuits`) as ``mechlab overlap`` prints them: each target's seed-baseline
+    Jaccard and each pair's cross-target Jaccard (with an interval only from
+    :data:`~mechlab.prune.circuit.MIN_SEEDS_FOR_INTERVAL` seeds per target), then the nulls."""
+    counts = {name: _n_circuits(report, name) for name in report["within"]}
+    lines = []
+    for name, ci in report["within"].items():
+        n = counts[name]
+        lines.append(f"{name}: {SEED_BASELINE_JACCARD} {ci['value']:.3f}, {interval_text(ci, n)}")
+    for key, entry in report["across"].items():
+        a, b = key.split(" vs ")
+        n = min(_n_circuits(report, a), _n_circuits(report, b))
+        lines.append(f"{key}: {CROSS_TARGET_JACCARD} {entry['jaccard_observed']:.3f}, "
+                     f"{interval_text(entry['jaccard'], n)}")  # fmt: skip
+        lines.append(f"  cross-target overlap coefficient {entry['overlap_coefficient_observed']:.3f}, "
+                     f"{interval_text(entry['overlap_coefficient'], n)}")  # fmt: skip
+        for kind in ("uniform", "degree"):
+            nm = entry[f"null_{kind}"]
+            exact = "" if nm["expected_exact"] is None else f", exact {nm['expected_exact']:.3f}"
+            lines.append(f"  {kind} null ({nm['n_universe']} edges): {CROSS_TARGET_JACCARD} {nm['mc_mean']:.3f} +- "
+                         f"{nm['mc_std']:.3f}{exact}; observed at percentile {100 * nm['percentile']:.1f}, "
+                         f"P(null >= obs) {nm['p_greater']:.4f}, P(null <= obs) {nm['p_less']:.4f}")  # fmt: skip
+    return lines
+
+
+def report_overlap_line(key: str, o: dict[str, Any], within: dict[str, float], n_seeds: int = 0) -> str:
+    """One pair of targets of ``mechlab report``'s printed summary (``report.json``'s
+    ``summary``), in the names and interval words of ``mechlab overlap``; ``n_seeds``
+    where the summary does not record it (a report written before it did)."""
+    n = o.get("n_seeds", n_seeds)
+    ci = None if not o.get("interval") else dict(zip(("low", "high", "level"), o["interval"], strict=True))
+    seeds = ", ".join(f"{t} {v:.3f}" for t, v in within.items())
+    return (f"{key}: {CROSS_TARGET_JACCARD} {o['jaccard']:.3f}, {interval_text(ci, n)} (uniform null "
+            f"{o['null_uniform']:.3f}, degree null {o['null_degree']:.3f})"
+            + (f"; {SEED_BASELINE_JACCARD} {seeds}" if seeds else ""))  # fmt: skip

@@ -8,6 +8,9 @@
    bootstrap intervals and the uniform / degree-preserving null models, and each circuit
    evaluated on the other target (cross-evaluation);
 4. the label- vs observation-based recall verdicts per offset;
+5. per target, whether the model does its prediction at all (median error below half the
+   mean predictor's: :data:`~mechlab.pipelines.report_findings.DOES_TASK_BELOW`); where it
+   does not, the page and the summary say so first and its circuits are not interpreted;
 
 and writes one offline ``index.html`` (every figure and number, each section with how to
 read it and what its numbers say: :mod:`mechlab.pipelines.report_page`; plotly.js once,
@@ -164,7 +167,10 @@ class Report:
         """The headline numbers (also ``report.json``'s ``summary``)."""
         nih = self.evals["nih"]["result"]["offsets"]
         per = self.recall["result"]["per_offset"]
+        from mechlab.pipelines.report_findings import task_status
+
         out: dict[str, Any] = {
+            "task": task_status(self.evals, self.recall, list(self.circuits)),
             "nih_median": {f"{j}-after": v["median"] for j, v in nih.items()},
             "verdict": {f"{j}-after": v["verdict"] for j, v in per.items()},
             "circuits": {},
@@ -176,9 +182,12 @@ class Report:
                 "faithfulness": [m.get("faithfulness") for m in metrics],
                 "complement_faithfulness": [m.get("complement_faithfulness") for m in metrics],
             }
-        out["overlap"] = {
+        n = len(self.config.seeds)
+        out["overlap"] = {  # "jaccard": the cross-target Jaccard (mechlab.prune.circuit)
             key: {"jaccard": entry["jaccard_observed"], "null_uniform": entry["null_uniform"]["mc_mean"],
-                  "null_degree": entry["null_degree"]["mc_mean"]}
+                  "null_degree": entry["null_degree"]["mc_mean"], "n_seeds": n,
+                  "interval": None if not entry.get("jaccard") or entry["jaccard"].get("low") is None
+                  else [entry["jaccard"]["low"], entry["jaccard"]["high"], entry["jaccard"]["level"]]}
             for key, entry in self.overlap["across"].items()
         }  # fmt: skip
         out["within"] = {t: ci["value"] for t, ci in self.overlap["within"].items()}
@@ -206,7 +215,14 @@ class Report:
         flat = [c for found in self.circuits.values() for c in found]
         labels = [f"{c.metadata.get('target')} · {c.metadata.get('method', 'prune')} · seed "
                   f"{c.metadata.get('seed')}" for c in flat]  # fmt: skip
-        return circuit_explorer(flat, labels, "Circuits of the report")
+        from mechlab.pipelines.report_findings import not_done, task_status
+
+        absent = not_done(task_status(self.evals, self.recall, list(self.circuits)))
+        title = "Circuits of the report" + (
+            f" ({', '.join(absent)}: circuits of a model that does not do "
+            f"{'this prediction' if len(absent) == 1 else 'these predictions'}, not interpreted)" if absent else ""
+        )  # fmt: skip
+        return circuit_explorer(flat, labels, title)
 
     def findings(self) -> dict[str, list[str]]:
         """The page's conclusions, written from the numbers (:func:`mechlab.pipelines.report_findings.findings`)."""

@@ -14,14 +14,28 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-MIN_SEEDS_FOR_INTERVAL = 3  # a bootstrap over two circuits has two distinct values: no interval
+from mechlab.prune.circuit import (  # the overlap statistics' names and interval rule, defined once
+    CROSS_TARGET_JACCARD,
+    MIN_SEEDS_FOR_INTERVAL,
+    SEED_BASELINE_JACCARD,
+    no_interval,
+)
+
 SIGNIFICANT = 0.05  # a null's tail probability below this: "more than the null"
+DOES_TASK_BELOW = 0.5
+"""The model does a target's prediction when its median NiH error is below this fraction
+of the mean predictor's error (1 on the report's scale: predicting the mean state). At or
+above it the model does not do the task there: its circuits are drawn but not interpreted.
+The bundled run: 0.04 (1-after) at its last step, 0.77 at step 546 (stopped early)."""
+MEAN_PREDICTOR_ERROR = 1.0  # the errors are normalised so that predicting the mean state scores 1
 
 # docs/concepts.md sections the page links (heading anchors, GitHub style)
 CONCEPTS = {
     "nih": "the-recall-task",
     "faithfulness": "faithfulness-and-complement-faithfulness",
     "complement": "faithfulness-and-complement-faithfulness",
+    "task": "does-the-model-do-the-task",
+    "overlap": "overlap-statistics",
     "nulls": "null-models-uniform-and-degree-preserving",
     "stability": "seed-stability-and-intervals",
     "cross": "cross-evaluation",
@@ -85,6 +99,56 @@ def _runs(per: dict[str, dict[str, Any]], key: str = "verdict") -> list[tuple[st
         else:
             runs.append((v, [j]))
     return runs
+
+
+# ---------------------------------------------------------------------------------------
+# Does the model do the task at all?
+# ---------------------------------------------------------------------------------------
+
+
+def task_status(evals: dict[str, Any], recall: dict[str, Any], targets: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per target, whether the model does its prediction (:data:`DOES_TASK_BELOW`).
+
+    Args:
+        evals: The report's evaluations (``nih``'s per-offset medians are used).
+        recall: The recall report (its clean errors where the evaluation lacks an offset,
+            and its verdicts).
+        targets: ``"k-after"`` targets.
+
+    Returns:
+        Target -> ``error`` (median squared error, None when unknown), ``ratio`` (error over
+        the mean predictor's), ``threshold`` (:data:`DOES_TASK_BELOW`), ``verdict`` (the
+        recall verdict at that offset, or None) and ``does_task`` (``ratio < threshold``;
+        True when the error is unknown: nothing to warn on).
+    """
+    offsets = evals.get("nih", {}).get("result", {}).get("offsets", {})
+    result = recall.get("result", {})
+    clean = result.get("errors", {}).get("clean", {})
+    out = {}
+    for target in targets:
+        j = str(target).split("-")[0]
+        error = (offsets.get(j) or clean.get(j) or {}).get("median")
+        verdict = result.get("per_offset", {}).get(j, {}).get("verdict")
+        ratio = None if error is None else float(error) / MEAN_PREDICTOR_ERROR
+        out[str(target)] = {"error": error, "ratio": ratio, "threshold": DOES_TASK_BELOW, "verdict": verdict,
+                            "does_task": ratio is None or ratio < DOES_TASK_BELOW}  # fmt: skip
+    return out
+
+
+def not_done(status: dict[str, dict[str, Any]]) -> list[str]:
+    """The targets whose prediction the model does not do."""
+    return [t for t, s in status.items() if not s["does_task"]]
+
+
+def task_warning(target: str, s: dict[str, Any]) -> str:
+    """One plain-text line: the model does not do ``target``'s prediction, and why it says so."""
+    verdict = f"; its recall verdict at {target} is {s['verdict']}" if s.get("verdict") else ""
+    return (
+        f"the model does not do the {target} prediction: its median error {_f(s['error'])} is "
+        f"{_f(s['ratio'], 2)} of the mean predictor's (the model does a prediction when its error is "
+        f"below {_f(s['threshold'], 2)} of it){verdict}. The {target} circuits are circuits of a "
+        "model that does not do this prediction: shown, not interpreted."
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -177,7 +241,8 @@ def null_sentence(key: str, entry: dict[str, Any], within: dict[str, dict[str, A
     below_d = deg["p_less"] < SIGNIFICANT
     a, b = key.split(" vs ")
     head = (
-        f"The {a} and {b} circuits share a Jaccard of {_f(obs)} of their edges; random circuits of "
+        f"The {a} and {b} circuits share a {CROSS_TARGET_JACCARD} of {_f(obs)} (mean edge Jaccard over "
+        "every pair of seeds); random circuits of "
         f"the same sizes would share {_f(uni['mc_mean'])} (uniform null), random circuits with the "
         f"same number of edges at every writer and reader {_f(deg['mc_mean'])} ± {_f(deg['mc_std'])} "
         "(degree-preserving null)."
@@ -206,7 +271,8 @@ def null_sentence(key: str, entry: dict[str, Any], within: dict[str, dict[str, A
     seeds = [within[t]["value"] for t in (a, b) if t in within]
     if seeds:
         meaning += (
-            f" Two prunings of one target (other seeds, other traces) agree at {_span(seeds)}: "
+            f" Two prunings of one target (other seeds, other traces) agree at {_span(seeds)} (the "
+            f"{SEED_BASELINE_JACCARD}): "
             + ("far more than the two targets do, so the targets' circuits differ beyond pruning noise."
                if obs < min(seeds) else "no more than the two targets do, so the difference may be pruning noise.")
         )  # fmt: skip
@@ -262,7 +328,7 @@ def caveats(report: Any) -> list[str]:
     out = []
     if n < MIN_SEEDS_FOR_INTERVAL:
         out.append(
-            f"{n} seed{'s' if n > 1 else ''} per target: no interval is shown (a bootstrap over fewer "
+            f"{no_interval(n)[0].upper()}{no_interval(n)[1:]}: none is shown (a bootstrap over fewer "
             f"than {MIN_SEEDS_FOR_INTERVAL} circuits has too few distinct resamples to bound anything); "
             "rerun with --seed 0 --seed 1 --seed 2 (or more) for intervals."
         )
@@ -309,19 +375,43 @@ def caveats(report: Any) -> list[str]:
 
 
 def findings(report: Any) -> dict[str, list[str]]:
-    """Every conclusion of the page, by section (``evaluation``, ``circuits``, ``overlap``,
-    ``cross``, ``recall``, ``heads``, ``caveats``), as HTML sentences."""
-    out: dict[str, list[str]] = {"evaluation": _eval_findings(report.evals)}
-    out["circuits"] = _circuit_findings(report.circuits)
-    within = report.overlap.get("within", {})
-    out["overlap"] = [
-        null_sentence(k, e, within) for k, e in report.overlap.get("across", {}).items()
+    """Every conclusion of the page, by section (``task``: a warning per target whose
+    prediction the model does not do (:func:`task_status`); ``evaluation``, ``circuits``,
+    ``overlap``, ``cross``, ``recall``, ``heads``, ``caveats``), as HTML sentences; the
+    circuits of a target the model does not do are not interpreted."""
+    status = task_status(report.evals, report.recall, list(report.circuits))
+    absent = not_done(status)
+    warnings = [task_warning(t, status[t]) for t in absent]
+    out: dict[str, list[str]] = {"task": [html.escape(w[0].upper() + w[1:]) for w in warnings]}
+    out["evaluation"] = _eval_findings(report.evals)
+    out["circuits"] = [
+        _not_interpreted(t) if t in absent else line
+        for t, line in zip(report.circuits, _circuit_findings(report.circuits), strict=True)
     ]
-    out["cross"] = cross_findings(report.overlap.get("cross_evaluation", []), report.circuits)
+    within = report.overlap.get("within", {})
+    out["overlap"] = []
+    for k, e in report.overlap.get("across", {}).items():
+        missing = [t for t in k.split(" vs ") if t in absent]
+        out["overlap"].append(_not_interpreted(*missing) if missing else null_sentence(k, e, within))
+    rows = [r for r in report.overlap.get("cross_evaluation", [])
+            if r["circuit_target"] not in absent and r["evaluated_on"] not in absent]  # fmt: skip
+    out["cross"] = cross_findings(rows, report.circuits)
+    if len(rows) < len(report.overlap.get("cross_evaluation", [])):
+        out["cross"].append(_not_interpreted(*absent) + " Their rows are in the table, not read here.")
     out["recall"] = recall_findings(report.recall)
-    out["heads"] = head_findings(report.recall, report.circuits)
+    heads = head_findings(report.recall, report.circuits)
+    out["heads"] = [_not_interpreted("1-after") + " No head is named."] if "1-after" in absent else heads
     out["caveats"] = caveats(report)
     return out
+
+
+def _not_interpreted(*targets: str) -> str:
+    names = " and ".join(dict.fromkeys(targets))
+    return (
+        f"<b>Not interpreted</b>: the model does not do the {names} prediction (see the top of "
+        f"this page), so the {names} circuits are circuits of a model that does not do the task; "
+        "nothing is read into them."
+    )
 
 
 def _eval_findings(evals: dict[str, Any]) -> list[str]:

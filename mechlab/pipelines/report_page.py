@@ -17,6 +17,7 @@ from typing import Any
 
 from mechlab.pipelines.report_findings import (  # re-exported: the page's names before the split
     CONCEPTS,
+    DOES_TASK_BELOW,
     MIN_SEEDS_FOR_INTERVAL,
     SIGNIFICANT,
     _f,
@@ -27,8 +28,18 @@ from mechlab.pipelines.report_findings import (  # re-exported: the page's names
     cross_findings,
     findings,
     head_findings,
+    not_done,
     null_sentence,
     recall_findings,
+    task_status,
+)
+from mechlab.prune.circuit import (
+    CROSS_TARGET_JACCARD,
+    EDGE_JACCARD,
+    INTERVAL,
+    SEED_BASELINE_JACCARD,
+    SHOWN_JACCARD,
+    interval_text,
 )
 
 STYLE = (
@@ -36,6 +47,7 @@ STYLE = (
     "ul.findings li{margin:0.35em 0}p.caveat{color:#444;font-size:0.95em}"
     "section{margin-bottom:2.2em}dl dt{font-weight:bold;margin-top:0.6em}dl dd{margin-left:1.2em}"
     "code{font-size:0.92em}"
+    "div.not-done{background:#fdecea;border:2px solid #c0392b;padding:8px 12px;margin:0.8em 0}"
 )
 
 
@@ -64,12 +76,21 @@ def page(report: Any) -> str:
     figures = dict(report.figures())
     cfg = report.config
     n_seeds = len(cfg.seeds)
+    absent = not_done(task_status(report.evals, report.recall, list(report.circuits)))
+    warning = "" if not found["task"] else (
+        "<div class='not-done' id='not-done'><b>The model does not do the task here.</b><ul>"
+        + "".join(f"<li>{w}</li>" for w in found["task"])
+        + f"</ul>The rule: the model does a prediction when its median error is below "
+        f"{DOES_TASK_BELOW:.2f} of what predicting the mean state scores (1 on this page's scale). "
+        f"Train longer, or report a later checkpoint, before reading its circuits "
+        f"({concepts_link('task', 'does the model do the task?')}).</div>"
+    )  # fmt: skip
     summary = _section(
         "findings", "What this report finds",
         "Each line below is written by mechlab from the numbers further down (nothing is hand-written "
         "for this checkpoint); the sections after it show the numbers, the figures and how to read "
         "them, and the definitions are at the end.",
-        _list([*found["recall"][:2], *found["overlap"][:1], *found["heads"][:1]]),
+        _list([*found["task"], *found["recall"][:2], *found["overlap"][:1], *found["heads"][:1]]),
         "".join(f"<p class='caveat'>{c}</p>" for c in found["caveats"]),
     )  # fmt: skip
 
@@ -98,7 +119,8 @@ def page(report: Any) -> str:
     for target, cs in report.circuits.items():
         for c in cs:
             m = c.metadata.get("metrics", {})
-            crow.append([target, str(c.metadata.get("seed")), str(len(c.edges)),
+            crow.append([target + (" (not done by the model)" if target in absent else ""),
+                         str(c.metadata.get("seed")), str(len(c.edges)),
                          str(c.metadata.get("n_edges_asked", "")), _f(m.get("faithfulness")),
                          _f(m.get("complement_faithfulness"))])  # fmt: skip
     circuits = _section(
@@ -119,7 +141,7 @@ def page(report: Any) -> str:
 
     overlap = _overlap_section(report, found, n_seeds)
     recall = _recall_section(report, found, figures["Label- vs observation-based recall"])
-    sections = [summary, evaluation, circuits, overlap, recall,
+    sections = [warning, summary, evaluation, circuits, overlap, recall,
                 _definitions(), _files(report)]  # fmt: skip
     return page_html(f"mechlab report: {report.checkpoint}", [("", "".join(sections))],
                      plotlyjs="directory", style=STYLE)  # fmt: skip
@@ -133,9 +155,8 @@ def _explorer(report: Any) -> str:
 
 
 def _interval(ci: dict[str, Any] | None, n_seeds: int) -> str:
-    if ci is None or n_seeds < MIN_SEEDS_FOR_INTERVAL:
-        return f"{n_seeds} seed{'s' if n_seeds > 1 else ''}: no interval"
-    return f"[{_f(ci['low'])}, {_f(ci['high'])}]"
+    """The interval cell: the words every command uses (:func:`mechlab.prune.circuit.interval_text`)."""
+    return html.escape(interval_text(ci, n_seeds))
 
 
 def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> str:
@@ -143,16 +164,16 @@ def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> 
     if not ov.get("across"):
         return _section("overlap", "3. Do the targets share a circuit?",
                         "With one target there is nothing to compare; give two or more --target.")  # fmt: skip
-    rows = [["pair", "edge Jaccard", "95% interval", "uniform null", "degree-preserving null",
+    rows = [["pair", "statistic", "value", "interval", "uniform null", "degree-preserving null",
              "P(degree null ≥ observed)"]]  # fmt: skip
     for key, e in ov["across"].items():
         d = e["null_degree"]
-        rows.append([key, _f(e["jaccard_observed"]), _interval(e["jaccard"], n_seeds),
+        rows.append([key, CROSS_TARGET_JACCARD, _f(e["jaccard_observed"]), _interval(e["jaccard"], n_seeds),
                      _f(e["null_uniform"]["mc_mean"]), f"{_f(d['mc_mean'])} ± {_f(d['mc_std'])}",
                      _f(d["p_greater"], 4)])  # fmt: skip
     for target, ci in ov.get("within", {}).items():
         rows.append(
-            [f"{target}, seed vs seed", _f(ci["value"]), _interval(ci, n_seeds), "", "", ""]
+            [f"{target}, seed vs seed", SEED_BASELINE_JACCARD, _f(ci["value"]), _interval(ci, n_seeds), "", "", ""]
         )
     excluded = ", ".join(ov.get("excluded_writers", [])) or "none"
     srow = [["pair", "shared, stable", "shared, unstable", "only first, stable", "only first, unstable",
@@ -188,13 +209,18 @@ def _overlap_section(report: Any, found: dict[str, list[str]], n_seeds: int) -> 
     )  # fmt: skip
     return _section(
         "overlap", "3. Do the targets share a circuit?",
-        "The edge Jaccard is the shared edges over all edges of the two circuits, averaged over every "
-        "pair of seeds (one of each target). It means little alone, so it stands beside two "
+        f"The {EDGE_JACCARD} of two circuits is their shared edges over all their edges; the "
+        f"<b>{CROSS_TARGET_JACCARD}</b> of two targets ({concepts_link('overlap', 'overlap statistics')}), "
+        "this section's headline, is its mean over every "
+        "pair of seeds (one circuit of each target). The circuit explorer above shows instead the "
+        f"{SHOWN_JACCARD} of the one pair it compares, which is why its number differs. The "
+        f"{CROSS_TARGET_JACCARD} means little alone, so it stands beside two "
         f"{concepts_link('nulls', 'null models')}: random circuits of the same sizes (uniform), and "
         "random circuits in which every writer and reader keeps its number of edges (degree-"
         "preserving; what the circuits' shapes alone force them to share). The seed-vs-seed rows "
-        f"are the {concepts_link('stability', 'seed baseline')}: how much two prunings of one target "
-        f"agree. Intervals are bootstraps over seeds, shown with {MIN_SEEDS_FOR_INTERVAL} or more "
+        f"are the {SEED_BASELINE_JACCARD} ({concepts_link('stability', 'the seed baseline')}): the mean "
+        "edge Jaccard of two prunings of one target with different seeds. Intervals are "
+        f"{INTERVAL}s, computed and shown only with {MIN_SEEDS_FOR_INTERVAL} or more "
         f"seeds per target. Edges of writers that cannot matter under the ablation ({excluded}) are "
         "left out of the nulls' edge pool.",
         _table(rows), _list(found["overlap"]), stable,
@@ -270,6 +296,19 @@ def _definitions() -> str:
             "nothing outside the circuit can do the job.",
         ),
         (
+            "overlap",
+            "Cross-target Jaccard",
+            "The mean edge Jaccard (shared edges over all edges of two circuits) over every pair of one "
+            "circuit of each target, every seed with every seed. The explorer's number is one pair's "
+            "edge Jaccard over the edges shown.",
+        ),
+        (
+            "overlap",
+            "Seed-baseline Jaccard",
+            "The mean edge Jaccard over every pair of one target's circuits of different seeds. "
+            f"Intervals (bootstraps over seeds) only from {MIN_SEEDS_FOR_INTERVAL} seeds per target.",
+        ),
+        (
             "nulls",
             "Uniform null",
             "The Jaccard of random circuits with the same numbers of edges, drawn uniformly from the "
@@ -340,6 +379,7 @@ __all__ = [
     "CONCEPTS",
     "MIN_SEEDS_FOR_INTERVAL",
     "SIGNIFICANT",
+    "DOES_TASK_BELOW",
     "caveats",
     "concepts_link",
     "concepts_source",

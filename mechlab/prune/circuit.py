@@ -15,7 +15,9 @@ implementation every comparison of circuits uses), overlap coefficient, shared
 components. :func:`seed_stability` compares prunings of one target with different
 seeds (how well two prunings of the same target agree) with prunings of different
 targets, so an observed low cross-target overlap can be judged against the
-seed-to-seed baseline.
+seed-to-seed baseline. The names and the interval rule of these statistics
+(:data:`EDGE_JACCARD`, :data:`CROSS_TARGET_JACCARD`, :data:`SEED_BASELINE_JACCARD`,
+:data:`MIN_SEEDS_FOR_INTERVAL`) are defined here, once, for every command and page.
 """
 
 from __future__ import annotations
@@ -239,6 +241,52 @@ def jaccard(a: Iterable[Any], b: Iterable[Any]) -> float:
     return 1.0 if union == 0 else shared / union
 
 
+# ---------------------------------------------------------------------------------------
+# The overlap statistics: one definition, one name each, used by prune, overlap, view and
+# the report (docs/concepts.md, "Overlap statistics", says the same)
+# ---------------------------------------------------------------------------------------
+
+EDGE_JACCARD = "edge Jaccard"
+"""Of two circuits (one seed each): ``|A & B| / |A | B|`` of their edge sets (:func:`jaccard`)."""
+CROSS_TARGET_JACCARD = "cross-target Jaccard"
+"""Of two targets: the mean edge Jaccard over every pair of one circuit of each target (every
+seed of one with every seed of the other); the headline overlap of two targets."""
+SEED_BASELINE_JACCARD = "seed-baseline Jaccard"
+"""Of one target: the mean edge Jaccard over every pair of its circuits of different seeds
+(how well two prunings of the target agree; a cross-target Jaccard must be below it to mean
+more than pruning noise)."""
+SHOWN_JACCARD = "edge Jaccard of the edges shown"
+"""In the circuit explorer: the edge Jaccard of the two circuits compared, over the edges
+its filters leave (the edge Jaccard of that one pair when nothing is filtered)."""
+MIN_SEEDS_FOR_INTERVAL = 3
+"""An interval over seeds needs at least this many circuits of each target compared: a
+bootstrap over two circuits has two distinct values (two seeds once gave ``[0.786, 0.786]``),
+so with fewer no interval is computed or shown anywhere."""
+INTERVAL = "percentile bootstrap over seeds"
+"""The intervals: each target's circuits resampled with replacement (independently per
+target), the statistic recomputed, the percentiles at the level asked (95% by default)."""
+
+
+def has_interval(*seeds_per_target: int) -> bool:
+    """Whether circuits of these counts per target get an interval (each at least
+    :data:`MIN_SEEDS_FOR_INTERVAL`)."""
+    return bool(seeds_per_target) and min(seeds_per_target) >= MIN_SEEDS_FOR_INTERVAL
+
+
+def no_interval(n_seeds: int) -> str:
+    """Why there is no interval, in the words every command and page uses."""
+    return (f"no interval ({n_seeds} seed{'' if n_seeds == 1 else 's'} per target; an interval "
+            f"needs {MIN_SEEDS_FOR_INTERVAL})")  # fmt: skip
+
+
+def interval_text(ci: Mapping[str, Any] | None, n_seeds: int) -> str:
+    """``95% interval [0.601, 0.701]`` (:data:`INTERVAL`), or :func:`no_interval`'s words
+    when ``ci`` is None, has no bounds, or rests on fewer than :data:`MIN_SEEDS_FOR_INTERVAL` seeds."""
+    if ci is None or ci.get("low") is None or not has_interval(n_seeds):
+        return no_interval(n_seeds)
+    return f"{100 * ci['level']:g}% interval [{ci['low']:.3f}, {ci['high']:.3f}]"
+
+
 def _check_same_graph(a: Circuit, b: Circuit) -> None:
     ga, gb = a.metadata.get("graph"), b.metadata.get("graph")
     if ga is not None and gb is not None:
@@ -299,8 +347,10 @@ class Stability:
     """Seed-to-seed agreement within targets against overlap across targets.
 
     Attributes:
-        within: Target -> mean pairwise edge Jaccard of its prunings (different seeds).
-        across: ``"a vs b"`` -> mean edge Jaccard over all pairs (one of ``a``, one of ``b``).
+        within: Target -> its :data:`SEED_BASELINE_JACCARD` (mean pairwise edge Jaccard of
+            its prunings, different seeds).
+        across: ``"a vs b"`` -> :data:`CROSS_TARGET_JACCARD` (mean edge Jaccard over all
+            pairs, one of ``a``, one of ``b``).
         within_mean: Mean of ``within``.
         across_mean: Mean of ``across``.
         across_below_within: True when every across-target mean is below every
@@ -316,18 +366,18 @@ class Stability:
 
     def summary(self) -> str:
         """One paragraph for a report."""
-        parts = [f"{t}: {v:.3f}" for t, v in self.within.items()]
+        parts = [f"{t} {v:.3f}" for t, v in self.within.items()]
         if not self.across:
-            return f"Edge Jaccard within a target across seeds: {'; '.join(parts)} (one target: no cross-target comparison)."
-        cross = [f"{k}: {v:.3f}" for k, v in self.across.items()]
+            return f"{SEED_BASELINE_JACCARD.capitalize()}: {', '.join(parts)} (one target: no {CROSS_TARGET_JACCARD})."
+        cross = [f"{k}: {CROSS_TARGET_JACCARD} {v:.3f}" for k, v in self.across.items()]
         verdict = (
             "lower than the seed-to-seed agreement, so the targets' circuits differ beyond pruning noise"
             if self.across_below_within
             else "not lower than the seed-to-seed agreement of every target, so the difference may be pruning noise"
         )
         return (
-            f"Edge Jaccard within a target across seeds ({'; '.join(parts)}) vs across targets "
-            f"({'; '.join(cross)}): cross-target overlap is {verdict}."
+            f"{SEED_BASELINE_JACCARD.capitalize()}: {', '.join(parts)}. {'; '.join(cross)}: the "
+            f"{CROSS_TARGET_JACCARD} is {verdict}."
         )
 
 

@@ -40,7 +40,7 @@ from torch import nn
 
 from mechlab.limits import check_elements
 from mechlab.progress import tqdm
-from mechlab.prune.circuit import Circuit, jaccard, overlap
+from mechlab.prune.circuit import Circuit, has_interval, jaccard, no_interval, overlap
 from mechlab.prune.consensus import STABLE_CONSENSUS, stable_edges, target_consensus
 from mechlab.prune.evaluate import evaluate_circuit
 from mechlab.prune.graph import graph_from_summary
@@ -526,12 +526,15 @@ def overlap_report(
         progress: Show progress bars.
 
     Returns:
-        JSON-ready dict: ``within`` (target -> Jaccard interval, targets with >= 2
-        circuits), ``consensus`` (target -> :func:`target_consensus`) and ``across``
-        (``"a vs b"`` -> ``jaccard``, ``overlap_coefficient`` intervals (None with one
-        circuit per target), ``jaccard_observed`` and ``overlap_coefficient_observed``
-        (mean over every pair), ``null_uniform``, ``null_degree``, and ``edges``:
-        :func:`stable_edges` of the two targets).
+        JSON-ready dict: ``n_circuits`` (target -> its circuits), ``within`` (target -> its seed-baseline Jaccard with its interval,
+        targets with >= 2 circuits; ``low``/``high`` None, ``n_boot`` 0, below
+        :data:`~mechlab.prune.circuit.MIN_SEEDS_FOR_INTERVAL` circuits), ``consensus``
+        (target -> :func:`target_consensus`) and ``across`` (``"a vs b"`` -> ``jaccard``,
+        ``overlap_coefficient`` intervals (None unless both targets have
+        :data:`~mechlab.prune.circuit.MIN_SEEDS_FOR_INTERVAL` circuits), ``jaccard_observed``
+        (the cross-target Jaccard: mean over every pair) and ``overlap_coefficient_observed``,
+        ``null_uniform``, ``null_degree``, and ``edges``: :func:`stable_edges` of the two
+        targets). The names and the interval rule: :mod:`mechlab.prune.circuit`.
     """
     if not circuits:
         raise ValueError("overlap_report needs at least one circuit")
@@ -540,23 +543,27 @@ def overlap_report(
         groups.setdefault(str(c.metadata.get("target", "?")), []).append(c)
     universe = _universe(graph_edges(circuits[0]) if universe is None else universe, circuits)
     boot = {"n_boot": n_boot, "level": level, "seed": seed}
-    report: dict[str, Any] = {"n_universe": len(universe), "within": {}, "across": {}}
+    report: dict[str, Any] = {"n_universe": len(universe), "within": {}, "across": {},
+                              "n_circuits": {name: len(group) for name, group in groups.items()}}  # fmt: skip
     consensus = {name: target_consensus(group) for name, group in groups.items()}
     report["consensus"] = {name: {"scores": [[w, r, f] for (w, r), f in c.items()],
                                   "stable_at": STABLE_CONSENSUS}
                            for name, c in consensus.items()}  # fmt: skip
     for name, group in groups.items():
-        if len(group) >= 2:
+        if has_interval(len(group)):
             report["within"][name] = bootstrap_overlap(group, **boot).to_dict()
+        elif len(group) >= 2:  # the seed baseline without an interval (MIN_SEEDS_FOR_INTERVAL)
+            pairs = [jaccard(a.edge_set(), b.edge_set()) for a, b in itertools.combinations(group, 2)]
+            report["within"][name] = Interval(sum(pairs) / len(pairs), None, None, level, 0,  # type: ignore[arg-type]
+                                              no_interval(len(group))).to_dict()  # fmt: skip
     for (na, ga), (nb, gb) in itertools.combinations(groups.items(), 2):
         entry: dict[str, Any] = {}
         for stat in STATISTICS:
             # the statistic itself, mean over every (a, b) pair: there even with one circuit each
             pairs = [_statistic(a.edge_set(), b.edge_set(), stat) for a in ga for b in gb]
             entry[f"{stat}_observed"] = sum(pairs) / len(pairs)
-            if len(ga) >= 2 or len(gb) >= 2:
-                first, second = (ga, gb) if len(ga) >= 2 else (gb, ga)
-                entry[stat] = bootstrap_overlap(first, second, statistic=stat, **boot).to_dict()
+            if has_interval(len(ga), len(gb)):
+                entry[stat] = bootstrap_overlap(ga, gb, statistic=stat, **boot).to_dict()
             else:
                 entry[stat] = None
         for kind in NULLS:

@@ -6,7 +6,8 @@ seeds) and returns a :class:`CircuitExplorer`: one plotly figure on the layout o
 
 * switch the circuit shown by target, method and seed;
 * compare it with a second circuit: edges coloured shared / only A / only B, with their
-  Jaccard over the edges shown;
+  edge Jaccard over the edges shown (:data:`~mechlab.prune.circuit.SHOWN_JACCARD`: this one
+  pair, not the cross-target Jaccard, the mean over every pair of seeds);
 * filter the edges by score (the pruning mask, or ``|attribution|`` scaled to the
   largest kept) and by stability (the fraction of the circuits of the same target and
   method, one per seed, that keep the edge; a circuit's own consensus over seeds and
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.io import atomic_write_text
-from mechlab.prune.circuit import Circuit
+from mechlab.prune.circuit import SHOWN_JACCARD, Circuit
 from mechlab.prune.consensus import consensus_scores
 from mechlab.prune.graph import parse_component
 from mechlab.prune.stability import stability_text
@@ -137,7 +138,7 @@ def _payload(circuits: Sequence[Circuit], labels: Sequence[str], title: str) -> 
     nodes = {n: {"x": x, "y": y, "hook": _hook(n, graph), "head": parse_component(n)[0] == "head"}
              for n, (x, y) in pos.items()}  # fmt: skip
     return {
-        "title": title, "nodes": nodes, "edges": edges, "circuits": shown,
+        "title": title, "jaccard_name": SHOWN_JACCARD, "nodes": nodes, "edges": edges, "circuits": shown,
         "layout": circuit_layout(pos, title), "kind_colour": _KIND_COLOUR,
         "membership": {"shared": _MEMBERSHIP["shared"], "a": _MEMBERSHIP[0], "b": _MEMBERSHIP[1]},
         "ports": {"dx": _PORT_DX, "dy": _PORT_DY, "names": PORT_NAMES},
@@ -392,7 +393,7 @@ function mechlabExplorer(id, init) {
     let text = describe(A, nA);
     if (B) {
       const union = nA + nB - nShared;
-      text += ` | ${describe(B, nB)} | shared ${nShared}, Jaccard of the edges shown ${fmt(union ? nShared / union : 0)}`;
+      text += ` | ${describe(B, nB)} | shared ${nShared}, ${D.jaccard_name} ${fmt(union ? nShared / union : 0)} (this pair only)`;
     }
     summary.textContent = text;
     state = {a, b: B ? b : -1};

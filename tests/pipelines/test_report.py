@@ -121,7 +121,7 @@ def test_the_page_explains_itself_and_says_why_there_is_no_interval(written):
             text,
         ), section
     assert (
-        "2 seeds: no interval" in text
+        "no interval (2 seeds per target; an interval needs 3)" in text
         and "[0." not in text.split("id='overlap'")[1].split("</table>")[0]
     )
     assert "concepts.md#faithfulness-and-complement-faithfulness" in text

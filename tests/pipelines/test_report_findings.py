@@ -51,11 +51,12 @@ def entry(observed, uniform, degree, p_uniform, p_degree, p_degree_less=1.0, std
 
 def test_the_overlap_beside_each_null_says_what_it_means():
     within = {"1-after": {"value": 0.753}, "2-after": {"value": 0.852}}
-    # the bundled checkpoint: 0.157 beside a degree null of 0.157 +- 0.000
+    # an overlap at the degree null (an earlier default's circuits of the bundled checkpoint: 0.157 beside 0.157)
     forced = null_sentence("1-after vs 2-after", entry(0.157, 0.015, 0.157, 0.002, 1.0), within)
     assert "0.157 ± 0.000 (degree-preserving null)" in forced
     assert "the shared edges are the ones the circuits' shapes force" in forced
-    assert "agree at 0.753–0.852: far more than the two targets do" in forced
+    assert "agree at 0.753–0.852 (the seed-baseline Jaccard): far more than the two targets do" in forced
+    assert "share a cross-target Jaccard of 0.157 (mean edge Jaccard over every pair of seeds)" in forced
     shared = null_sentence("a vs b", entry(0.5, 0.02, 0.2, 0.001, 0.001), {})
     assert "exceeds both nulls" in shared
     avoid = null_sentence("a vs b", entry(0.05, 0.02, 0.2, 0.01, 1.0, p_degree_less=0.01), {})
@@ -99,11 +100,13 @@ def test_heads_that_carry_the_label_and_the_circuits_that_hold_them():
 
 
 def test_intervals_and_seed_caveats():
-    assert _interval({"low": 0.737, "high": 0.737}, 2) == "2 seeds: no interval"
-    assert _interval({"low": 0.65, "high": 0.844}, 5) == "[0.650, 0.844]"
+    assert _interval({"low": 0.737, "high": 0.737, "level": 0.95}, 2) == (
+        "no interval (2 seeds per target; an interval needs 3)"
+    )
+    assert _interval({"low": 0.65, "high": 0.844, "level": 0.95}, 5) == "95% interval [0.650, 0.844]"
     report = SimpleNamespace(config=ReportConfig(seeds=(0, 1), steps=300), circuits={})
     words = caveats(report)
-    assert words[0].startswith("2 seeds per target: no interval") and "--seed 2" in words[0]
+    assert words[0].startswith("No interval (2 seeds per target; an interval needs 3)") and "--seed 2" in words[0]
     assert "256 traces" in words[1] and "300 optimiser steps" in words[2]
     default = caveats(SimpleNamespace(config=ReportConfig(seeds=(0, 1)), circuits={}))
     assert not any("optimiser steps" in w for w in default)  # the default runs prune's own steps

@@ -182,11 +182,20 @@ def test_graph_edges_and_report_keys():
     b = [circuit(GRAPH.edges[1:4], "b", s) for s in range(2)]
     report = overlap_report(a + b, n_boot=50, n_null=50)
     entry = report["across"]["a vs b"]
-    assert entry["jaccard"]["value"] == pytest.approx(0.5)
+    assert entry["jaccard_observed"] == pytest.approx(0.5)
     assert entry["null_uniform"]["expected_exact"] == pytest.approx(
         jaccard_null_exact(13, 3, 3)["expected"]
     )
-    assert set(report["within"]) == {"a", "b"}
+    assert set(report["within"]) == {"a", "b"} and report["n_circuits"] == {"a": 2, "b": 2}
+    # two seeds per target: the seed baseline and the cross-target Jaccard, no interval
+    assert entry["jaccard"] is None and entry["overlap_coefficient"] is None
+    assert report["within"]["a"]["value"] == 1.0 and report["within"]["a"]["low"] is None
+    three = overlap_report([*a, circuit(GRAPH.edges[:2], "a", 2), *b, circuit(GRAPH.edges[1:3], "b", 2)],
+                           n_boot=50, n_null=20)  # fmt: skip
+    assert three["across"]["a vs b"]["jaccard"]["value"] == pytest.approx(
+        three["across"]["a vs b"]["jaccard_observed"]
+    )
+    assert three["within"]["a"]["low"] is not None and three["within"]["a"]["n_boot"] > 0
 
 
 def test_cross_evaluation_of_a_planted_circuit():
