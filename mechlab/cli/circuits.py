@@ -78,14 +78,10 @@ def prune(
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
     change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
     JSON + offline HTML per circuit."""
-    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method, joint_prune_targets, prune_targets
-
     given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
     _check_run_options(checkpoints, every, given, ckpt=ckpt, model=model)
     if checkpoints is None and (ckpt is None) == (model is None):
         raise UsageProblem("give exactly one of --ckpt PATH (a mechlab checkpoint) or --model FOLDER (a model you bring)")
-    chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
-                             acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
     if nearby_budgets and (method != "prune" or edges is not None or pairs is not None or share):
         raise UsageProblem("--nearby-budgets applies to edge pruning of --ckpt at a --sparsity only "
                            "(not with --method, --edges, --pairs or --share)")  # fmt: skip
@@ -107,6 +103,14 @@ def prune(
                 f"--{refused[0].replace('_', '-')} does not apply with --pairs: the pairs give the "
                 "prompts, their corruptions and the position explained (--test-fraction splits them)"
             )
+    _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
+                       force=force)  # fmt: skip
+    # Only now torch, the pipelines and the model load (seconds; half a minute on a fresh clone).
+    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method, joint_prune_targets, prune_targets
+
+    chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
+                             acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
+    if pairs is not None:
         _prune_pairs(ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
                      ablation=ablation, device=device, progress=progress, threads=threads, force=force, **chosen,
@@ -160,6 +164,33 @@ def prune(
                    f"overlap coefficient {o.overlap_coefficient:.3f}")  # fmt: skip
     if result.stability is not None:
         typer.echo(result.stability.summary())
+
+
+def _check_prune_first(*, ckpt: Path | None, model: Path | None, checkpoints: Path | None, pairs: Path | None,
+                       target: list[str], out: Path | None, force: bool) -> None:  # fmt: skip
+    """What ``mechlab prune`` can refuse before torch and the model load
+    (:mod:`mechlab.pipelines.preflight`): the checkpoint, model folder, run directory or
+    pair file missing, a target no task (or not the checkpoint's task, read from its file)
+    takes, an output folder that cannot be one. A bad invocation answers at once."""
+    from mechlab.pipelines import preflight
+
+    if pairs is not None:
+        if ckpt is not None:
+            preflight.check_checkpoint_file(ckpt)
+        elif model is not None and not model.exists():
+            raise UsageProblem(f"model {str(model)!r} not found; give a save_pretrained folder or a mechlab checkpoint")
+        preflight.check_input_file(pairs, "pair file")
+        return
+    if checkpoints is not None:
+        preflight.check_run_dir(checkpoints)
+        preflight.check_targets(target, "lds")
+        preflight.check_folder(out, "prune", source=checkpoints / "last.pt", what="through-training", force=force)
+        return
+    if ckpt is None:
+        return
+    preflight.check_checkpoint_file(ckpt)
+    preflight.check_targets(target, preflight.checkpoint_task(ckpt))
+    preflight.check_folder(out, "prune", source=ckpt, what="circuits", force=force)
 
 
 def _check_run_options(checkpoints: Path | None, every: int | None, given: set[str], *,
