@@ -78,6 +78,8 @@ def prune(
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
     change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
     JSON + offline HTML per circuit."""
+    from mechlab.pipelines import preflight
+
     given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
     _check_run_options(checkpoints, every, given, ckpt=ckpt, model=model)
     if checkpoints is None and (ckpt is None) == (model is None):
@@ -103,6 +105,9 @@ def prune(
                 f"--{refused[0].replace('_', '-')} does not apply with --pairs: the pairs give the "
                 "prompts, their corruptions and the position explained (--test-fraction splits them)"
             )
+    if pairs is None:
+        recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
+        preflight.check_recipe(recipe)
     _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
                        force=force)  # fmt: skip
     # Only now torch, the pipelines and the model load (seconds; half a minute on a fresh clone).
@@ -118,7 +123,6 @@ def prune(
                                    normalize_loss=normalize_loss, node_sparsity=node_sparsity))  # fmt: skip
         return
 
-    recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
     if recipe not in PRUNE_PROTOCOLS:
         raise UsageProblem(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
     # A recipe's setting applies unless the option was given on the command line.
@@ -188,8 +192,7 @@ def _check_prune_first(*, ckpt: Path | None, model: Path | None, checkpoints: Pa
         return
     if ckpt is None:
         return
-    preflight.check_checkpoint_file(ckpt)
-    preflight.check_targets(target, preflight.checkpoint_task(ckpt))
+    preflight.check_checkpoint(ckpt, targets=target)
     preflight.check_folder(out, "prune", source=ckpt, what="circuits", force=force)
 
 
@@ -384,6 +387,13 @@ def view(
     force: bool = force_option("Replace --out if it exists."),
 ) -> None:
     """Render circuits: one file draws its graph; two or more add the overlap view on one layout."""
+    from mechlab.pipelines import preflight
+
+    if label and len(label) != len(circuits):
+        raise UsageProblem(f"give one --label per circuit: {len(label)} labels for {len(circuits)} circuits")
+    preflight.check_output_file(out, force=force, inputs=circuits, suffixes=(".html", ".htm"))
+    for path in circuits:
+        preflight.check_input_file(path, "circuit")
     from mechlab.pipelines import view_circuits
 
     typer.echo(f"wrote {view_circuits(circuits, out, label, force=force)}")
@@ -405,6 +415,17 @@ def overlap_(
 ) -> None:
     """Overlap of circuits: pairwise table, Jaccard with bootstrap intervals over seeds,
     uniform and degree-preserving null models, cross-evaluation with --ckpt."""
+    from mechlab.pipelines import preflight
+
+    if len(circuits) < 2:
+        raise UsageProblem("give at least two circuit files")
+    if ckpt is not None:
+        preflight.check_checkpoint_file(ckpt)
+    if json_out is not None:
+        preflight.check_output_file(json_out, force=force, option="--json",
+                                    inputs=[*circuits, *([ckpt] if ckpt is not None else [])])  # fmt: skip
+    for path in circuits:
+        preflight.check_input_file(path, "circuit")
     from mechlab.pipelines import overlap_circuits
 
     r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level, exclude_writers=exclude_writer,
@@ -471,9 +492,14 @@ def curve(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Faithfulness and complement faithfulness across edge budgets (MIB's CPR, CMD): JSON + HTML per target."""
-    from mechlab.pipelines import curve_checkpoint
+    from mechlab.pipelines import preflight
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    preflight.check_nih(nih)
+    preflight.check_checkpoint(ckpt, task="lds", targets=target)
+    preflight.check_folder(out, "curve", source=ckpt, what="curves", force=force)
+    from mechlab.pipelines import curve_checkpoint
+
     try:
         grid = [float(b) for b in budgets.split(",") if b.strip()]
     except ValueError:

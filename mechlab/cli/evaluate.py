@@ -50,9 +50,15 @@ def eval_(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
-    from mechlab.pipelines import evaluate_checkpoint
+    from mechlab.pipelines import preflight
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    preflight.check_nih(nih)
+    preflight.check_checkpoint(ckpt, task="lds")
+    preflight.check_suites(suite)
+    preflight.check_folder(out, "eval", source=ckpt, what="eval", force=force)
+    from mechlab.pipelines import evaluate_checkpoint
+
     use_threads(threads)
 
     def show(name: str, report: dict, json_path: Path, html_path: Path) -> None:
@@ -134,11 +140,16 @@ def report(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
-    from mechlab.pipelines import ReportConfig, report_checkpoint
+    from mechlab.pipelines import preflight
 
     recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
     if str(out) in ("", "."):
         raise UsageProblem("give --out a folder of its own (the report writes several files)")
+    preflight.check_recipe(recipe)
+    preflight.check_checkpoint(ckpt, task="lds", targets=target)
+    preflight.check_folder(out, "report", source=ckpt, what="report", force=force)
+    from mechlab.pipelines import ReportConfig, report_checkpoint
+
     cfg = ReportConfig(targets=tuple(target), seeds=tuple(seed), eval_traces=eval_traces,
                        prune_traces=prune_traces, recall_traces=recall_traces,
                        components=components, recipe=recipe, steps=steps)  # fmt: skip
@@ -195,9 +206,19 @@ def recall(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
-    from mechlab.pipelines import recall_and_write
+    from mechlab.pipelines import preflight
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    preflight.check_nih(nih)
+    if ckpt is not None:
+        preflight.check_checkpoint(ckpt, task="lds")
+    if checkpoints is not None:
+        preflight.check_run_dir(checkpoints)
+    if ckpt is not None or checkpoints is not None:
+        source = ckpt if ckpt is not None else checkpoints / "last.pt"
+        preflight.check_folder(out, "recall", source=source, what="recall", force=force)
+    from mechlab.pipelines import recall_and_write
+
     use_threads(threads)
     files = recall_and_write(
         ckpt, checkpoints, out, components=components, progress=progress,

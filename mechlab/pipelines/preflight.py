@@ -38,6 +38,15 @@ TASK_TARGETS: dict[str, tuple[str, ...]] = {
 ``2-after``, ...): :func:`mechlab.traces.check_target`,
 :data:`mechlab.tasks.state_tracking_prune.TARGETS` and the induction task's one target."""
 
+RECIPES = ("default", "uniform", "fast", "study")
+"""The pruning recipes (:data:`mechlab.pipelines.prune.PRUNE_PROTOCOLS`)."""
+
+NIH_CONSTRUCTIONS = ("uniform", "study")
+"""The NiH constructions (:data:`mechlab.tasks.lds_evals.NIH_PROTOCOLS`)."""
+
+EVAL_SUITES = ("uninterleaved", "nih", "ood", "dynamics")
+"""The suites of ``mechlab eval`` (:data:`mechlab.evals.suites.SUITES`)."""
+
 _K_AFTER = re.compile(r"(\d+)-after")  # as mechlab.traces
 _MAX_PICKLE = 64 * 2**20  # a checkpoint's data.pkl above this is left to the full load
 _MAX_SIDECAR = 16 * 2**20
@@ -55,6 +64,48 @@ def check_checkpoint_file(path: str | Path) -> Path:
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} not found")
     return path
+
+
+def check_checkpoint(path: str | Path, *, task: str | None = None, targets: Sequence[str] = ()) -> str | None:
+    """A checkpoint file (:func:`check_checkpoint_file`), the task it records (``task``: the
+    one the command takes; the pipeline's words when it records another) and ``targets``
+    against that task (:func:`check_targets`). Returns the task read, or None."""
+    path = check_checkpoint_file(path)
+    found = checkpoint_task(path)
+    if found not in TASK_TARGETS:  # none recorded, or a task mechlab does not know: the load says which
+        found = None
+    if task is not None and found is not None and found != task:
+        if task == "lds":  # mechlab.pipelines.checkpoints.lds_config
+            raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; NiH traces need it")
+        raise ValueError(f"checkpoint {str(path)!r} was trained on task {found!r}, not {task!r}")
+    check_targets(targets, found if found is not None else task)
+    return found
+
+
+def check_suites(suites: Sequence[str]) -> None:
+    """Refuse an unknown or repeated evaluation suite (``mechlab eval --suite``; the words of
+    :func:`~mechlab.pipelines.evaluate.evaluate_checkpoint`)."""
+    chosen = list(EVAL_SUITES) if list(suites) == ["all"] else list(suites)
+    for name in chosen:
+        if name not in EVAL_SUITES:
+            near = difflib.get_close_matches(name, EVAL_SUITES, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ValueError(f"unknown suite {name!r}; choose from {list(EVAL_SUITES)} or all{hint}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"suites must not repeat, got {chosen}")
+
+
+def check_recipe(recipe: str) -> None:
+    """Refuse an unknown pruning recipe (``--recipe``)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {list(RECIPES)}")
+
+
+def check_nih(nih: str) -> None:
+    """Refuse an unknown NiH construction (``--nih``; the words of
+    :func:`mechlab.tasks.lds_evals.nih_protocol`)."""
+    if nih not in NIH_CONSTRUCTIONS:
+        raise ValueError(f"unknown NiH protocol {nih!r}; choose one of {list(NIH_CONSTRUCTIONS)}")
 
 
 def check_input_file(path: str | Path, what: str) -> Path:
