@@ -14,6 +14,7 @@ from mechlab.cli.app import (
     fmt,
     force_option,
     renamed_option,
+    stopped,
     use_threads,
     warn,
 )
@@ -111,12 +112,12 @@ def prune(
     _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
                        force=force)  # fmt: skip
     # Only now torch, the pipelines and the model load (seconds; half a minute on a fresh clone).
-    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method, joint_prune_targets, prune_targets
+    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
 
     chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
                              acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
     if pairs is not None:
-        _prune_pairs(ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
+        _prune_pairs(ctx, ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
                      ablation=ablation, device=device, progress=progress, threads=threads, force=force, **chosen,
                      **_prune_only(method, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
@@ -140,6 +141,19 @@ def prune(
         common.update(chosen)
     if stability:
         common["stability"] = stability
+    try:
+        _prune_ckpt(ckpt, checkpoints, target, seed, out, share=share, threads=threads, every=every, force=force,
+                    length=length, nearby_budgets=nearby_budgets, **common)  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
+        stopped(ctx, exc)
+
+
+def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], seed: list[int], out: Path | None, *,
+                share: list[str], threads: int | None, every: int | None, force: bool, length: int | None,
+                nearby_budgets: bool, **common) -> None:  # fmt: skip
+    """``mechlab prune`` of a checkpoint (``--share``: jointly) or of every checkpoint of a run."""
+    from mechlab.pipelines import joint_prune_targets, prune_targets
+
     if checkpoints is not None:
         use_threads(threads)
         _prune_run(checkpoints, target, seed, out, every=every or 1, force=force,
@@ -261,13 +275,16 @@ def _prune_only(method: str, **settings) -> dict:
     return settings if method == "prune" else {}
 
 
-def _prune_pairs(source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
+def _prune_pairs(ctx: typer.Context, source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
                  threads: int | None, **settings) -> None:  # fmt: skip
     """``mechlab prune --model/--ckpt ... --pairs``: the prompt pipeline, one circuit per seed."""
     from mechlab.pipelines import prune_prompts
 
     use_threads(threads)
-    run = prune_prompts(source, pairs, seeds, out, on_circuit=_print_prompt_circuit, **settings)
+    try:
+        run = prune_prompts(source, pairs, seeds, out, on_circuit=_print_prompt_circuit, **settings)
+    except KeyboardInterrupt as exc:
+        stopped(ctx, exc)
     _print_resumed(run.reused, run.replaced)
     if run.stability is not None:
         typer.echo(run.stability.summary())

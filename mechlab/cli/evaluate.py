@@ -13,6 +13,7 @@ from mechlab.cli.app import (
     fmt,
     force_option,
     renamed_option,
+    stopped,
     use_threads,
 )
 
@@ -106,6 +107,7 @@ def _print_report(report: dict) -> None:
 
 
 def report(
+    ctx: typer.Context,
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     out: Path = typer.Option(
         ...,
@@ -154,8 +156,11 @@ def report(
                        prune_traces=prune_traces, recall_traces=recall_traces,
                        components=components, recipe=recipe, steps=steps)  # fmt: skip
     use_threads(threads)
-    result = report_checkpoint(ckpt, out, cfg, force=force, device=device, progress=progress,
-                               log=lambda line: typer.echo(line, err=True))  # fmt: skip
+    try:
+        result = report_checkpoint(ckpt, out, cfg, force=force, device=device, progress=progress,
+                                   log=lambda line: typer.echo(line, err=True))  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
+        stopped(ctx, exc)
     s = result.summary
     typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
     typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
