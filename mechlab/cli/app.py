@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -77,7 +78,8 @@ def command_line(ctx: typer.Context) -> str:
     when run so), for a message that says how to run it again."""
     root = ctx.find_root()
     args = (root.obj or {}).get("args") if isinstance(root.obj, dict) else None
-    prog = "python -m mechlab" if sys.argv and sys.argv[0].endswith("__main__.py") else "mechlab"
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    prog = "python -m mechlab" if started.parts[-2:] == ("mechlab", "__main__.py") else "mechlab"
     if args is None:
         return f"{prog} {ctx.command_path.split(' ', 1)[-1]} ..."
     return f"{prog} {shlex.join(args)}"

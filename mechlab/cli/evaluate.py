@@ -215,13 +215,14 @@ def recall(
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
     preflight.check_nih(nih)
+    if ckpt is None and checkpoints is None:  # the pipeline's words
+        raise UsageProblem("give --ckpt PATH (a checkpoint), --checkpoints DIR (a run directory), or both")
     if ckpt is not None:
         preflight.check_checkpoint(ckpt, task="lds")
     if checkpoints is not None:
         preflight.check_run_dir(checkpoints)
-    if ckpt is not None or checkpoints is not None:
-        source = ckpt if ckpt is not None else checkpoints / "last.pt"
-        preflight.check_folder(out, "recall", source=source, what="recall", force=force)
+    source = ckpt if ckpt is not None else checkpoints / "last.pt"
+    preflight.check_folder(out, "recall", source=source, what="recall", force=force)
     from mechlab.pipelines import recall_and_write
 
     use_threads(threads)

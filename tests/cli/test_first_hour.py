@@ -212,3 +212,30 @@ def test_interrupted_names_the_signal_and_what_was_kept(tmp_path):
     assert isinstance(stop, KeyboardInterrupt) and stop.exit_code == 143
     assert str(stop) == f"stopped by signal 15 (SIGTERM) after 1 of 3 circuit(s); kept 1-after_seed0 in '{tmp_path}'"
     assert "none was finished" in str(Interrupted(2, tmp_path, [], 2))
+
+
+def test_ctrl_c_during_report_keeps_its_circuits_and_the_rerun_reads_them_back(tiny_ckpt, tmp_path, capsys,
+                                                                                monkeypatch):  # fmt: skip
+    import mechlab.pipelines.report as pipeline
+    from tests.test_reliability import REPORT_FAST
+
+    out, calls = tmp_path / "r", []
+    real = pipeline.prune_checkpoint
+
+    def stopping(*args, **kwargs):
+        calls.append(kwargs["seed"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "prune_checkpoint", stopping)
+    args = ["report", "--ckpt", str(tiny_ckpt), "--out", str(out), *map(str, REPORT_FAST)]
+    assert main(args) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == ("mechlab: stopped by signal 2 (SIGINT, Ctrl-C) after 1 of 2 circuit(s); kept "
+                    f"circuits/1-after_seed0 in '{out}'; resume with the same command, which reads back what is "
+                    f"kept and computes the rest: mechlab {' '.join(args)}"), line  # fmt: skip
+    assert sorted(p.name for p in (out / "circuits").iterdir()) == ["1-after_seed0.json"]
+    monkeypatch.setattr(pipeline, "prune_checkpoint", real)
+    assert main(args) == 0
+    assert "circuits/1-after_seed0.json: read back (same settings)" in capsys.readouterr().err
