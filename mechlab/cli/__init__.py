@@ -12,7 +12,11 @@ Modules, one per command group: :mod:`~mechlab.cli.train` (``info``, ``train``),
 :mod:`~mechlab.cli.circuits` (``prune``, ``view``, ``overlap``, ``curve``, ``pairs ioi``),
 :mod:`~mechlab.cli.sweep` (``sweep``), :mod:`~mechlab.cli.bench` (``bench ...``); the
 application and what they share: :mod:`~mechlab.cli.app`, :mod:`~mechlab.cli.main`.
-The commands import the pipelines (and torch) only when they run, so ``--help`` is fast.
+The commands import the pipelines (and torch) only when they run, so ``--help`` is fast,
+and check first what needs neither torch nor the model
+(:mod:`mechlab.pipelines.preflight`), so a bad invocation answers at once. A signal during
+``prune`` or ``report`` ends it with one line naming the circuits kept and the command that
+resumes (:class:`mechlab.pipelines.stops.Interrupted`), exit status 128 + the signal.
 """
 
 import typer

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+from pathlib import Path
+from typing import NoReturn
+
 import typer
 
 app = typer.Typer(
@@ -66,3 +71,30 @@ DEPRECATED_PROTOCOL = typer.Option(None, "--protocol", hidden=True, help="Deprec
 def force_option(what: str) -> bool:
     """The ``--force`` option of a command that writes (``what``: what it replaces)."""
     return typer.Option(False, "--force", help=f"{what} Never an input or a checkpoint.")
+
+
+def command_line(ctx: typer.Context) -> str:
+    """The command as it was typed (``mechlab prune --ckpt ...``; ``python -m mechlab ...``
+    when run so), for a message that says how to run it again."""
+    root = ctx.find_root()
+    args = (root.obj or {}).get("args") if isinstance(root.obj, dict) else None
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    prog = "python -m mechlab" if started.parts[-2:] == ("mechlab", "__main__.py") else "mechlab"
+    if args is None:
+        return f"{prog} {ctx.command_path.split(' ', 1)[-1]} ..."
+    return f"{prog} {shlex.join(args)}"
+
+
+def stopped(ctx: typer.Context, exc: KeyboardInterrupt) -> NoReturn:
+    """One line for a command a signal stopped (Ctrl-C, SIGTERM): what it kept
+    (:class:`mechlab.pipelines.stops.Interrupted`) and how to resume, the same command;
+    exit status 128 + the signal (130 for Ctrl-C)."""
+    from mechlab.pipelines.stops import Interrupted, signal_of
+
+    if isinstance(exc, Interrupted):
+        what, code = str(exc), exc.exit_code
+    else:
+        what, code = f"stopped by signal {signal_of(exc)}; what was written is kept", 128 + signal_of(exc)
+    typer.echo(f"mechlab: {what}; resume with the same command, which reads back what is kept and computes the "
+               f"rest: {command_line(ctx)}", err=True)  # fmt: skip
+    raise typer.Exit(code)

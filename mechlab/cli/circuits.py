@@ -14,6 +14,7 @@ from mechlab.cli.app import (
     fmt,
     force_option,
     renamed_option,
+    stopped,
     use_threads,
     warn,
 )
@@ -78,14 +79,12 @@ def prune(
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
     change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
     JSON + offline HTML per circuit."""
-    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method, joint_prune_targets, prune_targets
+    from mechlab.pipelines import preflight
 
     given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
     _check_run_options(checkpoints, every, given, ckpt=ckpt, model=model)
     if checkpoints is None and (ckpt is None) == (model is None):
         raise UsageProblem("give exactly one of --ckpt PATH (a mechlab checkpoint) or --model FOLDER (a model you bring)")
-    chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
-                             acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
     if nearby_budgets and (method != "prune" or edges is not None or pairs is not None or share):
         raise UsageProblem("--nearby-budgets applies to edge pruning of --ckpt at a --sparsity only "
                            "(not with --method, --edges, --pairs or --share)")  # fmt: skip
@@ -107,14 +106,24 @@ def prune(
                 f"--{refused[0].replace('_', '-')} does not apply with --pairs: the pairs give the "
                 "prompts, their corruptions and the position explained (--test-fraction splits them)"
             )
-        _prune_pairs(ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
+    if pairs is None:
+        recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
+        preflight.check_recipe(recipe)
+    _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
+                       force=force)  # fmt: skip
+    # Only now torch, the pipelines and the model load (seconds; half a minute on a fresh clone).
+    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
+
+    chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
+                             acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
+    if pairs is not None:
+        _prune_pairs(ctx, ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
                      ablation=ablation, device=device, progress=progress, threads=threads, force=force, **chosen,
                      **_prune_only(method, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
                                    normalize_loss=normalize_loss, node_sparsity=node_sparsity))  # fmt: skip
         return
 
-    recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
     if recipe not in PRUNE_PROTOCOLS:
         raise UsageProblem(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
     # A recipe's setting applies unless the option was given on the command line.
@@ -132,6 +141,19 @@ def prune(
         common.update(chosen)
     if stability:
         common["stability"] = stability
+    try:
+        _prune_ckpt(ckpt, checkpoints, target, seed, out, share=share, threads=threads, every=every, force=force,
+                    length=length, nearby_budgets=nearby_budgets, **common)  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
+        stopped(ctx, exc)
+
+
+def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], seed: list[int], out: Path | None, *,
+                share: list[str], threads: int | None, every: int | None, force: bool, length: int | None,
+                nearby_budgets: bool, **common) -> None:  # fmt: skip
+    """``mechlab prune`` of a checkpoint (``--share``: jointly) or of every checkpoint of a run."""
+    from mechlab.pipelines import joint_prune_targets, prune_targets
+
     if checkpoints is not None:
         use_threads(threads)
         _prune_run(checkpoints, target, seed, out, every=every or 1, force=force,
@@ -158,6 +180,32 @@ def prune(
         typer.echo(pair_line(a, b, o, seeds))
     if result.stability is not None:
         typer.echo(result.stability.summary())
+
+
+def _check_prune_first(*, ckpt: Path | None, model: Path | None, checkpoints: Path | None, pairs: Path | None,
+                       target: list[str], out: Path | None, force: bool) -> None:  # fmt: skip
+    """What ``mechlab prune`` can refuse before torch and the model load
+    (:mod:`mechlab.pipelines.preflight`): the checkpoint, model folder, run directory or
+    pair file missing, a target no task (or not the checkpoint's task, read from its file)
+    takes, an output folder that cannot be one. A bad invocation answers at once."""
+    from mechlab.pipelines import preflight
+
+    if pairs is not None:
+        if ckpt is not None:
+            preflight.check_checkpoint_file(ckpt)
+        elif model is not None and not model.exists():
+            raise UsageProblem(f"model {str(model)!r} not found; give a save_pretrained folder or a mechlab checkpoint")
+        preflight.check_input_file(pairs, "pair file")
+        return
+    if checkpoints is not None:
+        preflight.check_run_dir(checkpoints)
+        preflight.check_targets(target, "lds")
+        preflight.check_folder(out, "prune", source=checkpoints / "last.pt", what="through-training", force=force)
+        return
+    if ckpt is None:
+        return
+    preflight.check_checkpoint(ckpt, targets=target)
+    preflight.check_folder(out, "prune", source=ckpt, what="circuits", force=force)
 
 
 def _check_run_options(checkpoints: Path | None, every: int | None, given: set[str], *,
@@ -225,13 +273,16 @@ def _prune_only(method: str, **settings) -> dict:
     return settings if method == "prune" else {}
 
 
-def _prune_pairs(source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
+def _prune_pairs(ctx: typer.Context, source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
                  threads: int | None, **settings) -> None:  # fmt: skip
     """``mechlab prune --model/--ckpt ... --pairs``: the prompt pipeline, one circuit per seed."""
     from mechlab.pipelines import prune_prompts
 
     use_threads(threads)
-    run = prune_prompts(source, pairs, seeds, out, on_circuit=_print_prompt_circuit, **settings)
+    try:
+        run = prune_prompts(source, pairs, seeds, out, on_circuit=_print_prompt_circuit, **settings)
+    except KeyboardInterrupt as exc:
+        stopped(ctx, exc)
     _print_resumed(run.reused, run.replaced)
     if run.stability is not None:
         typer.echo(run.stability.summary())
@@ -356,6 +407,13 @@ def view(
     whatever the order of the files); one target's circuits of two or more methods open comparing the methods;
     otherwise the first two files (seed with seed).
     The page's menus change either circuit."""
+    from mechlab.pipelines import preflight
+
+    if label and len(label) != len(circuits):
+        raise UsageProblem(f"give one --label per circuit: {len(label)} labels for {len(circuits)} circuits")
+    preflight.check_output_file(out, force=force, inputs=circuits, suffixes=(".html", ".htm"))
+    for path in circuits:
+        preflight.check_input_file(path, "circuit")
     from mechlab.pipelines import view_circuits
 
     typer.echo(f"wrote {view_circuits(circuits, out, label, force=force)}")
@@ -378,6 +436,17 @@ def overlap_(
     """Overlap of circuits: pairwise edge Jaccard table, each target's seed-baseline Jaccard and each
     pair's cross-target Jaccard (the mean over every pair of seeds; a bootstrap interval over seeds
     from 3 circuits per target), uniform and degree-preserving null models, cross-evaluation with --ckpt."""
+    from mechlab.pipelines import preflight
+
+    if len(circuits) < 2:
+        raise UsageProblem("give at least two circuit files")
+    if ckpt is not None:
+        preflight.check_checkpoint_file(ckpt)
+    if json_out is not None:
+        preflight.check_output_file(json_out, force=force, option="--json",
+                                    inputs=[*circuits, *([ckpt] if ckpt is not None else [])])  # fmt: skip
+    for path in circuits:
+        preflight.check_input_file(path, "circuit")
     from mechlab.pipelines import overlap_circuits
     from mechlab.pipelines.circuits import overlap_lines
 
@@ -431,9 +500,14 @@ def curve(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Faithfulness and complement faithfulness across edge budgets (MIB's CPR, CMD): JSON + HTML per target."""
-    from mechlab.pipelines import curve_checkpoint
+    from mechlab.pipelines import preflight
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    preflight.check_nih(nih)
+    preflight.check_checkpoint(ckpt, task="lds", targets=target)
+    preflight.check_folder(out, "curve", source=ckpt, what="curves", force=force)
+    from mechlab.pipelines import curve_checkpoint
+
     try:
         grid = [float(b) for b in budgets.split(",") if b.strip()]
     except ValueError:

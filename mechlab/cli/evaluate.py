@@ -13,6 +13,7 @@ from mechlab.cli.app import (
     fmt,
     force_option,
     renamed_option,
+    stopped,
     use_threads,
 )
 
@@ -50,9 +51,15 @@ def eval_(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
-    from mechlab.pipelines import evaluate_checkpoint
+    from mechlab.pipelines import preflight
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    preflight.check_nih(nih)
+    preflight.check_checkpoint(ckpt, task="lds")
+    preflight.check_suites(suite)
+    preflight.check_folder(out, "eval", source=ckpt, what="eval", force=force)
+    from mechlab.pipelines import evaluate_checkpoint
+
     use_threads(threads)
 
     def show(name: str, report: dict, json_path: Path, html_path: Path) -> None:
@@ -100,6 +107,7 @@ def _print_report(report: dict) -> None:
 
 
 def report(
+    ctx: typer.Context,
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     out: Path = typer.Option(
         ...,
@@ -136,17 +144,25 @@ def report(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
-    from mechlab.pipelines import ReportConfig, report_checkpoint
+    from mechlab.pipelines import preflight
 
     recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
     if str(out) in ("", "."):
         raise UsageProblem("give --out a folder of its own (the report writes several files)")
+    preflight.check_recipe(recipe)
+    preflight.check_checkpoint(ckpt, task="lds", targets=target)
+    preflight.check_folder(out, "report", source=ckpt, what="report", force=force)
+    from mechlab.pipelines import ReportConfig, report_checkpoint
+
     cfg = ReportConfig(targets=tuple(target), seeds=tuple(seed), eval_traces=eval_traces,
                        prune_traces=prune_traces, recall_traces=recall_traces,
                        components=components, recipe=recipe, steps=steps)  # fmt: skip
     use_threads(threads)
-    result = report_checkpoint(ckpt, out, cfg, force=force, device=device, progress=progress,
-                               log=lambda line: typer.echo(line, err=True))  # fmt: skip
+    try:
+        result = report_checkpoint(ckpt, out, cfg, force=force, device=device, progress=progress,
+                                   log=lambda line: typer.echo(line, err=True))  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
+        stopped(ctx, exc)
     s = result.summary
     from mechlab.pipelines.report_findings import task_warning
 
@@ -202,9 +218,20 @@ def recall(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
-    from mechlab.pipelines import recall_and_write
+    from mechlab.pipelines import preflight
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
+    preflight.check_nih(nih)
+    if ckpt is None and checkpoints is None:  # the pipeline's words
+        raise UsageProblem("give --ckpt PATH (a checkpoint), --checkpoints DIR (a run directory), or both")
+    if ckpt is not None:
+        preflight.check_checkpoint(ckpt, task="lds")
+    if checkpoints is not None:
+        preflight.check_run_dir(checkpoints)
+    source = ckpt if ckpt is not None else checkpoints / "last.pt"
+    preflight.check_folder(out, "recall", source=source, what="recall", force=force)
+    from mechlab.pipelines import recall_and_write
+
     use_threads(threads)
     files = recall_and_write(
         ckpt, checkpoints, out, components=components, progress=progress,

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             # In non-standalone mode a command's `raise typer.Exit(n)` comes back as the result.
-            result = app(args=argv, prog_name="mechlab", standalone_mode=False)
+            result = app(args=argv, prog_name="mechlab", standalone_mode=False, obj={"args": args})
         command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
         if command in THREADED and "torch" in sys.modules and result in (None, 0):
             import torch

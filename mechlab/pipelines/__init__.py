@@ -15,7 +15,9 @@ Modules: :mod:`~mechlab.pipelines.checkpoints` (opening), :mod:`~mechlab.pipelin
 :mod:`~mechlab.pipelines.recall`, :mod:`~mechlab.pipelines.report`,
 :mod:`~mechlab.pipelines.through_training` (circuits of every checkpoint of a run),
 :mod:`~mechlab.pipelines.train`, :mod:`~mechlab.pipelines.sweep`,
-:mod:`~mechlab.pipelines.outputs` (writing).
+:mod:`~mechlab.pipelines.outputs` (writing), :mod:`~mechlab.pipelines.preflight` (the checks
+a command makes before torch loads), :mod:`~mechlab.pipelines.stops` (a run stopped by a
+signal: what it kept).
 
 The names load their module on first use (a command imports only the pipeline it runs).
 """
@@ -48,6 +50,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
         make_report,
         report_checkpoint,
     )
+    from mechlab.pipelines.stops import Interrupted
     from mechlab.pipelines.sweep import sweep_spec, write_outputs
     from mechlab.pipelines.through_training import prune_through_training
     from mechlab.pipelines.train import run_config, train_run
@@ -60,6 +63,7 @@ _LAZY = {
     "curve_checkpoint": "mechlab.pipelines.curves",
     "describe": "mechlab.pipelines.checkpoints",
     "eval_dynamics": "mechlab.pipelines.evaluate",
+    "Interrupted": "mechlab.pipelines.stops",
     "evaluate_checkpoint": "mechlab.pipelines.evaluate",
     "joint_prune_checkpoint": "mechlab.pipelines.joint",
     "joint_prune_targets": "mechlab.pipelines.joint",
@@ -103,6 +107,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Interrupted",
     "METHODS",
     "PRUNE_PROTOCOLS",
     "Report",

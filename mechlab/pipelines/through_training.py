@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.checkpoint import Checkpoint
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import lds_config, run_checkpoints
 from mechlab.pipelines.prune import (
     _PRUNE_ONLY,
@@ -187,15 +187,24 @@ def prune_through_training(
         top.check_path(f"across_{name}.html")
     top.plan({"across.json": record})  # refuses one of other settings (without force)
     result.checkpoints = chosen
-    with top:
+    with stops.stop_on_signals(), top:
         for ckpt in chosen:
             where = result.out / step_folder(ckpt)
             if on_checkpoint is not None:
                 on_checkpoint(ckpt, where)
-            result.runs[step_folder(ckpt)] = prune_targets(
-                ckpt, targets, seeds, where, recipe=recipe, on_circuit=on_circuit, force=force,
-                device=device, **settings,
-            )  # fmt: skip
+            try:
+                result.runs[step_folder(ckpt)] = prune_targets(
+                    ckpt, targets, seeds, where, recipe=recipe, on_circuit=on_circuit, force=force,
+                    device=device, **settings,
+                )  # fmt: skip
+            except KeyboardInterrupt as exc:  # what every checkpoint kept, for the one line
+                here = exc.kept if isinstance(exc, stops.Interrupted) else []
+                kept = [f"{folder}/{stem}" for folder, run in result.runs.items() for stem in run.files]  # finished
+                kept += [f"{step_folder(ckpt)}/{stem}" for stem in here]
+                note = exc.note if isinstance(exc, stops.Interrupted) else ""
+                signum = exc.signum if isinstance(exc, stops.Interrupted) else stops.signal_of(exc)
+                total = sum(len(r) for r in circuit_records.values())
+                raise stops.Interrupted(signum, result.out, kept, total, note) from None
         steps = [c.step for c in chosen]
         examples = [c.examples_seen for c in chosen]
         for name in names:

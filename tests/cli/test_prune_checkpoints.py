@@ -76,3 +76,32 @@ def test_no_run_and_every_without_checkpoints_are_refused(tmp_path, capsys, tiny
     assert _prune("--ckpt", str(tiny_lds_checkpoint), "--every", "2", "--out", str(out)) == 2
     assert "--every applies with --checkpoints" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_ctrl_c_names_every_checkpoints_circuits_kept_and_the_rerun_resumes(run_dir, tmp_path, capsys,
+                                                                            monkeypatch):  # fmt: skip
+    """Issue 38: a KeyboardInterrupt in the third checkpoint's search ends the command with
+    one line naming the two circuits kept (their checkpoints' folders) and how to resume,
+    exit 130; the rerun reads them back and prunes the third."""
+    import mechlab.pipelines.prune as pipeline
+
+    out, calls = tmp_path / "tt", []
+    real = pipeline.prune_checkpoint
+
+    def stopping(*args, **kwargs):
+        calls.append(args[0].step)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "prune_checkpoint", stopping)
+    assert _prune("--checkpoints", str(run_dir), "--target", "1-after", "--out", str(out)) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "mechlab: stopped by signal 2 (SIGINT, Ctrl-C) after 2 of 3 circuit(s); kept "
+        f"step_0000000/1-after_exact_seed0, step_0000005/1-after_exact_seed0 in '{out}'; resume with the same "
+        "command"), err  # fmt: skip
+    assert not (out / "step_0000012" / "1-after_exact_seed0.json").exists() and not (out / ".mechlab.lock").exists()
+    monkeypatch.setattr(pipeline, "prune_checkpoint", lambda *a, **k: calls.append(a[0].step) or real(*a, **k))
+    assert _prune("--checkpoints", str(run_dir), "--target", "1-after", "--out", str(out)) == 0
+    assert calls[3:] == [12] and "read back 2 circuit(s)" in capsys.readouterr().out
