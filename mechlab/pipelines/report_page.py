@@ -271,6 +271,22 @@ def _recall_section(report: Any, found: dict[str, list[str]], figure: Any) -> st
 def _definitions() -> str:
     terms = [
         (
+            "task",
+            "Does the model do the task?",
+            "A target's prediction is done by the model when its median NiH error is below "
+            f"{DOES_TASK_BELOW:g} of the mean predictor's (1 on this page's scale: predicting the mean "
+            "state). Below that its circuits are interpreted; at or above it they are drawn, marked, "
+            "and not read.",
+        ),
+        (
+            "overlap",
+            "Overlap statistics",
+            "Edge Jaccard: shared edges over the edges of either circuit, for one pair. Cross-target "
+            "Jaccard: the mean edge Jaccard over every pair of seeds of two targets (the headline). "
+            "Seed-baseline Jaccard: the mean over pairs of different seeds of one target. An interval "
+            "needs at least 3 seeds per target.",
+        ),
+        (
             "nih",
             "The recall task (needle in a haystack)",
             "Several systems are shown once each (the haystack), then one resumes after its open label "

@@ -61,7 +61,7 @@ def test_the_printed_summary_warns_per_target_before_anything_else(
 
     run = SimpleNamespace(summary=early.summary(), reused=False, page=tmp_path / "index.html")
     monkeypatch.setattr(pipelines, "report_checkpoint", lambda *a, **k: run)
-    report_command(ckpt=RUN / "last.pt", out=tmp_path / "r", target=["1-after", "2-after"], seed=[0],
+    report_command(ctx=None, ckpt=RUN / "last.pt", out=tmp_path / "r", target=["1-after", "2-after"], seed=[0],
                    eval_traces=8, prune_traces=8, recall_traces=8, components=False, recipe="default",
                    steps=1, threads=None, device="cpu", progress=False, force=False, protocol=None)  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
