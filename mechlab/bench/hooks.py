@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from nnsight import NNsight
 
 from mechlab.bench.record import Table
 from mechlab.bench.timing import Timing, fmt_ms, fmt_ratio, paired_ratio, time_interleaved
 from mechlab.models import build_model
 from mechlab.models.base import MechModel
 from mechlab.models.cache import caching_hooks
+from mechlab.patching.backends import load_nnsight
 
 # The models benchmarked: the tiny recall-study transformer and recurrent models of similar size.
 BENCH_MODELS: dict[str, dict] = {
@@ -102,7 +102,7 @@ def cache_step_by_step(model: MechModel, x: torch.Tensor) -> dict[str, torch.Ten
     return cache
 
 
-def _nnsight_save_all(traced: NNsight, x: torch.Tensor, names: list[str]) -> dict:
+def _nnsight_save_all(traced, x: torch.Tensor, names: list[str]) -> dict:
     """One nnsight trace that records the outputs of the hook points ``names``."""
     with traced.trace(x) as tracer:
         cache = tracer.cache(modules=[f"model.{name}" for name in names])
@@ -128,7 +128,7 @@ def bench_family(
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch, n_pos, model.cfg.d_in, generator=gen).to(device)
     names = list(model.hook_dict)
-    traced = NNsight(model)
+    traced = load_nnsight()(model)
 
     def plain() -> None:
         with torch.no_grad():

@@ -82,7 +82,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    """Run the CLI; returns the exit status (0 ok, 2 bad input, 1 a missing extra)."""
     # Idle OpenMP threads sleep instead of spinning. Set before torch loads (the commands
     # import it lazily): on a shared machine spinning threads made a 2-thread step 10x
     # slower than a 1-thread one (docs/benchmarks.md, "Threads").
@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     except _CLICK_ERROR as exc:
         typer.echo(f"mechlab: error: {_one_line(Exception(exc.format_message()))}", err=True)
         return 2
+    except ImportError as exc:
+        # an optional feature run without its extra (nnsight, tracr, ...): one line naming it
+        if "pip install 'mechlab[" not in str(exc) or os.environ.get("MECHLAB_DEBUG"):
+            raise
+        typer.echo(f"mechlab: error: {_one_line(exc)}", err=True)
+        return 1
     except (ValueError, OSError, KeyError) as exc:
         if os.environ.get("MECHLAB_DEBUG"):
             raise

@@ -19,10 +19,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nnsight import NNsight
 from torch import Tensor
 
 from mechlab.patching.grid import BACKENDS, check_choice
+
+NNSIGHT_HINT = "install the extra: pip install 'mechlab[nnsight]'"
+
+
+def load_nnsight():
+    """nnsight's ``NNsight`` class; nnsight is an extra (``mechlab[nnsight]``), loaded here on
+    first use so the base install and every other backend run without it."""
+    try:
+        from nnsight import NNsight
+    except ImportError as err:
+        raise ImportError(f"the nnsight backend needs nnsight; {NNSIGHT_HINT}") from err
+    return NNsight
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,7 @@ class NNsightBackend(Backend):
 
     def __init__(self, model):
         super().__init__(model)
-        self.traced = NNsight(model)
+        self.traced = load_nnsight()(model)
         self.n_runs = 0
 
     def run(
