@@ -142,7 +142,6 @@ def exact_scores(
     if not _replayable(obj):
         return exact_loop_scores(obj, batch_size, progress, desc)
     graph = obj.graph
-    base = metric_value(obj, torch.ones(graph.n_edges), batch_size)
     sums = torch.zeros(graph.n_edges, dtype=torch.float64)
     todo = []  # (reader, edge indices, writer indices), countable edges only
     for r in graph.readers:
@@ -151,6 +150,7 @@ def exact_scores(
         if ks:
             todo.append((r.name, ks, [graph.writer_index[graph.edges[k][0]] for k in ks]))
     bar = tqdm(total=sum(len(ks) for _, ks, _ in todo), disable=not progress, desc=desc, unit="edge")
+    base = metric_value(obj, torch.ones(graph.n_edges), batch_size)  # the bar is up meanwhile
     n = len(obj.traces)
     for index in obj.chunks(batch_size):
         if len(index) < n:  # several batches: the bar counts each batch's edges in turn

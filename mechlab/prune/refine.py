@@ -367,7 +367,7 @@ def select_edges(
     Returns:
         The :class:`Selection`.
     """
-    bar = tqdm(disable=not progress, desc="selection", unit="forward")
+    bar = tqdm(disable=not progress, desc="selection", unit=" forward")
     scored = loss_of
 
     def loss_of(kept: Tensor) -> float:
