@@ -112,6 +112,8 @@ def prune(
     _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
                        force=force)  # fmt: skip
     # Only now torch, the pipelines and the model load (seconds; half a minute on a fresh clone).
+    if progress:
+        typer.echo("loading torch, the model and its traces", err=True)
     from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
 
     chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,

@@ -277,20 +277,21 @@ class Report:
         return page
 
 
-def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig) -> dict[str, Any]:
+def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig, progress: bool = False) -> dict[str, Any]:
     """Overlap statistics (pos edges excluded: they cannot matter) and cross-evaluation on
-    the held-out traces of the first circuit, rebuilt from its own recorded settings."""
+    the held-out traces of the first circuit, rebuilt from its own recorded settings
+    (``progress``: the null models' and the cross-evaluation's bars)."""
     from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
 
     flat = [c for found in circuits.values() for c in found]
     first = flat[0]
     inert = set(first.metadata.get("inert_writers", []))  # their edges cannot matter
     edges = [e for e in graph_edges(first) if e[0] not in inert]
-    report = overlap_report(flat, edges, n_boot=cfg.n_boot, n_null=cfg.n_null)
+    report = overlap_report(flat, edges, n_boot=cfg.n_boot, n_null=cfg.n_null, progress=progress)
     data = circuit_data(
         ckpt, first, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, protocol=cfg.nih
     )
-    report["cross_evaluation"] = cross_evaluate(ckpt.model, data, flat)
+    report["cross_evaluation"] = cross_evaluate(ckpt.model, data, flat, progress=progress)
     report["excluded_writers"] = sorted(inert)
     return report
 
@@ -365,7 +366,7 @@ def make_report(
     start = time.perf_counter()
     say("overlap: bootstrap, null models, cross-evaluation")
     overlap = (
-        _overlap(opened, circuits, cfg) if len(cfg.targets) > 1 else {"within": {}, "across": {}}
+        _overlap(opened, circuits, cfg, progress) if len(cfg.targets) > 1 else {"within": {}, "across": {}}
     )
     timings["overlap"] = time.perf_counter() - start
 

@@ -194,22 +194,22 @@ def _integrate(gradient_at, steps: int, desc: str, progress: bool) -> Tensor:
 
 def eap_ig_scores(
     obj: Objective, steps: int = DEFAULT_STEPS, batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: bool = False,
+    progress: bool = False, desc: str = "eap-ig",
 ) -> Tensor:  # fmt: skip
     """EAP-IG over the edge masks: ``-(1/S) sum_s (d m / d z)(t_s 1)``, ``t_s`` the midpoints."""
     n = obj.graph.n_edges
     return _integrate(
-        lambda t: _gradient(obj, torch.full((n,), t), batch_size), steps, "eap-ig", progress
+        lambda t: _gradient(obj, torch.full((n,), t), batch_size), steps, desc, progress
     )
 
 
 def eap_ig_input_scores(
     obj: Objective, steps: int = DEFAULT_STEPS, batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: bool = False,
+    progress: bool = False, desc: str = "eap-ig-inputs",
 ) -> Tensor:  # fmt: skip
     """EAP-IG over the inputs: fixed differences against gradients along the read-in path."""
     return _integrate(lambda a: fixed_difference_gradient(obj, a, batch_size), steps,
-                      "eap-ig-inputs", progress)  # fmt: skip
+                      desc, progress)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -350,21 +350,26 @@ def score_edges(
     at: str = "corrupted",
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = False,
+    desc: str | None = None,
 ) -> Tensor:
     """The scores of ``method`` on an objective (the model frozen and in eval mode).
+
+    ``progress`` shows a bar (``eap``: none, one pass), ``desc`` what it says (default:
+    the method's name).
 
     Returns:
         ``[n_edges]`` float64, 0 on the edges that cannot matter.
     """
     run = obj.truncated()
+    named = {} if desc is None else {"desc": desc}
     if method == "eap":
         scores = eap_scores(run, at, batch_size)
     elif method == "eap-ig":
-        scores = eap_ig_scores(run, steps, batch_size, progress)
+        scores = eap_ig_scores(run, steps, batch_size, progress, **named)
     elif method == "eap-ig-inputs":
-        scores = eap_ig_input_scores(run, steps, batch_size, progress)
+        scores = eap_ig_input_scores(run, steps, batch_size, progress, **named)
     elif method == "exact":
-        scores = exact_scores(run, batch_size, progress)
+        scores = exact_scores(run, batch_size, progress, **named)
     else:
         raise ValueError(
             f"unknown attribution method {method!r}; choose one of {', '.join(ATTRIBUTION_METHODS)}"

@@ -115,7 +115,12 @@ def prune(
         config: The search settings (:class:`~mechlab.prune.config.PruneConfig`;
             default: the defaults); ``settings`` override single fields.
         seed: Seed of the masks' initialisation, noise and batches.
-        progress: Show a progress bar.
+        progress: Show a progress bar for every stage that takes a while, each saying what
+            it does: the references, the warm start (``warm start: exact single-edge
+            ablation``), the selection's second ranking (``selection pool: ...``), the
+            optimisation (``pruning <target> (seed k)``), the selection (``selection:
+            ...``, one step per masked forward) and the held-out evaluation
+            (``evaluation: ...``). Nothing is printed without it.
         checkpoint_sha256: Recorded in the circuit's metadata.
         position_aware: Graph of a recurrent model (:func:`~mechlab.prune.graph.pruning_graph`):
             None (default) prunes the windowed graph when the traces have windows
@@ -137,9 +142,9 @@ def prune(
     check_target(target, data.train)
     started = time.perf_counter()
     with frozen_eval(model):
-        setup = prepare_search(model, data, [target], config, position_aware)
+        setup = prepare_search(model, data, [target], config, position_aware, progress=progress)
         name = target if isinstance(target, str) else "custom target"
-        refine = lambda results, cfg: [refine_result(model, setup, results[0], cfg)]  # noqa: E731
+        refine = lambda results, cfg: [refine_result(model, setup, results[0], cfg, progress=progress)]  # noqa: E731
         run = run_searches(model, setup, config, refine, seed=seed, progress=progress,
                            desc=f"pruning {name} (seed {seed})")  # fmt: skip
         result, selection = run.results[0], run.selections[0]
@@ -149,7 +154,7 @@ def prune(
         circuit = finish_circuit(
             model, setup.graph, data, target, config.ablation, result, config.sparsity,
             config.node_sparsity, setup.countable[0], setup.scored[0], settings_record, started,
-            selection=selection,
+            selection=selection, progress=progress,
         )  # fmt: skip
     warning = circuit.metadata["warnings"]
     if warning:
@@ -261,10 +266,11 @@ def search_record(config: PruneConfig, norm: float) -> dict[str, Any]:
 
 
 def refine_result(
-    model: nn.Module, setup: SearchSetup, result: MaskResult, config: PruneConfig, target: int = 0
+    model: nn.Module, setup: SearchSetup, result: MaskResult, config: PruneConfig, target: int = 0,
+    progress: bool = False,
 ) -> tuple[MaskResult, Selection]:
     """The one-target selection on the true objective (:func:`~mechlab.prune.refine.select_edges`),
-    as masks whose open countable edges are the chosen ones."""
+    as masks whose open countable edges are the chosen ones (``progress``: its bar)."""
     loss_of = loss_function(model, setup.graph, setup.train, setup.positions, setup.reference,
                             setup.ablated, setup.norms, config.refine_traces)([target])  # fmt: skip
     countable = setup.countable[target]
@@ -275,7 +281,7 @@ def refine_result(
                 if scores is not None and scores[target] is not None]  # fmt: skip
     selection = select_edges(setup.graph, result.edge_log_alpha, countable, setup.n_keep[target],
                              loss_of, config.ablation, config.refine_extra, config.min_effect,
-                             rankings=rankings)  # fmt: skip
+                             rankings=rankings, progress=progress)  # fmt: skip
     la = kept_log_alpha(result.edge_log_alpha, selection.edges, setup.countable[target].cpu())
     return MaskResult(la, result.node_log_alpha, result.history), selection
 
@@ -294,6 +300,7 @@ def finish_circuit(
     settings: dict[str, Any],
     started: float,
     selection: Selection | None = None,
+    progress: bool = False,
 ) -> Circuit:
     """Choose the circuit from optimised masks, score it on the held-out traces, record how.
 
@@ -313,6 +320,7 @@ def finish_circuit(
         settings: Search settings recorded in the metadata as they are (seed, lr, ...).
         started: ``time.perf_counter()`` when the search started.
         selection: The selection on the true objective, if one chose the edges.
+        progress: Show the held-out evaluation's bar.
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit`; ``metadata["warnings"]`` holds the
@@ -323,7 +331,7 @@ def finish_circuit(
     mean_reference = data.train.inputs.to(device) if ablation == "mean" else None
     metrics = evaluate_masks(
         model, graph, data.test.to(device), target, ablation, binary.edges, binary.nodes,
-        mean_reference=mean_reference,
+        mean_reference=mean_reference, progress=progress,
     )  # fmt: skip
     seconds = time.perf_counter() - started
     det = hc.deterministic_mask(result.edge_log_alpha.cpu())

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from mechlab.models.base import predict_in_chunks
+from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.forward import (
     divergence,
@@ -68,6 +69,8 @@ def _variant_runs(
     nodes: Tensor | None,
     mean_reference: Tensor | None,
     batch_size: int,
+    progress: bool = False,
+    desc: str = "evaluation",
 ) -> Iterator[tuple[Traces, Tensor, dict[str, Tensor]]]:
     """Per chunk of traces: the chunk, its target mask, and the outputs of the full model
     and of each variant (:func:`_variants`), ``[chunk, pos, d_output]`` each."""
@@ -77,8 +80,9 @@ def _variant_runs(
     if ablation == "mean":
         reference = traces.inputs if mean_reference is None else mean_reference.to(device)
         mean_ablation = make_ablation(model, "mean", traces, reference=reference, graph=graph)
+    starts = range(0, len(traces), batch_size)
     with frozen_eval(model):
-        for start in range(0, len(traces), batch_size):
+        for start in tqdm(starts, disable=not progress, desc=desc, unit="batch"):
             chunk = traces.subset(torch.arange(start, min(start + batch_size, len(traces))))
             mask = positions[start : start + len(chunk)]
             ablated = (
@@ -103,6 +107,7 @@ def evaluate_masks(
     nodes: Tensor | None = None,
     mean_reference: Tensor | None = None,
     batch_size: int = 128,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Faithfulness and errors of a binary circuit at the target positions (see the module docstring).
 
@@ -117,6 +122,8 @@ def evaluate_masks(
         mean_reference: Inputs whose mean writer outputs a ``mean`` ablation uses
             (default: ``traces.inputs``).
         batch_size: Traces per pass.
+        progress: Show a progress bar (one step per batch of traces: the full model, the
+            circuit, the fully ablated model and the complement).
 
     Returns:
         A dict of floats (see the module docstring), plus ``n_traces``, ``n_positions``
@@ -130,7 +137,8 @@ def evaluate_masks(
     dist: dict[str, list[Tensor]] = {name: [] for name in variants}
     err: dict[str, list[Tensor]] = {name: [] for name in (*variants, "full")}
     runs = _variant_runs(model, graph, traces, positions, ablation, edges, nodes, mean_reference,
-                         batch_size)  # fmt: skip
+                         batch_size, progress,
+                         f"evaluation: circuit, complement, ablated on {len(traces)} held-out traces")  # fmt: skip
     for chunk, mask, outs in runs:
         full = outs["full"]
         for name, out in outs.items():

@@ -131,17 +131,17 @@ def _replayable(obj: Objective) -> bool:
 @torch.no_grad()
 def exact_scores(
     obj: Objective, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False,
-    max_rows: int = MAX_ROWS,
+    max_rows: int = MAX_ROWS, desc: str = "exact",
 ) -> Tensor:  # fmt: skip
     """``m(1 - e_k) - m(1)`` for every countable edge ``k`` (0 for the others), float64.
 
     Transformers replay only what follows each edge's reader (module docstring); other
-    families run one masked forward per edge.
+    families run one masked forward per edge. The progress bar (``desc``) counts the edges
+    of each batch of traces in turn.
     """
     if not _replayable(obj):
-        return exact_loop_scores(obj, batch_size, progress)
+        return exact_loop_scores(obj, batch_size, progress, desc)
     graph = obj.graph
-    base = metric_value(obj, torch.ones(graph.n_edges), batch_size)
     sums = torch.zeros(graph.n_edges, dtype=torch.float64)
     todo = []  # (reader, edge indices, writer indices), countable edges only
     for r in graph.readers:
@@ -149,10 +149,13 @@ def exact_scores(
         ks = [start + i for i in range(r.n_upstream) if obj.countable[start + i]]
         if ks:
             todo.append((r.name, ks, [graph.writer_index[graph.edges[k][0]] for k in ks]))
-    bar = tqdm(
-        total=sum(len(ks) for _, ks, _ in todo), disable=not progress, desc="exact", unit="edge"
-    )
+    bar = tqdm(total=sum(len(ks) for _, ks, _ in todo), disable=not progress, desc=desc, unit="edge")
+    base = metric_value(obj, torch.ones(graph.n_edges), batch_size)  # the bar is up meanwhile
+    n = len(obj.traces)
     for index in obj.chunks(batch_size):
+        if len(index) < n:  # several batches: the bar counts each batch's edges in turn
+            bar.reset()
+            bar.set_description_str(f"{desc}, traces {int(index[0]) + 1}-{int(index[-1]) + 1} of {n}")
         x = obj.traces.inputs[index]
         abl = select_traces(obj.ablated, index)
         per_pass = max(1, max_rows // len(index))
@@ -163,8 +166,7 @@ def exact_scores(
                 )
                 for k, o in zip(ks[i : i + per_pass], out, strict=True):
                     sums[k] += float(obj.metric_sum(o, index).double())
-                if index[0] == 0:
-                    bar.update(len(ks[i : i + per_pass]))
+                bar.update(len(ks[i : i + per_pass]))
     bar.close()
     scores = sums / obj.n_positions - base
     return scores.masked_fill(~obj.countable, 0.0)

@@ -179,7 +179,7 @@ def joint_prune(
     with frozen_eval(model):
         # the fully ablated losses: the normalisation, or the balance check of a shared search
         setup = prepare_search(model, data, targets, config, ablated_losses=config.normalize_loss or share > 0,
-                               pool_scores=config.select == "refine" and share == 0)  # fmt: skip
+                               pool_scores=config.select == "refine" and share == 0, progress=progress)  # fmt: skip
         losses = setup.ablated_losses
         spread = max(losses) / max(min(losses), 1e-12)
         if share > 0 and not config.normalize_loss and spread > UNBALANCED:
@@ -191,7 +191,7 @@ def joint_prune(
             )  # fmt: skip
         run = run_searches(
             model, setup, config,
-            lambda results, cfg: list(zip(*_refine(model, setup, results, cfg, share), strict=True)),
+            lambda results, cfg: list(zip(*_refine(model, setup, results, cfg, share, progress), strict=True)),
             share=share, seed=seed, progress=progress, desc="joint pruning",
         )  # fmt: skip
         results, selections = run.results, run.selections
@@ -206,6 +206,7 @@ def joint_prune(
             circuits[names[i]] = finish_circuit(
                 model, setup.graph, data, t, config.ablation, results[i], config.sparsity, None,
                 setup.countable[i], setup.scored[i], recorded, started, selection=selections[i],
+                progress=progress,
             )  # fmt: skip
     jaccard = pairwise_jaccard(circuits)
     for name, circuit in circuits.items():
@@ -223,6 +224,7 @@ def _refine(
     results: list[MaskResult],
     config: PruneConfig,
     share: float,
+    progress: bool = False,
 ) -> tuple[list[MaskResult], list[Selection | None]]:
     """The circuits chosen on the objective (:mod:`mechlab.prune.refine`): independent
     targets (``share = 0``) each as :func:`~mechlab.prune.engine.prune` chooses (so their
@@ -234,14 +236,14 @@ def _refine(
                             setup.ablated, setup.norms, config.refine_traces)  # fmt: skip
     n_t = len(results)
     if share == 0:
-        pairs = [refine_result(model, setup, results[t], config, target=t) for t in range(n_t)]
+        pairs = [refine_result(model, setup, results[t], config, target=t, progress=progress) for t in range(n_t)]
         return [r for r, _ in pairs], [s for _, s in pairs]
     counted = [c.cpu() for c in setup.countable]
     if math.isinf(share):
         union = torch.stack(counted).any(0)
         selection = select_edges(graph, results[0].edge_log_alpha, union, min(setup.n_keep),
                                  loss_of(list(range(n_t))), config.ablation, config.refine_extra,
-                                 config.min_effect)  # fmt: skip
+                                 config.min_effect, progress=progress)  # fmt: skip
         out = [MaskResult(kept_log_alpha(r.edge_log_alpha, selection.edges, union), None, r.history)
                for r in results]  # fmt: skip
         return out, [selection] * n_t

@@ -190,13 +190,14 @@ def metric_value(obj: Objective, z: Tensor, batch_size: int = DEFAULT_BATCH_SIZE
 
 
 def exact_loop_scores(
-    obj: Objective, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False
-) -> Tensor:
+    obj: Objective, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False,
+    desc: str = "exact",
+) -> Tensor:  # fmt: skip
     """Exact single-edge effects, one masked forward per countable edge (any family)."""
     base = metric_value(obj, torch.ones(obj.graph.n_edges), batch_size)
     scores = torch.zeros(obj.graph.n_edges, dtype=torch.float64)
     for k in tqdm(obj.countable.nonzero().flatten().tolist(), disable=not progress,
-                  desc="exact", unit="edge"):  # fmt: skip
+                  desc=desc, unit="edge"):  # fmt: skip
         z = torch.ones(obj.graph.n_edges)
         z[k] = 0.0
         scores[k] = metric_value(obj, z, batch_size) - base

@@ -27,10 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from mechlab.progress import tqdm
 from mechlab.prune.graph import EdgeGraph
 from mechlab.prune.masks import LIMIT_LEFT, LIMIT_RIGHT, deterministic_mask
 from mechlab.prune.paths import _graph_arrays, _reach, live_edges, select_on_paths
@@ -331,6 +333,7 @@ def select_edges(
     extra: int = REFINE_EXTRA,
     min_effect: float = 1e-4,
     rankings: Sequence[Tensor] = (),
+    progress: bool = False,
 ) -> Selection:
     """Choose ``n_keep`` edges on the true objective, starting from the search's ranking.
 
@@ -357,10 +360,39 @@ def select_edges(
         rankings: Other ``[n_edges]`` rankings (a warm start's ``|score|``): their best
             ``n_keep`` countable edges of positive score join the elimination's pool, and
             their own complete paths among those are a candidate as the search's are.
+        progress: Show a bar of the masked forwards (each scores one edge set), its
+            description the step (``selection: eliminating from a pool of N edges``, the
+            rankings' paths, the fill, ``selection: scoring N removals``).
 
     Returns:
         The :class:`Selection`.
     """
+    bar = tqdm(disable=not progress, desc="selection", unit=" forward")
+    scored = loss_of
+
+    def loss_of(kept: Tensor) -> float:
+        value = scored(kept)
+        bar.update()
+        return value
+
+    with bar:
+        return _select_edges(graph, log_alpha, countable, n_keep, loss_of, ablation, extra, min_effect,
+                             rankings, bar.set_description_str)  # fmt: skip
+
+
+def _select_edges(
+    graph: EdgeGraph,
+    log_alpha: Tensor,
+    countable: Tensor,
+    n_keep: int,
+    loss_of: Callable[[Tensor], float],
+    ablation: str,
+    extra: int,
+    min_effect: float,
+    rankings: Sequence[Tensor],
+    say: Callable[[str], Any],
+) -> Selection:
+    """:func:`select_edges`, ``say`` called with each step's description."""
     countable = countable.cpu().bool()
     la = log_alpha.detach().cpu()
     pool = ranked_pool(la, countable, n_keep + extra)
@@ -368,8 +400,10 @@ def select_edges(
     for other in rankings:  # only edges the other ranking gives some effect
         pool |= ranked_pool(other, countable & (other > 0), n_keep)
     # the effects are measured once, on the final set (the fill may still change it)
-    kept, loss, _ = verified_eliminate(graph, pool, n_keep, loss_of, ablation, final_costs=False)
     n_pool = int(live_edges(graph, pool, ablation).sum())
+    say(f"selection: eliminating from a pool of {n_pool} edges to {n_keep}")
+    kept, loss, _ = verified_eliminate(graph, pool, n_keep, loss_of, ablation, final_costs=False)
+    say(f"selection: the {1 + len(rankings)} rankings' own paths")
     for ranking, eligible in ((la, countable), *((r, countable & (r > 0)) for r in rankings)):
         ranked, _ = select_on_paths(graph, ranking, eligible, n_keep, ablation)
         ranked_loss = loss_of(ranked)
@@ -380,6 +414,7 @@ def select_edges(
     arrays = _graph_arrays(graph, ablation)
     order = torch.argsort(la, descending=True, stable=True)
     while int(kept.sum()) < n_keep:
+        say(f"selection: filling, {int(kept.sum())} of {n_keep} edges kept")
         fed, useful = _reach(kept, arrays)
         onward = arrays.onward(useful)
         candidates = [
@@ -403,6 +438,7 @@ def select_edges(
         kept[best[1]] = True
         loss = best[0]
         added.append(best[1])
+    say(f"selection: scoring {int(kept.sum())} removals")
     effects = removal_costs(graph, kept, loss, loss_of, ablation)
     return Selection(kept, loss, n_pool, added, effects, stopped, rejected)
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from mechlab.models.base import predict_in_chunks
+from mechlab.progress import tqdm
 from mechlab.prune.choose import check_sparsity
 from mechlab.prune.config import EXACT_WARM_MAX, PruneConfig, prune_config
 from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward, select_traces
@@ -88,6 +89,7 @@ def prepare_search(
     position_aware: bool | None = None,
     ablated_losses: bool | None = None,
     pool_scores: bool | None = None,
+    progress: bool = False,
 ) -> SearchSetup:
     """Check the data and the sparsity, then build the search's inputs (no optimisation).
 
@@ -100,6 +102,8 @@ def prepare_search(
         ablated_losses: Compute the fully ablated losses (default: when normalising).
         pool_scores: Compute ``config.refine_pool``'s scores (default: when the selection
             is ``"refine"``; a joint search that shares edges does not use them).
+        progress: Show a bar for each stage: the references (the ablation, the full
+            model's outputs, the fully ablated loss), the warm start, the second ranking.
 
     Raises:
         ValueError: Missing ground truth or corrupted traces, a sparsity that keeps no edge.
@@ -112,51 +116,68 @@ def prepare_search(
     device = next(model.parameters()).device
     train = data.train.to(device)
     compute = config.normalize_loss if ablated_losses is None else ablated_losses
-    with frozen_eval(model), torch.no_grad():
+    bar = tqdm(total=2 + (len(targets) if compute else 0), disable=not progress, unit="pass",
+               desc=f"references: {config.ablation} ablation, full outputs, ablated loss")  # fmt: skip
+    with frozen_eval(model), torch.no_grad(), bar:
         positions = [target_mask(t, train) for t in targets]
         ablated = make_ablation(model, config.ablation, train, graph=graph)
+        bar.update()
         reference = train.truth if config.loss == "truth" else predict_in_chunks(model, train.inputs)
-        losses = (
-            [ablated_loss(model, graph, train, pos, reference, ablated) for pos in positions]
-            if compute else [1.0] * len(targets)
-        )  # fmt: skip
+        bar.update()
+        losses = [1.0] * len(targets)
+        for i, pos in enumerate(positions if compute else ()):
+            losses[i] = ablated_loss(model, graph, train, pos, reference, ablated)
+            bar.update()
     norms = losses if config.normalize_loss else [1.0] * len(targets)
     warm = pool = None
     with frozen_eval(model):
         if config.warm_start != "none":
-            warm = [warm_start_scores(model, train, t, graph, config) for t in targets]
+            warm = [warm_start_scores(model, train, t, graph, config, progress) for t in targets]
         wanted = config.select == "refine" if pool_scores is None else pool_scores
         if wanted and config.refine_pool != "none":
             pool = [None if warm_method(config, int(c.sum())) == config.refine_pool  # the warm start's
-                    else attribution_scores(model, train, t, graph, config, config.refine_pool)
+                    else attribution_scores(model, train, t, graph, config, config.refine_pool, progress,
+                                            "selection pool")
                     for t, c in zip(targets, countable, strict=True)]  # fmt: skip
     return SearchSetup(graph, train, positions, reference, ablated, scored, countable, n_keep,
                        losses, norms, warm, pool)  # fmt: skip
 
 
 def warm_start_scores(
-    model: nn.Module, traces: Traces, target: Target, graph: EdgeGraph, config: PruneConfig
-) -> Tensor:
+    model: nn.Module, traces: Traces, target: Target, graph: EdgeGraph, config: PruneConfig,
+    progress: bool = False,
+) -> Tensor:  # fmt: skip
     """``[n_edges]`` the scores of ``config.warm_start`` (an attribution method,
     :func:`mechlab.prune.attribution.score_edges`; ``"auto"``: exact single-edge ablation up
     to :data:`~mechlab.prune.config.EXACT_WARM_MAX` countable edges, else EAP-IG) on the
     training traces, with the search's ablation and its task loss as the metric. The model
-    must be frozen and in eval mode."""
-    return attribution_scores(model, traces, target, graph, config, None)
+    must be frozen and in eval mode. ``progress``: a bar that says ``warm start: <method>``."""
+    return attribution_scores(model, traces, target, graph, config, None, progress, "warm start")
 
 
 def attribution_scores(
     model: nn.Module, traces: Traces, target: Target, graph: EdgeGraph, config: PruneConfig,
-    method: str | None,
+    method: str | None, progress: bool = False, stage: str = "attribution",
 ) -> Tensor:
     """``[n_edges]`` an attribution method's scores on the training traces with the
     search's ablation and its task loss as the metric (``None``: the warm start's
-    method). The model must be frozen and in eval mode."""
+    method). The model must be frozen and in eval mode. ``progress``: a bar that says
+    ``<stage>: <what the method does>``."""
     from mechlab.prune.attribution import build_objective, score_edges
 
     obj = build_objective(model, traces, target, config.ablation, "loss", graph)
     method = warm_method(config, int(obj.countable.sum())) if method is None else method
-    return score_edges(obj, method, steps=config.warm_steps).float().cpu()
+    desc = f"{stage}: {METHOD_WORDS.get(method, method)}"
+    return score_edges(obj, method, steps=config.warm_steps, progress=progress, desc=desc).float().cpu()
+
+
+METHOD_WORDS = {
+    "exact": "exact single-edge ablation",
+    "eap": "edge attribution patching",
+    "eap-ig": "EAP-IG (integrated gradients over the edge masks)",
+    "eap-ig-inputs": "EAP-IG over the inputs",
+}
+"""What a progress bar calls each attribution method."""
 
 
 def warm_method(config: PruneConfig, n_countable: int) -> str | None:

@@ -286,7 +286,7 @@ def test_cross_evaluation_rebuilds_the_circuits_own_traces(tiny_lds_checkpoint, 
     circuits = {t: [prune_checkpoint(ckpt, t, 0.9, seed=0, **kw)] for t in ("1-after", "2-after")}
     seen = []
     monkeypatch.setattr(
-        stats, "cross_evaluate", lambda model, data, flat: seen.append(data.info) or []
+        stats, "cross_evaluate", lambda model, data, flat, **kw: seen.append(data.info) or []
     )
     _overlap(ckpt, circuits, ReportConfig(**SMALL))
     info = seen[0]

@@ -90,3 +90,24 @@ def test_imported_layouts_are_scored_exactly_by_the_loop(options):
     got = attribute(model, traces, target, "exact", ablation="interchange", batch_size=2).scores
     assert expected.abs().max() > 1e-6
     torch.testing.assert_close(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=1e-5)
+
+
+def test_the_bar_counts_every_batch_of_traces(capsys):
+    """Issue 38: the bar used to stop after the first batch while the others ran silent."""
+    from mechlab.prune.attribution import build_objective, score_edges
+
+    torch.manual_seed(1)
+    cfg = TransformerConfig(d_model=12, n_layers=2, n_heads=2, d_head=3, d_mlp=8, n_ctx=7, d_in=3, d_out=2)
+    model = Transformer(cfg).eval()
+    traces = random_traces(model, batch=5, n_pos=7)
+    with frozen_eval(model):
+        obj = build_objective(model, traces, "all", "interchange", "loss", pruning_graph(model, traces.windows))
+        quiet = score_edges(obj, "exact", batch_size=2)
+        assert capsys.readouterr().err == ""  # no bar unless asked
+        scores = score_edges(obj, "exact", batch_size=2, progress=True, desc="warm start: exact")
+    torch.testing.assert_close(scores, quiet)  # the bar changes nothing
+    err = capsys.readouterr().err
+    n = int(obj.countable.sum())
+    for batch in ("traces 1-2 of 5", "traces 3-4 of 5", "traces 5-5 of 5"):  # each starts from 0
+        assert f"warm start: exact, {batch}:   0%" in err, err
+    assert f"warm start: exact, traces 5-5 of 5: 100%|██████████| {n}/{n}" in err, err  # the last ends full
