@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.checkpoint import Checkpoint, load_checkpoint
+from mechlab.pipelines.preflight import check_checkpoint_file
 from mechlab.tasks.lds import LDSConfig
 
 Source = Checkpoint | str | Path
@@ -40,14 +41,7 @@ def open_checkpoint(source: Source, device: str | None = None) -> Checkpoint:
         if device is not None:
             source.model.to(device)
         return source
-    path = Path(source)
-    if path.is_dir():
-        raise ValueError(
-            f"checkpoint {str(path)!r} is a folder; give a mechlab checkpoint file, or a Hugging Face "
-            "save_pretrained folder with --model"
-        )
-    if not path.is_file():
-        raise ValueError(f"checkpoint {str(path)!r} not found")
+    path = check_checkpoint_file(source)
     return load_checkpoint(path, map_location=device or "cpu")  # refuses non-finite weights
 
 
