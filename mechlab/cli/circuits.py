@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import typer
@@ -33,6 +34,11 @@ METHOD_HELP = ("prune: differentiable edge pruning (default); eap: edge attribut
 PRUNE_ONLY = ("steps", "lr", "lambda_lr", "node_sparsity", "normalize_loss", "share")
 """Options of edge pruning alone (its optimiser, node masks, joint pruning)."""
 
+
+
+def _interactive() -> bool:
+    """Whether stderr is a terminal (a person watching), not a log or a pipe."""
+    return sys.stderr.isatty()
 
 def prune(
     ctx: typer.Context,
@@ -112,7 +118,7 @@ def prune(
     _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
                        force=force)  # fmt: skip
     # Only now torch, the pipelines and the model load (seconds; half a minute on a fresh clone).
-    if progress:
+    if progress and _interactive():  # at a terminal only: refused input stays one line in a log
         typer.echo("loading torch, the model and its traces", err=True)
     from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
 

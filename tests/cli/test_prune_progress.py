@@ -27,7 +27,10 @@ def _prune(ckpt, out, *extra):
                  "--test-traces", "8", "--threads", "1", "--out", str(out), *extra])  # fmt: skip
 
 
-def test_prune_names_each_stage_in_order_on_stderr(tiny_lds_checkpoint, tmp_path, capsys):
+def test_prune_names_each_stage_in_order_on_stderr(tiny_lds_checkpoint, tmp_path, capsys, monkeypatch):
+    import mechlab.cli.circuits as circuits
+
+    monkeypatch.setattr(circuits, "_interactive", lambda: True)  # the loading line is for a terminal
     assert _prune(tiny_lds_checkpoint, tmp_path / "c") == 0
     captured = capsys.readouterr()
     err = captured.err
