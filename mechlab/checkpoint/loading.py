@@ -7,6 +7,7 @@ import pickle
 import pickletools
 import warnings
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,18 @@ _OBJECT_OPCODES = {
     "EXT1", "EXT2", "EXT4",
 }  # fmt: skip
 
+
+
+def first_non_finite(tensors: Iterable[tuple[str, Tensor]]) -> tuple[str, int, int] | None:
+    """``(name, NaN/inf count, size)`` of the first floating or complex tensor holding a NaN
+    or an infinity, or None when every one is finite."""
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if tensor.is_floating_point() or tensor.is_complex():
+                bad = int((~torch.isfinite(tensor)).sum())
+                if bad:
+                    return name, bad, tensor.numel()
+    return None
 
 def load_checkpoint(
     path: str | os.PathLike[str],
@@ -388,16 +401,14 @@ def _build_and_load(
                 f"tensor {name!r} in {path} is {got.dtype} but its {arch} config builds "
                 f"{target.dtype}; re-save the checkpoint from the model"
             )
-    if not allow_non_finite:
-        for name, tensor in state_dict.items():
-            if tensor.is_floating_point() or tensor.is_complex():
-                bad_count = int((~torch.isfinite(tensor)).sum())
-                if bad_count:
-                    raise CheckpointError(
-                        f"checkpoint {path} holds non-finite weights: tensor {name!r} has "
-                        f"{bad_count} NaN/inf value(s) of {tensor.numel()}; load an earlier "
-                        "checkpoint of the run, or pass allow_non_finite=True to inspect it"
-                    )
+    bad = None if allow_non_finite else first_non_finite(state_dict.items())
+    if bad is not None:
+        name, bad_count, numel = bad
+        raise CheckpointError(
+            f"checkpoint {path} holds non-finite weights: tensor {name!r} has "
+            f"{bad_count} NaN/inf value(s) of {numel}; load an earlier "
+            "checkpoint of the run, or pass allow_non_finite=True to inspect it"
+        )
 
     float_dtypes = {v.dtype for v in state_dict.values() if v.is_floating_point()}
     devices = {v.device for v in state_dict.values()}

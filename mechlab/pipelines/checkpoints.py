@@ -62,19 +62,16 @@ def check_finite_parameters(model: Any, source: str) -> None:
         ValueError: One line naming the first parameter (in ``named_parameters`` order)
             that holds a NaN or an infinity, and how many of its values do.
     """
-    import torch
+    from mechlab.checkpoint.loading import first_non_finite
 
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if not (tensor.is_floating_point() or tensor.is_complex()):
-                continue
-            bad = int((~torch.isfinite(tensor)).sum())
-            if bad:
-                raise ValueError(
-                    f"{source} holds non-finite weights: parameter {name!r} has {bad} NaN/inf "
-                    f"value(s) of {tensor.numel()}; every analysis of it would find NaN: use an "
-                    "earlier checkpoint of the run or a healthy model"
-                )
+    bad = first_non_finite(model.named_parameters())
+    if bad is not None:
+        name, count, numel = bad
+        raise ValueError(
+            f"{source} holds non-finite weights: parameter {name!r} has {count} NaN/inf "
+            f"value(s) of {numel}; every analysis of it would find NaN: use an "
+            "earlier checkpoint of the run or a healthy model"
+        )
 
 
 def source_path(source: Source) -> Path:

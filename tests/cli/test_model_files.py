@@ -22,7 +22,7 @@ from tests.models.model_files import (
     file_contents,
     good_folder,
     id_pairs,
-    safetensors_parts,
+    move_to_shard,
     write_case,
     write_safetensors,
 )
@@ -121,14 +121,7 @@ def test_a_rerun_after_a_nested_or_hidden_shard_changed_does_not_read_back(
     where, root, pairs, tmp_path, capsys
 ):
     folder = copy(good_folder(root), tmp_path / "m")
-    header, body = safetensors_parts(folder / "model.safetensors")
-    (folder / "model.safetensors").unlink()
-    (folder / where).parent.mkdir(parents=True, exist_ok=True)
-    write_safetensors(folder / where, header, body)
-    names = [k for k in header if k != "__metadata__"]
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": dict.fromkeys(names, where)})
-    )
+    header, body = move_to_shard(folder, where)
     out = tmp_path / "out"
     code, err = run(capsys, folder, pairs, out)
     assert code == 0, err
@@ -204,18 +197,19 @@ def test_a_folder_file_linked_to_a_device_is_refused_before_the_tokenizer_reads_
     linked = folder if given == "model" else copy(folder, tmp_path / "tok")
     (linked / name).unlink(missing_ok=True)
     (linked / name).symlink_to("/dev/zero")
-    pairs = tmp_path / "text.jsonl"
-    record = {
-        "clean": "When Mary and John",
-        "corrupted": "When Anne and Paul",
-        "answer": " Mary",
-        "wrong": " John",
-    }
-    pairs.write_text((json.dumps(record) + "\n") * 4)
+    pairs = _text_pairs(tmp_path)
     extra = ["--tokenizer", str(linked)] if given == "tokenizer" else []
     code, err = run(capsys, folder, pairs, tmp_path / "out", *extra)
     assert_one_line(code, err, message, str(linked / name))
     assert not (tmp_path / "out").exists()
+
+
+def _text_pairs(tmp_path: Path) -> Path:
+    """A pair file of four text pairs (prompts the folder's tokenizer splits)."""
+    pairs = tmp_path / "text.jsonl"
+    record = {"clean": "When Mary and John", "corrupted": "When Anne and Paul", "answer": " Mary", "wrong": " John"}
+    pairs.write_text((json.dumps(record) + "\n") * 4)
+    return pairs
 
 
 def test_a_seed_beyond_64_bits_is_named_for_a_checkpoint_too(tmp_path, capsys):
@@ -237,14 +231,7 @@ def test_text_pairs_get_the_importers_message_for_a_damaged_config(root, tmp_pat
     folder = copy(good_folder(root), tmp_path / "m")
     word_level(folder)
     edit_config(folder, n_embd="32")
-    pairs = tmp_path / "text.jsonl"
-    record = {
-        "clean": "When Mary and John",
-        "corrupted": "When Anne and Paul",
-        "answer": " Mary",
-        "wrong": " John",
-    }
-    pairs.write_text((json.dumps(record) + "\n") * 4)
+    pairs = _text_pairs(tmp_path)
     code, err = run(capsys, folder, pairs, tmp_path / "out")
     assert_one_line(
         code, err, 'config.json\': n_embd must be an integer in 1..2147483647, got "32"'

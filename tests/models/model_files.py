@@ -74,6 +74,21 @@ def write_safetensors(path: Path, header: dict, body: bytes) -> None:
     path.write_bytes(struct.pack("<Q", len(text)) + text + body)
 
 
+def move_to_shard(folder: Path, where: str) -> tuple[dict, bytes]:
+    """Move the folder's ``model.safetensors`` to the shard ``where`` (a path inside the folder,
+    in a subfolder or hidden) and write an index mapping every tensor to it; returns the
+    shard's header and data."""
+    header, body = safetensors_parts(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    (folder / where).parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors(folder / where, header, body)
+    names = [k for k in header if k != "__metadata__"]
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(names, where)})
+    )
+    return header, body
+
+
 def edit_header(folder: Path, edit: Callable[[dict], None]) -> None:
     path = folder / "model.safetensors"
     header, body = safetensors_parts(path)

@@ -6,7 +6,6 @@ import reads."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
@@ -27,7 +26,7 @@ from tests.models.model_files import (
     copy,
     file_contents,
     good_folder,
-    safetensors_parts,
+    move_to_shard,
     write_case,
     write_safetensors,
 )
@@ -78,18 +77,11 @@ def test_a_legacy_torch_file_loads_without_mmap_and_still_weights_only(root):
 def test_shards_anywhere_inside_the_folder_load_and_count_in_the_digest(where, root, tmp_path):
     hf = hf_model("gpt2")
     folder = copy(good_folder(root), tmp_path / "m")
-    header, body = safetensors_parts(folder / "model.safetensors")
-    (folder / "model.safetensors").unlink()
-    (folder / where).parent.mkdir(parents=True, exist_ok=True)
-    write_safetensors(folder / where, header, body)
-    names = [k for k in header if k != "__metadata__"]
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": dict.fromkeys(names, where)})
-    )
+    header, body = move_to_shard(folder, where)
     assert weight_files(folder) == [folder / where]
     assert _same_logits(from_pretrained(folder), hf)
     before = source_digest(folder)
-    name = names[0]
+    name = next(k for k in header if k != "__metadata__")
     begin = header[name]["data_offsets"][0]
     changed = bytearray(body)
     changed[begin : begin + 4] = struct.pack(
