@@ -398,12 +398,23 @@ def _transformer_forward_fast(model, graph, x, ablated, z, node_mask, recompute)
         return _transformer_forward_fast_body(model, graph, x, ablated, z, node_mask, recompute)
 
 
-def _transformer_forward_fast_body(model, graph, x, ablated, z, node_mask, recompute) -> Tensor:
+def _transformer_forward_fast_body(
+    model, graph, x, ablated, z, node_mask, recompute, stream=None, first_layer=0, on_layer=None
+) -> Tensor:
+    """The fast path's pass; ``stream`` (a :class:`FastStream` holding the writers of the
+    layers before ``first_layer``) resumes it there, and ``on_layer(layer, stream)`` is
+    called before each layer from ``first_layer`` on and before the read-out
+    (:mod:`mechlab.prune.replay`)."""
     sizes = _qkv_readers(model.cfg)
     batch, n_pos = x.shape[:2]
-    stream = FastStream(ablated, node_mask, batch, recompute)
-    stream.add(_embeddings(model, x))
+    if stream is None:
+        stream = FastStream(ablated, node_mask, batch, recompute)
+        stream.add(_embeddings(model, x))
     for layer, block in enumerate(model.blocks):
+        if layer < first_layer:
+            continue
+        if on_layer is not None:
+            on_layer(layer, stream)
         z_heads = _edge_block(z, graph, f"a{layer}.h0.q", sum(sizes))  # [H + 2G, n_up]
         x_in = stream.read_norm(z_heads, block.ln1)  # [H + 2G, batch, pos, d]
         mlp_block = None if block.mlp is None else _edge_block(z, graph, f"m{layer}.in", 1)
@@ -416,6 +427,8 @@ def _transformer_forward_fast_body(model, graph, x, ablated, z, node_mask, recom
             if not block.parallel:
                 mlp_in = stream.read_norm(mlp_block, block.ln2)
             stream.add(block.mlp(mlp_in.squeeze(0)).unsqueeze(0))  # [1, batch, pos, d]
+    if on_layer is not None:
+        on_layer(len(model.blocks), stream)
     resid = stream.read_norm(_edge_block(z, graph, "out", 1), model.ln_final).squeeze(0)
     return model.read_out(resid)
 

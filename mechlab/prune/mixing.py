@@ -72,14 +72,18 @@ class WriterStore:
         n_writers: Rows of the buffer (the graph's writers).
         row_shape: ``(batch, pos, d)`` of one writer's difference.
         like: A tensor whose dtype and device the buffer takes.
+        buffer: ``[n_writers, batch * pos * d]`` memory to use as the buffer (None: the
+            pool's, or fresh).
     """
 
-    def __init__(self, n_writers: int, row_shape: tuple[int, ...], like: Tensor):
+    def __init__(self, n_writers: int, row_shape: tuple[int, ...], like: Tensor, buffer: Tensor | None = None):
         self.row_shape = tuple(row_shape)
         n = 1
         for size in row_shape:
             n *= size
-        self.diffs = _reused(like, n_writers, n)  # [n_writers, batch * pos * d]
+        if buffer is not None and tuple(buffer.shape) != (n_writers, n):
+            raise ValueError(f"the writer buffer must be [{n_writers}, {n}], got {list(buffer.shape)}")
+        self.diffs = _reused(like, n_writers, n) if buffer is None else buffer  # [n_writers, batch * pos * d]
         self.n = 0  # rows written so far
         self.group_starts: list[int] = []  # first row of each stored group
         self.grads: Tensor | None = None  # [n_writers, batch * pos * d], made by the backward pass
@@ -258,14 +262,33 @@ class FastStream:
             instead of keeping them.
     """
 
-    def __init__(self, ablated: Tensor, node_mask: Tensor | None, batch: int, recompute: bool):
+    def __init__(
+        self, ablated: Tensor, node_mask: Tensor | None, batch: int, recompute: bool, buffer: Tensor | None = None
+    ):
         self.ablated = ablated
         self.node_mask = node_mask
         self.recompute = recompute
         n_writers, _, n_pos, d = ablated.shape
-        self.writers = WriterStore(n_writers, (batch, n_pos, d), ablated)
+        self.writers = WriterStore(n_writers, (batch, n_pos, d), ablated, buffer)
         self.tokens: list[Tensor] = []
         self.base: Tensor = ablated.new_zeros(d)  # ablated residual: sum of X~ so far + constants
+
+    def state(self) -> tuple[int, tuple[int, ...], Tensor]:
+        """What the stream holds so far besides the buffer's rows: ``(rows written,
+        the groups' first rows, the ablated residual)`` (:meth:`resume` takes it back)."""
+        return self.writers.n, tuple(self.writers.group_starts), self.base
+
+    @classmethod
+    def resume(
+        cls, ablated: Tensor, batch: int, buffer: Tensor, state: tuple[int, tuple[int, ...], Tensor]
+    ) -> FastStream:
+        """A stream (no node masks, no backward pass) whose ``buffer`` already holds the
+        first rows of a pass, ``state`` being that pass's :meth:`state` at that point."""
+        stream = cls(ablated, None, batch, recompute=True, buffer=buffer)
+        n, starts, stream.base = state
+        stream.writers.n, stream.writers.group_starts = n, list(starts)
+        stream.tokens = [ablated.new_zeros(()) for _ in starts]  # no backward: placeholders
+        return stream
 
     def add(self, outputs: Float[Tensor, "k batch pos d"]) -> None:
         """Store the next ``k`` writers' outputs (in graph order)."""

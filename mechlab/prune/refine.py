@@ -262,20 +262,21 @@ def loss_function(
     search's own :func:`~mechlab.prune.search.task_loss`, each target's loss divided by
     its ``norms`` entry (so with normalising, ``1 - faithfulness`` on those traces).
     """
-    from mechlab.prune.forward import masked_forward, select_traces
+    from mechlab.prune.forward import select_traces
+    from mechlab.prune.replay import ReplayForward
     from mechlab.prune.search import task_loss
 
     io = model.cfg.io
     n = min(len(traces), n_traces)
     index = torch.arange(n, device=reference.device)
     x = traces.inputs[index]
-    abl = select_traces(ablated, index)
+    forward = ReplayForward(model, graph, x, select_traces(ablated, index))  # replays what a change reaches
     dtype = next(model.parameters()).dtype
 
     def loss_of(targets: Sequence[int]) -> Callable[[Tensor], float]:
         def loss(kept: Tensor) -> float:
             with torch.no_grad():
-                pred = masked_forward(model, graph, x, abl, kept.to(x.device, dtype))
+                pred = forward(kept.to(x.device, dtype))
                 total = 0.0
                 for t in targets:
                     mask = positions[t][index]
