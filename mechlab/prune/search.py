@@ -112,7 +112,7 @@ def task_loss(pred: Tensor, reference: Tensor, io: str) -> Tensor:
     return divergence(pred, reference, io).mean()
 
 
-class SharedScaleAdam(torch.optim.Optimizer):
+class SharedScaleAdam:
     """Adam whose second moment is one number per parameter tensor row (per target), not per edge.
 
     Per-edge Adam divides every edge's gradient by its own running RMS, so an edge with a
@@ -122,30 +122,44 @@ class SharedScaleAdam(torch.optim.Optimizer):
     Here the first moment is per edge and the second is the mean of ``g^2`` over a row's
     entries: the steps keep the ratio of the gradients (an edge with a hundredth of the
     gradient moves a hundredth as far) and stay invariant to the loss's scale, as Adam's are.
+
+    A plain class with an optimiser's ``step`` and ``zero_grad``, not a
+    ``torch.optim.Optimizer``: the first Optimizer made in a process imports
+    ``torch._dynamo`` (about a second on one core), and the budget constraint needs no
+    learning-rate schedule.
     """
 
     def __init__(self, params, lr: float = 0.1, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-12):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+        self.params = list(params)
+        self.lr, self.betas, self.eps = lr, betas, eps
+        self.state: dict[int, dict] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the parameters' gradients (``set_to_none``: as None, else zeroed)."""
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: D102 - torch's Optimizer interface
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                state = self.state[p]
-                if not state:
-                    state["t"], state["m"] = 0, torch.zeros_like(p)
-                    state["v"] = torch.zeros(p.shape[:-1] + (1,), dtype=p.dtype, device=p.device)
-                state["t"] += 1
-                t, m, v = state["t"], state["m"], state["v"]
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).add_(g.pow(2).mean(-1, keepdim=True), alpha=1 - b2)
-                m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
-                p.sub_(group["lr"] * m_hat / (v_hat.sqrt() + group["eps"]))
-        return None
+    def step(self) -> None:
+        """One update of every parameter that has a gradient."""
+        b1, b2 = self.betas
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g = p.grad
+            state = self.state.setdefault(i, {})
+            if not state:
+                state["t"], state["m"] = 0, torch.zeros_like(p)
+                state["v"] = torch.zeros(p.shape[:-1] + (1,), dtype=p.dtype, device=p.device)
+            state["t"] += 1
+            t, m, v = state["t"], state["m"], state["v"]
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).add_(g.pow(2).mean(-1, keepdim=True), alpha=1 - b2)
+            m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+            p.sub_(self.lr * m_hat / (v_hat.sqrt() + self.eps))
 
 
 class Lagrangians(nn.Module):
@@ -333,9 +347,9 @@ def optimise_masks(
         opt = SharedScaleAdam(mask_params, lr=config.lr)
     else:
         opt = torch.optim.Adam(groups)
-    factors = [lambda i: 1.0] + ([] if budget else
-                                 [lambda i: lr_factor(i, steps, config.lambda_warmup_steps)])  # fmt: skip
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, factors)
+    schedule = None if budget else torch.optim.lr_scheduler.LambdaLR(  # the multipliers' warm-up and decay
+        opt, [lambda i: 1.0, lambda i: lr_factor(i, steps, config.lambda_warmup_steps)]
+    )
     edge_writer = torch.tensor([graph.writer_index[w] for w, _ in graph.edges], device=device)
     shared_counted = counted.all(0)  # the sharing term looks at edges every target counts
     sampler = BatchSampler(len(traces), config.batch_size, gen)
@@ -401,7 +415,8 @@ def optimise_masks(
         opt.zero_grad(set_to_none=True)
         total.backward()
         opt.step()
-        schedule.step()
+        if schedule is not None:
+            schedule.step()
         if step == 1 or step % 10 == 0 or step == steps:
             for t in range(n_t):
                 record = {"step": step, "loss": tasks[t].item(), "sparsity": s[t].item(), "target": target}
