@@ -45,10 +45,36 @@ class Signalled(KeyboardInterrupt):
         self.signum = signum
 
 
-class Interrupted(KeyboardInterrupt):
-    """A pipeline stopped by a signal, after writing what it names; a rerun reads it back.
+class Stopped(KeyboardInterrupt):
+    """A command stopped by a signal: the line it ends with (:meth:`message`) and its exit
+    status. A KeyboardInterrupt, so that code catching Ctrl-C catches it as before.
 
-    A KeyboardInterrupt, so that code catching Ctrl-C catches it as before.
+    Attributes:
+        signum: The signal (2: SIGINT, Ctrl-C; 15: SIGTERM).
+    """
+
+    signum: int
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's status of a process a signal ended: 128 + the signal."""
+        return 128 + self.signum
+
+    @property
+    def resumes(self) -> bool:
+        """Whether a rerun of the same command reads back something that was kept."""
+        return False
+
+    def message(self) -> str:
+        """One line: the signal, and what was kept."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.message()
+
+
+class Interrupted(Stopped):
+    """A pipeline stopped by a signal, after writing what it names; a rerun reads it back.
 
     Attributes:
         signum: The signal (2: SIGINT, Ctrl-C; 15: SIGTERM).
@@ -60,9 +86,6 @@ class Interrupted(KeyboardInterrupt):
         unit: What a result is, for the line (``circuit``, ``suite``, ``trial``).
     """
 
-    resumes = True
-    """A rerun of the same command reads back what was kept."""
-
     def __init__(self, signum: int, out: Path, kept: Sequence[str], total: int | None, note: str | None = None,
                  *, unit: str = "circuit") -> None:  # fmt: skip
         self.signum, self.out, self.kept, self.total = signum, Path(out), list(kept), total
@@ -70,9 +93,9 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(self.message())
 
     @property
-    def exit_code(self) -> int:
-        """The shell's status of a process a signal ended: 128 + the signal."""
-        return 128 + self.signum
+    def resumes(self) -> bool:
+        """Whether something was kept, for the rerun to read back."""
+        return bool(self.kept)
 
     def message(self) -> str:
         """One line: the signal, and what was kept where."""
@@ -83,11 +106,8 @@ class Interrupted(KeyboardInterrupt):
         note = f" ({self.note})" if self.note else ""
         return f"{head}; kept {named(self.kept)} in {str(self.out)!r}{note}"
 
-    def __str__(self) -> str:
-        return self.message()
 
-
-class Unwritten(KeyboardInterrupt):
+class Unwritten(Stopped):
     """A command that writes only at its end, stopped by a signal before it: nothing was
     written (and no partial file is left), so a rerun starts over.
 
@@ -96,17 +116,9 @@ class Unwritten(KeyboardInterrupt):
         out: The file the command writes at its end, or None (it only prints).
     """
 
-    resumes = False
-    """Nothing was kept: a rerun starts over."""
-
     def __init__(self, signum: int, out: str | Path | None = None) -> None:
         self.signum, self.out = signum, None if out is None else Path(out)
         super().__init__(self.message())
-
-    @property
-    def exit_code(self) -> int:
-        """The shell's status of a process a signal ended: 128 + the signal."""
-        return 128 + self.signum
 
     def message(self) -> str:
         """One line: the signal, and that nothing was written."""
@@ -114,9 +126,6 @@ class Unwritten(KeyboardInterrupt):
             return f"{signal_words(self.signum)} before the end; nothing was written (the results are printed at the end)"
         return (f"{signal_words(self.signum)} before the end; nothing was written ({str(self.out)!r} is written "
                 "only at the end) and no partial file is left")  # fmt: skip
-
-    def __str__(self) -> str:
-        return self.message()
 
 
 def named(stems: Sequence[str]) -> str:
@@ -186,7 +195,7 @@ def resumable(tally: Tally) -> Iterator[Tally]:
     with stop_on_signals():
         try:
             yield tally
-        except (Interrupted, Unwritten):
+        except Stopped:
             raise
         except KeyboardInterrupt as exc:
             raise Interrupted(signal_of(exc), tally.out, tally.kept, tally.total, tally.note,
@@ -202,7 +211,7 @@ def written_at_end(out: str | Path | None = None) -> Iterator[None]:
     with stop_on_signals():
         try:
             yield
-        except (Interrupted, Unwritten):
+        except Stopped:
             raise
         except KeyboardInterrupt as exc:
             raise Unwritten(signal_of(exc), out) from None

@@ -23,6 +23,7 @@ def test_interrupted_names_the_unit_and_an_unknown_total(tmp_path):
 def test_unwritten_says_nothing_was_written(tmp_path):
     stop = stops.Unwritten(15, tmp_path / "o.json")
     assert stop.exit_code == 143 and isinstance(stop, KeyboardInterrupt) and not stop.resumes
+    assert stops.Interrupted(2, tmp_path, ["a"], 1).resumes and not stops.Interrupted(2, tmp_path, [], 1).resumes
     assert str(stop) == (f"stopped by signal 15 (SIGTERM) before the end; nothing was written ('{tmp_path / 'o.json'}' "
                          "is written only at the end) and no partial file is left")  # fmt: skip
     assert "the results are printed at the end" in str(stops.Unwritten(2))
