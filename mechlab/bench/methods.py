@@ -395,25 +395,25 @@ def bench_methods(
     redundant_rows: dict[str, RedundantResult] = {}
     jobs = [(m, t) for m in methods for t in (targets if model is not None else ())]
     per_method = 2 + bool(redundant)
-    bar = tqdm(total=len(jobs) + per_method * len(methods), disable=not progress, desc="methods", unit="job")
-    for m, t in jobs:
-        bar.set_postfix(method=m, target=target_name(t))
-        model_rows.setdefault(m, {})[target_name(t)] = _on_model(
-            model, data, t, m, sparsity, budgets, kwargs[m], stability_boots, stability_seed
-        )
-        bar.update()
-    for m in methods:
-        bar.set_postfix(method=m, cases="planted")
-        planted_rows[m] = _recovery(planted, m, kwargs[m])
-        bar.update()
-        bar.set_postfix(method=m, cases="tracr")
-        tracr_rows[m] = _recovery(tracr, m, kwargs[m])
-        bar.update()
-        if redundant:
-            bar.set_postfix(method=m, cases="redundant")
-            redundant_rows[m] = _redundant(redundant, m, kwargs[m])
+    with tqdm(total=len(jobs) + per_method * len(methods), disable=not progress, desc="methods",
+              unit="job") as bar:  # closed on a Ctrl-C too: the stop's line starts a line of its own
+        for m, t in jobs:
+            bar.set_postfix(method=m, target=target_name(t))
+            model_rows.setdefault(m, {})[target_name(t)] = _on_model(
+                model, data, t, m, sparsity, budgets, kwargs[m], stability_boots, stability_seed
+            )
             bar.update()
-    bar.close()
+        for m in methods:
+            bar.set_postfix(method=m, cases="planted")
+            planted_rows[m] = _recovery(planted, m, kwargs[m])
+            bar.update()
+            bar.set_postfix(method=m, cases="tracr")
+            tracr_rows[m] = _recovery(tracr, m, kwargs[m])
+            bar.update()
+            if redundant:
+                bar.set_postfix(method=m, cases="redundant")
+                redundant_rows[m] = _redundant(redundant, m, kwargs[m])
+                bar.update()
     info.update(loadavg_end=list(os.getloadavg()), seconds=time.perf_counter() - started,
                 planted_cases=[c.name for c in planted], tracr_cases=[c.name for c in tracr],
                 redundant_cases=[{"case": c.name, "budgets": dict(b), "goal": g} for c, b, g in redundant])  # fmt: skip

@@ -15,8 +15,11 @@ application and what they share: :mod:`~mechlab.cli.app`, :mod:`~mechlab.cli.mai
 The commands import the pipelines (and torch) only when they run, so ``--help`` is fast,
 and check first what needs neither torch nor the model
 (:mod:`mechlab.pipelines.preflight`), so a bad invocation answers at once. A signal during
-``prune`` or ``report`` ends it with one line naming the circuits kept and the command that
-resumes (:class:`mechlab.pipelines.stops.Interrupted`), exit status 128 + the signal.
+a long command (``prune``, ``report``, ``eval``, ``recall``, ``curve``, ``sweep``) ends it
+with one line naming what it kept and the command that resumes
+(:class:`mechlab.pipelines.stops.Interrupted`); ``overlap`` and ``bench methods``, which
+write only at their end, say that nothing was written
+(:class:`mechlab.pipelines.stops.Unwritten`); exit status 128 + the signal.
 """
 
 import typer

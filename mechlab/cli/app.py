@@ -87,14 +87,18 @@ def command_line(ctx: typer.Context) -> str:
 
 def stopped(ctx: typer.Context, exc: KeyboardInterrupt) -> NoReturn:
     """One line for a command a signal stopped (Ctrl-C, SIGTERM): what it kept
-    (:class:`mechlab.pipelines.stops.Interrupted`) and how to resume, the same command;
-    exit status 128 + the signal (130 for Ctrl-C)."""
-    from mechlab.pipelines.stops import Interrupted, signal_of
+    (:class:`mechlab.pipelines.stops.Interrupted`) and how to resume, the same command, or
+    that nothing was written or kept (:class:`mechlab.pipelines.stops.Unwritten`) and the
+    same command starts over; exit status 128 + the signal (130 for Ctrl-C)."""
+    from mechlab.pipelines.stops import Stopped, signal_of
 
-    if isinstance(exc, Interrupted):
-        what, code = str(exc), exc.exit_code
+    if isinstance(exc, Stopped):
+        what, code, resumes = str(exc), exc.exit_code, exc.resumes
     else:
-        what, code = f"stopped by signal {signal_of(exc)}; what was written is kept", 128 + signal_of(exc)
-    typer.echo(f"mechlab: {what}; resume with the same command, which reads back what is kept and computes the "
-               f"rest: {command_line(ctx)}", err=True)  # fmt: skip
+        what, code, resumes = f"stopped by signal {signal_of(exc)}; what was written is kept", 128 + signal_of(exc), True
+    if resumes:
+        how = "resume with the same command, which reads back what is kept and computes the rest"
+    else:
+        how = "run the same command again to start over"
+    typer.echo(f"mechlab: {what}; {how}: {command_line(ctx)}", err=True)
     raise typer.Exit(code)

@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from mechlab.cli.app import UsageProblem, bench_app, use_threads
+from mechlab.cli.app import UsageProblem, bench_app, stopped, use_threads
 from mechlab.limits import check_elements
 
 JSON_HELP = "Also write the run's record (settings, machine, load, tables, raw times) here as JSON."
@@ -277,7 +277,13 @@ def bench_methods_(
         redundant_cases,
         tracr_cases,
     )
-    from mechlab.pipelines import check_method, check_prune_targets, checkpoint_prune_data, outputs
+    from mechlab.pipelines import (
+        check_method,
+        check_prune_targets,
+        checkpoint_prune_data,
+        outputs,
+        stops,
+    )
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
     target_names = [t.strip() for t in targets.split(",") if t.strip()]
@@ -292,18 +298,22 @@ def bench_methods_(
     _check_output(out, force, [ckpt], option="--out")
     planted_seeds, tracr_seed_list = _seeds("--seeds", seeds), _seeds("--tracr-seeds", tracr_seeds)
     use_threads(threads)
-    cases = planted_cases(planted, planted_seeds)
-    default_redundant = getattr(ctx.get_parameter_source("redundant"), "name", None) == "DEFAULT"
-    redundant_list = redundant_cases(redundant, _seeds("--redundant-seeds", redundant_seeds),
-                                     missing_ok=default_redundant and redundant == DEFAULT_REDUNDANT)  # fmt: skip
-    programs = [p.strip() for p in tracr_programs.split(",") if p.strip()]
-    tracr = tracr_cases(programs, seeds=tracr_seed_list) if tracr_seed_list and programs else []
-    opened, data = checkpoint_prune_data(ckpt, n_train=traces, n_test=test_traces, device=device)
-    check_prune_targets(opened, target_names)
-    kwargs = {"prune": {"steps": prune_steps}} if prune_steps is not None else None
-    table = bench_methods(opened.model, data, target_names, names,
-                          planted=cases, tracr=tracr, sparsity=sparsity, method_kwargs=kwargs,
-                          progress=progress, stability_boots=stability_boots, redundant=redundant_list)  # fmt: skip
+    try:
+        with stops.written_at_end(out):  # --out is written at the end only
+            cases = planted_cases(planted, planted_seeds)
+            default_redundant = getattr(ctx.get_parameter_source("redundant"), "name", None) == "DEFAULT"
+            redundant_list = redundant_cases(redundant, _seeds("--redundant-seeds", redundant_seeds),
+                                             missing_ok=default_redundant and redundant == DEFAULT_REDUNDANT)  # fmt: skip
+            programs = [p.strip() for p in tracr_programs.split(",") if p.strip()]
+            tracr = tracr_cases(programs, seeds=tracr_seed_list) if tracr_seed_list and programs else []
+            opened, data = checkpoint_prune_data(ckpt, n_train=traces, n_test=test_traces, device=device)
+            check_prune_targets(opened, target_names)
+            kwargs = {"prune": {"steps": prune_steps}} if prune_steps is not None else None
+            table = bench_methods(opened.model, data, target_names, names,
+                                  planted=cases, tracr=tracr, sparsity=sparsity, method_kwargs=kwargs,
+                                  progress=progress, stability_boots=stability_boots, redundant=redundant_list)  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, nothing written
+        stopped(ctx, exc)
     info = table.info
     info.update(checkpoint=str(ckpt), checkpoint_sha256=opened.sha256, n_train=traces, n_test=test_traces,
                 command=_command(ctx))  # fmt: skip

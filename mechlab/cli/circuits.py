@@ -174,6 +174,7 @@ def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], 
         for stem, circuit in run.circuits.items():
             for line in circuit.metadata["warnings"]:
                 warn(f"joint {stem}: {line}")
+        _print_resumed(run.reused, [])
         typer.echo(run.sweep.table())
         typer.echo(f"wrote {run.table} and the circuits under {run.out}/share-*/")
         return
@@ -428,6 +429,7 @@ def view(
 
 
 def overlap_(
+    ctx: typer.Context,
     circuits: list[Path] = typer.Argument(..., help="Circuit JSON files (from mechlab prune)."),
     ckpt: Path | None = typer.Option(None, help="Checkpoint the circuits come from: adds cross-evaluation (each circuit scored on every target)."),
     boot: int = typer.Option(2000, min=1, help="Bootstrap resamples (each target's circuits resampled with replacement; intervals need 3 circuits per target)."),
@@ -458,10 +460,14 @@ def overlap_(
     from mechlab.pipelines import overlap_circuits
     from mechlab.pipelines.circuits import overlap_lines
 
-    r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level, exclude_writers=exclude_writer,
-                         seed=seed, device=device, mixed_checkpoints=mixed_checkpoints, json_out=json_out,
-                         progress=progress, log=(lambda line: typer.echo(line, err=True)) if progress else None,
-                         force=force)  # fmt: skip
+    try:
+        r = overlap_circuits(circuits, ckpt, n_boot=boot, n_null=null_samples, level=level,
+                             exclude_writers=exclude_writer, seed=seed, device=device,
+                             mixed_checkpoints=mixed_checkpoints, json_out=json_out, progress=progress,
+                             log=(lambda line: typer.echo(line, err=True)) if progress else None,
+                             force=force)  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, nothing written
+        stopped(ctx, exc)
     rows = [("a", "b", "edges a", "edges b", "shared", "edge Jaccard", "overlap coef", "shared nodes")]
     for p in r["pairs"]:
         rows.append((Path(p["a"]).name, Path(p["b"]).name, str(p["n_edges_a"]), str(p["n_edges_b"]),
@@ -485,6 +491,7 @@ def overlap_(
 
 
 def curve(
+    ctx: typer.Context,
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     target: list[str] = typer.Option(["1-after"], help="k-after (e.g. 1-after, 2-after) or all; repeatable."),
     ablation: list[str] = typer.Option(["interchange"], help="interchange, mean, zero (repeatable) or all."),
@@ -532,7 +539,10 @@ def curve(
             typer.echo("    compl.  " + " ".join(f"{v:>7.3f}" for v in c.complement_faithfulness))
 
     use_threads(threads)
-    curve_checkpoint(ckpt, target, ablation, grid, out, rank=rank, sparsity=sparsity, steps=steps, seed=seed,
-                     corruption=corruption, n_train=traces, n_test=test_traces, n_haystack=haystack,
-                     seg_len=seg_len, protocol=nih, device=device, progress=progress, on_target=show,
-                     force=force)  # fmt: skip
+    try:
+        curve_checkpoint(ckpt, target, ablation, grid, out, rank=rank, sparsity=sparsity, steps=steps, seed=seed,
+                         corruption=corruption, n_train=traces, n_test=test_traces, n_haystack=haystack,
+                         seg_len=seg_len, protocol=nih, device=device, progress=progress, on_target=show,
+                         force=force)  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
+        stopped(ctx, exc)

@@ -22,6 +22,7 @@ NIH_HELP = ("NiH construction: study (the default: oldest system queried, misdir
 
 
 def eval_(
+    ctx: typer.Context,
     ckpt: Path = typer.Option(..., help="Checkpoint of a run trained on the lds task."),
     suite: list[str] = typer.Option(
         ["nih"], help="uninterleaved, nih, ood, dynamics (repeatable) or all."
@@ -76,8 +77,12 @@ def eval_(
             f"{name}: read back {path} (same settings; --force and other settings recompute)"
         )
 
-    evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_start=start, on_reuse=reused, n_traces=traces,
-                        n_haystack=haystack, seg_len=seg_len, seed=seed, protocol=nih, trials=trials, device=device, force=force)  # fmt: skip
+    try:
+        evaluate_checkpoint(ckpt, suite, out, on_suite=show, on_start=start, on_reuse=reused, n_traces=traces,
+                            n_haystack=haystack, seg_len=seg_len, seed=seed, protocol=nih, trials=trials,
+                            device=device, force=force)  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
+        stopped(ctx, exc)
 
 
 def _print_report(report: dict) -> None:
@@ -186,6 +191,7 @@ def report(
 
 
 def recall(
+    ctx: typer.Context,
     ckpt: Path | None = typer.Option(None, help="Checkpoint of a run trained on the lds task."),
     checkpoints: Path | None = typer.Option(
         None, help="Run directory: the same scores across its checkpoints/step_*.pt."
@@ -233,12 +239,15 @@ def recall(
     from mechlab.pipelines import recall_and_write
 
     use_threads(threads)
-    files = recall_and_write(
-        ckpt, checkpoints, out, components=components, progress=progress,
-        on_file=lambda stem, j, h: typer.echo(f"{stem}: {j}, {h}"), n_traces=traces, n_haystack=haystack,
-        on_reuse=lambda stem, j: typer.echo(f"{stem}: read back {j} (same settings)"),
-        seg_len=seg_len, seed=seed, protocol=nih, offsets=tuple(offset) or None, device=device, force=force,
-    )  # fmt: skip
+    try:
+        files = recall_and_write(
+            ckpt, checkpoints, out, components=components, progress=progress,
+            on_file=lambda stem, j, h: typer.echo(f"{stem}: {j}, {h}"), n_traces=traces, n_haystack=haystack,
+            on_reuse=lambda stem, j: typer.echo(f"{stem}: read back {j} (same settings)"),
+            seg_len=seg_len, seed=seed, protocol=nih, offsets=tuple(offset) or None, device=device, force=force,
+        )  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
+        stopped(ctx, exc)
     if "recall" in files.written:
         _print_recall(files.written["recall"][0]["result"])
     if "recall_dynamics" in files.written:

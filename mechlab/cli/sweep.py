@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mechlab.cli.app import UsageProblem, echo_table, force_option
+from mechlab.cli.app import UsageProblem, echo_table, force_option, stopped
 
 
 def _csv_list(text: str, kind: type = str) -> list:
@@ -19,6 +19,7 @@ def _csv_list(text: str, kind: type = str) -> list:
 
 
 def sweep_(
+    ctx: typer.Context,
     out: Path = typer.Option(..., help="Sweep folder: trials/ (one file per finished trial), tables, figures; a re-run resumes."),
     config: Path | None = typer.Option(None, help="YAML file of sweep settings (SweepSpec keys; the flags below override it)."),
     models: str | None = typer.Option(None, help="Comma-separated model presets or families (e.g. st_transformer_small,st_lstm_small)."),
@@ -76,10 +77,13 @@ def sweep_(
     keys = spec.search_keys()
     typer.echo(f"sweep: {len(keys)} N* searches, grid {len(spec.lrs)} lr x {len(spec.seeds)} seeds, "
                f"{spec.steps} steps per trial -> {out}" + (" (local, no Ray)" if local else ""))  # fmt: skip
-    result, paths = run_and_write(spec, out, trial=trial, units=units, local=local, address=address, num_cpus=cpus,
-                                  cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
-                                  max_retries=max_retries, progress=progress, force=force, config=config,
-                                  on_note=typer.echo)  # fmt: skip
+    try:
+        result, paths = run_and_write(spec, out, trial=trial, units=units, local=local, address=address,
+                                      num_cpus=cpus, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                                      max_retries=max_retries, progress=progress, force=force, config=config,
+                                      on_note=typer.echo)  # fmt: skip
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, the trials kept and how to resume
+        stopped(ctx, exc)
     rows = [("model", "format", "task", "lengths", "L", "N*", "status", "bracket (lo, hi]", "kappa", "OOD tok/seq")]
     for key, r in result.searches.items():
         k = result.kappas.get(key)

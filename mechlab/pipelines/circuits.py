@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.limits import check_elements
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import circuit_data
 from mechlab.prune.circuit import (
@@ -185,6 +185,10 @@ def overlap_circuits(
         with ``a`` and ``b``), ``within``, ``across`` (:func:`~mechlab.prune.stats.overlap_report`),
         ``excluded_writers``, ``stability`` (a :class:`~mechlab.prune.circuit.Stability`,
         or None: not in the JSON) and, with ``ckpt``, ``cross_evaluation``.
+
+    Raises:
+        Unwritten: A signal (Ctrl-C, SIGTERM) stopped it before the end: ``json_out`` is
+            written only at the end, so nothing was written.
     """
     from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
 
@@ -198,43 +202,44 @@ def overlap_circuits(
     if json_out is not None:
         inputs = [*paths, *([source_path(ckpt)] if ckpt is not None else [])]
         outputs.check_output_file(json_out, force=force, inputs=inputs, option="--json")
-    loaded = load_circuits(paths)
-    writers = {e[0] for e in graph_edges(loaded[0])} if exclude_writers else set()
-    unknown = [w for w in exclude_writers if w not in writers]
-    if unknown:
-        listed = ", ".join(sorted(writers)[:12]) + (", ..." if len(writers) > 12 else "")
-        raise ValueError(f"--exclude-writer {unknown[0]!r} is not a writer of the circuits' graph "
-                         f"(its writers: {listed}); give one of them")  # fmt: skip
-    if ckpt is not None:
-        say(f"opening {source_path(ckpt)}")
-    opened = None if ckpt is None else open_checkpoint(ckpt, device)
-    _check_one_checkpoint(loaded, paths, None if opened is None else opened.sha256, ckpt, mixed_checkpoints)
-    with warnings.catch_warnings():
-        if mixed_checkpoints:  # said once, above
-            warnings.filterwarnings("ignore", message=MIXED_WARNING)
-        pairs = []
-        for i in range(len(loaded)):
-            for j in range(i + 1, len(loaded)):
-                o = overlap(loaded[i], loaded[j])
-                pairs.append({"a": str(paths[i]), "b": str(paths[j]), **o.to_dict()})
-        by_target: dict[str, list[Circuit]] = {}
-        for c in loaded:
-            by_target.setdefault(_group(c), []).append(c)
-        multi = {t: g for t, g in by_target.items() if len(g) >= 2}
-        stability = seed_stability(multi) if multi else None
-        edges = [e for e in graph_edges(loaded[0]) if e[0] not in set(exclude_writers)]
-        say(f"bootstrap ({n_boot} resamples of each target's circuits) and null models ({n_null} samples each)")
-        report = overlap_report(_by_group(loaded), edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed,
-                                progress=progress)  # fmt: skip
-    result: dict[str, Any] = {"circuits": [str(p) for p in paths], "pairs": pairs, **report,
-                              "excluded_writers": list(exclude_writers)}  # fmt: skip
-    if opened is not None:
-        say(f"cross-evaluation: every circuit on every target, on the held-out traces of {Path(paths[0]).name}")
-        data = circuit_data(opened, loaded[0])
-        result["cross_evaluation"] = cross_evaluate(opened.model, data, loaded, progress=progress)
-    if json_out is not None:
-        outputs.write_json(json_out, result)
-    return {**result, "stability": stability}
+    with stops.written_at_end(json_out):  # Ctrl-C or SIGTERM: one line, nothing written
+        loaded = load_circuits(paths)
+        writers = {e[0] for e in graph_edges(loaded[0])} if exclude_writers else set()
+        unknown = [w for w in exclude_writers if w not in writers]
+        if unknown:
+            listed = ", ".join(sorted(writers)[:12]) + (", ..." if len(writers) > 12 else "")
+            raise ValueError(f"--exclude-writer {unknown[0]!r} is not a writer of the circuits' graph "
+                             f"(its writers: {listed}); give one of them")  # fmt: skip
+        if ckpt is not None:
+            say(f"opening {source_path(ckpt)}")
+        opened = None if ckpt is None else open_checkpoint(ckpt, device)
+        _check_one_checkpoint(loaded, paths, None if opened is None else opened.sha256, ckpt, mixed_checkpoints)
+        with warnings.catch_warnings():
+            if mixed_checkpoints:  # said once, above
+                warnings.filterwarnings("ignore", message=MIXED_WARNING)
+            pairs = []
+            for i in range(len(loaded)):
+                for j in range(i + 1, len(loaded)):
+                    o = overlap(loaded[i], loaded[j])
+                    pairs.append({"a": str(paths[i]), "b": str(paths[j]), **o.to_dict()})
+            by_target: dict[str, list[Circuit]] = {}
+            for c in loaded:
+                by_target.setdefault(_group(c), []).append(c)
+            multi = {t: g for t, g in by_target.items() if len(g) >= 2}
+            stability = seed_stability(multi) if multi else None
+            edges = [e for e in graph_edges(loaded[0]) if e[0] not in set(exclude_writers)]
+            say(f"bootstrap ({n_boot} resamples of each target's circuits) and null models ({n_null} samples each)")
+            report = overlap_report(_by_group(loaded), edges, n_boot=n_boot, n_null=n_null, level=level, seed=seed,
+                                    progress=progress)  # fmt: skip
+        result: dict[str, Any] = {"circuits": [str(p) for p in paths], "pairs": pairs, **report,
+                                  "excluded_writers": list(exclude_writers)}  # fmt: skip
+        if opened is not None:
+            say(f"cross-evaluation: every circuit on every target, on the held-out traces of {Path(paths[0]).name}")
+            data = circuit_data(opened, loaded[0])
+            result["cross_evaluation"] = cross_evaluate(opened.model, data, loaded, progress=progress)
+        if json_out is not None:
+            outputs.write_json(json_out, result)
+        return {**result, "stability": stability}
 
 
 # --------------------------------------------------------------------- the printed statistics

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import haystack, nih_data
 from mechlab.prune.config import resolved_settings
@@ -66,7 +66,8 @@ def curve_checkpoint(
     Every setting and target is checked, and the output folder claimed, before the first
     pruning run. A target whose ``curve_<target>.json`` records the same settings is read
     back instead of computed again (an interrupted run resumes); one of other settings is
-    refused, naming them (recomputed with ``force``).
+    refused, naming them (recomputed with ``force``). A signal (Ctrl-C, SIGTERM) raises
+    :class:`~mechlab.pipelines.stops.Interrupted` naming the targets' curves kept.
 
     Args:
         source: A checkpoint of the lds task, or its file (opened once).
@@ -116,7 +117,8 @@ def curve_checkpoint(
     folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(path, "curves"), "curve",
                                   force=force, inputs=[path])  # fmt: skip
     written = []
-    with folder:
+    tally = stops.Tally(folder.path, len(targets), unit="target")  # Ctrl-C or SIGTERM: the curves written stay
+    with stops.resumable(tally), folder:
         ckpt = open_checkpoint(source, device)
         data = nih_data(ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
                         corruption=corruption, protocol=protocol)  # fmt: skip
@@ -132,6 +134,7 @@ def curve_checkpoint(
             json_name, html_name = f"curve_{name}.json", f"curve_{name}.html"
             if status[json_name] == "same":
                 curves = {c.ablation: c for c in read_curves(folder.file(json_name))}
+                tally.kept.append(f"curve_{name}")
                 if not folder.file(html_name).is_file():
                     folder.write_figure(faithfulness_curves_figure(curves), html_name)
                 files = CurveFiles(name, curves, folder.file(json_name), folder.file(html_name), 0.0, reused=True)
@@ -148,10 +151,10 @@ def curve_checkpoint(
                     "threads": torch.get_num_threads(), "seconds": seconds,
                 }  # fmt: skip
                 table = {**curves_to_dict(curves, info), **outputs.settings_record(records[json_name])}
-                files = CurveFiles(
-                    name, curves, folder.write_json(json_name, table),
-                    folder.write_figure(faithfulness_curves_figure(curves), html_name), seconds,
-                )  # fmt: skip
+                json_path = folder.write_json(json_name, table)
+                tally.kept.append(f"curve_{name}")  # its JSON: a rerun reads it back (and draws a missing figure)
+                files = CurveFiles(name, curves, json_path, folder.write_figure(faithfulness_curves_figure(curves),
+                                                                               html_name), seconds)  # fmt: skip
             written.append(files)
             if on_target is not None:
                 on_target(files)

@@ -16,7 +16,7 @@ import torch
 
 from mechlab.checkpoint import Checkpoint
 from mechlab.evals.suites import SUITES, evaluate_model, nih_errors, summarize
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import (
     Source,
     lds_config,
@@ -157,7 +157,8 @@ def evaluate_checkpoint(
     and, for ``dynamics``, the run's checkpoints are checked before the first suite runs.
     Each ``<suite>.json`` records its settings (:func:`suite_settings`); a rerun reads back
     a suite of the same settings instead of running it again, and refuses one of other
-    settings, naming them (replaced with ``force``).
+    settings, naming them (replaced with ``force``). A signal (Ctrl-C, SIGTERM) raises
+    :class:`~mechlab.pipelines.stops.Interrupted` naming the suites kept.
 
     Args:
         source: A checkpoint of the lds task, or its file (opened once).
@@ -191,7 +192,8 @@ def evaluate_checkpoint(
     folder = outputs.OutputFolder(Path(out) if out is not None else outputs.default_out(path, "eval"), "eval",
                                   force=force, inputs=[path])  # fmt: skip
     reports = {}
-    with folder:
+    tally = stops.Tally(folder.path, len(suites), unit="suite")  # Ctrl-C or SIGTERM: the suites written stay
+    with stops.resumable(tally), folder:
         ckpt = open_checkpoint(source, device)
         cfg = lds_config(ckpt)
         n = settings.get("n_traces", 1000)
@@ -212,6 +214,7 @@ def evaluate_checkpoint(
             if status[json_name] == "same":
                 report = {k: v for k, v in outputs.read_json(folder.file(json_name)).items()
                           if k not in ("settings", "settings_sha256")}  # fmt: skip
+                tally.kept.append(name)
                 if on_reuse is not None:
                     on_reuse(name, folder.file(json_name))
                 if not folder.file(html_name).is_file():
@@ -223,6 +226,7 @@ def evaluate_checkpoint(
                 report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
                                    **settings)  # fmt: skip
                 json_path = folder.write_json(json_name, {**report, **outputs.settings_record(records[name])})
+                tally.kept.append(name)  # its JSON: a rerun reads it back (and draws a missing figure)
                 html_path = folder.write_figure(figure_for_suite(report), html_name)
             reports[name] = report
             if on_suite is not None:

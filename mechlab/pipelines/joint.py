@@ -13,11 +13,11 @@ import functools
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import (
     Source,
     lds_config,
@@ -67,6 +67,7 @@ def joint_prune_checkpoint(
     loss_scale: float | None = None,
     out_dir: str | Path | outputs.OutputFolder | None = None,
     force: bool = False,
+    kept: list[str] | None = None,
     **prune_kwargs: Any,
 ) -> ShareSweep:
     """Prune several targets of a checkpoint jointly, for each sharing weight and seed.
@@ -97,6 +98,10 @@ def joint_prune_checkpoint(
             every pruning setting), so an interrupted sweep resumes, and a file of other
             settings is refused before any work (recomputed with ``force``).
         force: Recompute and replace circuit files of other settings.
+        kept: A list to which the stems of a (share, seed)'s circuits
+            (``share-<share>/<target>_seed<k>``) are added once all of them are in
+            ``out_dir`` (written or read back): what a rerun reads back, for the line of an
+            interrupted run.
         **prune_kwargs: Passed to :func:`~mechlab.prune.joint.joint_prune`.
 
     Returns:
@@ -150,8 +155,15 @@ def joint_prune_checkpoint(
         def record(share: float, seed: int, name: str) -> dict[str, Any]:
             return {**common, "target": name, "share": share, "seed": seed, "data_seed": seed}
 
+        def stem_of(share: float, seed: int, name: str) -> str:
+            return f"{share_label(share)}/{name}_seed{seed}"
+
         def file_of(share: float, seed: int, name: str) -> str:
-            return f"{share_label(share)}/{name}_seed{seed}.json"
+            return f"{stem_of(share, seed, name)}.json"
+
+        def keep(share: float, seed: int) -> None:
+            if kept is not None and folder is not None:
+                kept.extend(stem_of(share, seed, n) for n in names)
 
         plan = {
             file_of(sh, sd, nm): record(sh, sd, nm) for sd in seeds for sh in shares for nm in names
@@ -164,12 +176,14 @@ def joint_prune_checkpoint(
                                         **outputs.settings_record(record(result.share, seed, name)))  # fmt: skip
                 if folder is not None:
                     folder.write_circuit(circuit, file_of(result.share, seed, name))
+            keep(result.share, seed)
 
         def load(share: float, seed: int) -> JointResult | None:
             if not all(status.get(file_of(share, seed, n)) == "same" for n in names):
                 return None
             circuits = {n: Circuit.from_json(folder.file(file_of(share, seed, n))) for n in names}
             folder.reused.extend(folder.file(file_of(share, seed, n)) for n in names)
+            keep(share, seed)
             return JointResult(circuits=circuits, share=share, jaccard=pairwise_jaccard(circuits))
 
         return share_sweep(ckpt.model, data_of, targets, shares=shares, seeds=seeds, load=load,
@@ -184,12 +198,14 @@ def share_label(share: float) -> str:
 @dataclass
 class JointRun:
     """What :func:`joint_prune_targets` found and wrote: the sweep, its folder, the table
-    (``joint.json``) and each circuit by its stem (``share-<share>/<target>_seed<k>``)."""
+    (``joint.json``), each circuit by its stem (``share-<share>/<target>_seed<k>``) and the
+    stems read back: found before with the same settings (an interrupted run resumed)."""
 
     sweep: ShareSweep
     out: Path
     table: Path
     circuits: dict[str, Circuit]
+    reused: list[str] = field(default_factory=list)
 
 
 def joint_prune_targets(
@@ -213,6 +229,11 @@ def joint_prune_targets(
         out: The folder whose ``joint/`` is written (default: ``mechlab-out/<run>/circuits``).
         force: Recompute and replace circuit files of other settings.
         **settings: As :func:`joint_prune_checkpoint`.
+
+    Raises:
+        Interrupted: A signal (Ctrl-C, SIGTERM) stopped it; it names the circuits whose
+            (share, seed) was finished, which a rerun reads back (the figures and
+            ``joint.json`` are drawn at the end).
     """
     if len(targets) < 2:
         raise ValueError(
@@ -222,11 +243,13 @@ def joint_prune_targets(
     folder = outputs.OutputFolder(
         base / "joint", "prune --share", force=force, inputs=[source_path(source)]
     )
-    with folder:
+    tally = stops.Tally(folder.path, len(shares) * len(seeds) * len(targets))  # Ctrl-C or SIGTERM: they stay
+    with stops.resumable(tally), folder:
         ckpt = open_checkpoint(source, settings.pop("device", None))
         with warnings.catch_warnings():  # each circuit keeps its warnings in its metadata
             warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-            sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, out_dir=folder, **settings)
+            sweep = joint_prune_checkpoint(ckpt, targets, shares, seeds, out_dir=folder, kept=tally.kept,
+                                           **settings)  # fmt: skip
         circuits = {}
         for result in sweep.results:  # the JSON files were written as each result was found
             for name, circuit in result.circuits.items():
@@ -238,4 +261,5 @@ def joint_prune_targets(
                     folder.write_circuit_figure(circuit, f"{stem}.html")
                 circuits[stem] = circuit
         table = folder.write_json("joint.json", sweep.to_dict())
-    return JointRun(sweep, folder.path, table, circuits)
+    reused = [stem for stem in circuits if folder.file(f"{stem}.json") in folder.reused]
+    return JointRun(sweep, folder.path, table, circuits, reused)

@@ -10,9 +10,11 @@ or resumes where resuming is its promise, or refuses with one line naming ``--fo
   path is checked (not a file, creatable), an exclusive lock taken (one per folder; it
   covers the folder and everything under it, so that two runs into one folder, or into a
   folder and one inside it, cannot interleave), and each file the command will write
-  is looked at first: a command without resume (``eval``, ``recall``) refuses files that
-  exist; a command that resumes (``prune``, ``prune --share``, ``curve``, ``report``,
-  ``sweep``) reuses a file only when the settings it records are the run's, and refuses
+  is looked at first: a file that is not resumed is refused when it exists
+  (:meth:`OutputFolder.check_fresh`); a command that resumes (``eval``, ``recall``,
+  ``prune``, ``prune --share``, ``prune --pairs``, ``curve``, ``report``, ``sweep``: a
+  signal stops it naming what it kept, :mod:`mechlab.pipelines.stops`) reuses a file only
+  when the settings it records are the run's, and refuses
   one made with other settings, naming them (:meth:`OutputFolder.plan`); a command that
   owns its folder's layout (``report``) also refuses files it does not write, another
   command's outputs (a prune's circuits), naming them (:meth:`OutputFolder.check_foreign`).

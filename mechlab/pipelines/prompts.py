@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.limits import MAX_PROMPT_PAIRS, check_at_most
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import check_finite_parameters, open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
@@ -196,7 +196,8 @@ def prune_prompts(
     file that records the same settings (the model's and the pairs' SHA-256, the tokenizer,
     metric, position, split, seed and every pruning setting) is read back instead of pruned
     again, so an interrupted run resumes; a file of other settings is refused before any
-    work (recomputed with ``force``).
+    work (recomputed with ``force``). A signal (Ctrl-C, SIGTERM) raises
+    :class:`~mechlab.pipelines.stops.Interrupted` naming the circuits kept.
 
     Args:
         model_source: A ``save_pretrained`` folder or a mechlab checkpoint (opened once).
@@ -253,7 +254,8 @@ def prune_prompts(
     planned = {f"{stem_base}{tag}_seed{s}": {**base, **_search_record({**prune_kwargs, "seed": s}),
                                              **extra}
                for s in seeds}  # fmt: skip
-    with folder:
+    tally = stops.Tally(run.out, len(planned))  # Ctrl-C or SIGTERM: the circuits written stay
+    with stops.resumable(tally), folder:
         status = folder.plan({f"{stem}.json": record for stem, record in planned.items()})
         model, kind = open_model(model_source, device)
         found.check_model(model)
@@ -266,6 +268,7 @@ def prune_prompts(
             if status[json_name] == "same":
                 circuit = Circuit.from_json(folder.file(json_name))
                 run.reused.append(stem)
+                tally.kept.append(stem)
                 if not folder.file(html_name).is_file():  # an interrupted run wrote the JSON only
                     folder.write_circuit_figure(circuit, html_name)
             else:
@@ -288,6 +291,7 @@ def prune_prompts(
                 if status[json_name] == "redo":
                     run.replaced.append(stem)
                 folder.write_circuit(circuit, json_name)
+                tally.kept.append(stem)  # its JSON: a rerun reads it back (and draws a missing figure)
                 folder.write_circuit_figure(circuit, html_name)
             run.circuits.append(circuit)
             run.files[stem] = (folder.file(json_name), folder.file(html_name))

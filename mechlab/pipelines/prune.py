@@ -56,6 +56,8 @@ the study's NiH; ``study``: the recall study's settings (99% edge sparsity, node
 80%, loss 1000 x raw MSE to the ground truth, 3000 steps, the Lagrangian) on the study's NiH. A
 circuit records its recipe as ``metadata["protocol"]``."""
 
+CONSENSUS_NOTE = "written before their consensus, which the rerun adds"
+"""What an interrupted prune of two or more seeds (or nearby budgets) says of the circuits it kept."""
 FAITHFULNESS_WARNING = "circuit for"  # the engine's warning, also in metadata["warnings"]
 
 
@@ -433,75 +435,71 @@ def prune_targets(
         Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
     )
     folder = outputs.OutputFolder(run.out, "prune", force=force, inputs=[source_path(source)])
-    total, consensus_written = len(targets) * len(seeds), False
-    kept: list[str] = []  # circuits whose JSON is on disk, for the line of an interrupted run
     consensus = len(seeds) >= 2 or nearby_budgets
-    with stops.stop_on_signals(), folder:
-        try:
-            ckpt = open_checkpoint(source, device)
-            planned, status = plan_targets(ckpt, targets, seeds, folder, recipe=recipe,
-                                           nearby_budgets=nearby_budgets, **settings)
-            total, consensus_written = len(planned), False
-            found: dict[str, Circuit] = {}
-            for stem, (name, s, record) in planned.items():
-                json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
-                if status.get(f"{stem}.json") == "same":
-                    circuit = Circuit.from_json(json_path)
-                    run.reused.append(stem)
-                    kept.append(stem)
-                    if not html_path.is_file():  # an interrupted run wrote the JSON only
-                        folder.write_circuit_figure(circuit, html_path.name)
-                else:
-                    with warnings.catch_warnings():  # the metadata keeps them (callers print them)
-                        warnings.filterwarnings(
-                            "ignore", message=FAITHFULNESS_WARNING, category=UserWarning
-                        )
-                        circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
-                    if record is not None:  # what the plan compared: with the consensus's settings
-                        circuit.metadata.update(outputs.settings_record(record))
-                    if status.get(f"{stem}.json") == "redo":
-                        run.replaced.append(stem)
-                    folder.write_circuit(circuit, json_path.name)
-                    kept.append(stem)  # its JSON: a rerun reads it back (and draws a missing figure)
+    # circuits whose JSON is on disk, for the line of an interrupted run (Ctrl-C or SIGTERM: what is
+    # written stays, the rerun reads it back)
+    tally = stops.Tally(run.out, len(targets) * len(seeds), note=CONSENSUS_NOTE if consensus else "")
+    with stops.resumable(tally), folder:
+        ckpt = open_checkpoint(source, device)
+        planned, status = plan_targets(ckpt, targets, seeds, folder, recipe=recipe,
+                                       nearby_budgets=nearby_budgets, **settings)
+        tally.total = len(planned)
+        found: dict[str, Circuit] = {}
+        for stem, (name, s, record) in planned.items():
+            json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
+            if status.get(f"{stem}.json") == "same":
+                circuit = Circuit.from_json(json_path)
+                run.reused.append(stem)
+                tally.kept.append(stem)
+                if not html_path.is_file():  # an interrupted run wrote the JSON only
                     folder.write_circuit_figure(circuit, html_path.name)
-                run.circuits.setdefault(target_name(name), []).append(circuit)
-                run.files[stem] = (json_path, html_path)
-                found[stem] = circuit
-                if on_circuit is not None:
-                    on_circuit(stem, circuit, run.out)
-            runs = {t: list(group) for t, group in run.circuits.items()}
-            for stem, circuit in found.items() if nearby_budgets else ():
-                name, s, _ = planned[stem]
-                asked = circuit.metadata["sparsity_asked"]
-                for nearby in nearby_sparsities(circuit.metadata["n_edges_countable"], asked):
-                    if nearby != asked:
-                        with warnings.catch_warnings():
-                            warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-                            runs[target_name(name)].append(
-                                prune_checkpoint(ckpt, name, seed=s, recipe=recipe,
-                                                 **{**settings, "sparsity": nearby, "stability": 0}))
-            if len(seeds) >= 2 or nearby_budgets:  # each circuit records how often its target's runs keep each edge
-                for group in runs.values():  # in one order whatever the order of --seed (ties keep it)
-                    group.sort(key=lambda c: (c.metadata.get("seed", 0), -c.metadata.get("sparsity_asked", 0.0)))
-                for target, group in run.circuits.items():
-                    for circuit in group:
-                        attach_consensus(circuit, runs[target])
-                for (
-                    stem,
-                    circuit,
-                ) in found.items():  # rewritten with it (unchanged files stay as they are)
-                    json_path, html_path = run.files[stem]
-                    before = json_path.read_bytes() if stem in run.reused else None
-                    folder.write_circuit(circuit, json_path.name)
-                    folder.write_circuit_figure(circuit, html_path.name)
-                    if before is not None and json_path.read_bytes() != before:  # not only read back
-                        run.reused.remove(stem)
-                        run.updated.append(stem)
-                consensus_written = True
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: what is written stays, the rerun reads it back
-            note = ("written before their consensus, which the rerun adds"
-                    if consensus and kept and not consensus_written else "")  # fmt: skip
-            raise stops.Interrupted(stops.signal_of(exc), run.out, kept, total, note) from None
+            else:
+                with warnings.catch_warnings():  # the metadata keeps them (callers print them)
+                    warnings.filterwarnings(
+                        "ignore", message=FAITHFULNESS_WARNING, category=UserWarning
+                    )
+                    circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
+                if record is not None:  # what the plan compared: with the consensus's settings
+                    circuit.metadata.update(outputs.settings_record(record))
+                if status.get(f"{stem}.json") == "redo":
+                    run.replaced.append(stem)
+                folder.write_circuit(circuit, json_path.name)
+                tally.kept.append(stem)  # its JSON: a rerun reads it back (and draws a missing figure)
+                folder.write_circuit_figure(circuit, html_path.name)
+            run.circuits.setdefault(target_name(name), []).append(circuit)
+            run.files[stem] = (json_path, html_path)
+            found[stem] = circuit
+            if on_circuit is not None:
+                on_circuit(stem, circuit, run.out)
+        runs = {t: list(group) for t, group in run.circuits.items()}
+        for stem, circuit in found.items() if nearby_budgets else ():
+            name, s, _ = planned[stem]
+            asked = circuit.metadata["sparsity_asked"]
+            for nearby in nearby_sparsities(circuit.metadata["n_edges_countable"], asked):
+                if nearby != asked:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                        runs[target_name(name)].append(
+                            prune_checkpoint(ckpt, name, seed=s, recipe=recipe,
+                                             **{**settings, "sparsity": nearby, "stability": 0}))
+        if len(seeds) >= 2 or nearby_budgets:  # each circuit records how often its target's runs keep each edge
+            for group in runs.values():  # in one order whatever the order of --seed (ties keep it)
+                group.sort(key=lambda c: (c.metadata.get("seed", 0), -c.metadata.get("sparsity_asked", 0.0)))
+            for target, group in run.circuits.items():
+                for circuit in group:
+                    attach_consensus(circuit, runs[target])
+            for (
+                stem,
+                circuit,
+            ) in found.items():  # rewritten with it (unchanged files stay as they are)
+                json_path, html_path = run.files[stem]
+                before = json_path.read_bytes() if stem in run.reused else None
+                folder.write_circuit(circuit, json_path.name)
+                folder.write_circuit_figure(circuit, html_path.name)
+                if before is not None and json_path.read_bytes() != before:  # not only read back
+                    run.reused.remove(stem)
+                    run.updated.append(stem)
+            tally.note = ""  # the consensus is written
     names = list(run.circuits)
     for a, b in zip(names, names[1:], strict=False):
         run.overlaps.append((a, b, overlap(run.circuits[a][0], run.circuits[b][0])))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.label_vs_observation import recall_analysis
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import (
     Source,
     lds_config,
@@ -99,7 +99,9 @@ def recall_and_write(
     """``mechlab recall``: ``recall.json``/``.html`` of a checkpoint and, for a run,
     ``recall_dynamics.json``/``.html``. Every setting and the folder are checked before
     any work; each JSON records its settings, so a rerun reads back a report of the same
-    settings and refuses one of other settings, naming them (replaced with ``force``).
+    settings and refuses one of other settings, naming them (replaced with ``force``). A
+    signal (Ctrl-C, SIGTERM) raises :class:`~mechlab.pipelines.stops.Interrupted` naming the
+    reports kept.
 
     Args:
         ckpt: A checkpoint (or its file).
@@ -134,7 +136,8 @@ def recall_and_write(
         folder.check_path(f"{stem}.json")
         folder.check_path(f"{stem}.html")
     files = RecallFiles(folder.path)
-    with folder:
+    tally = stops.Tally(folder.path, len(stems), unit="report")  # Ctrl-C or SIGTERM: the reports written stay
+    with stops.resumable(tally), folder:
         opened = None if ckpt is None else open_checkpoint(ckpt)
         if opened is not None and "n_traces" in settings:
             check_batch(lds_config(opened), settings["n_traces"], "n_traces")  # before any patching
@@ -154,6 +157,7 @@ def recall_and_write(
             if status[json_name] == "same":
                 data = {k: v for k, v in outputs.read_json(folder.file(json_name)).items()
                         if k not in ("settings", "settings_sha256")}  # fmt: skip
+                tally.kept.append(stem)
                 if on_reuse is not None:
                     on_reuse(stem, folder.file(json_name))
                 if not folder.file(html_name).is_file():
@@ -165,6 +169,7 @@ def recall_and_write(
                 else:
                     data = recall_dynamics(checkpoints, progress=progress, **settings)
                 json_path = folder.write_json(json_name, {**data, **outputs.settings_record(records[stem])})
+                tally.kept.append(stem)  # its JSON: a rerun reads it back (and draws a missing figure)
                 html_path = folder.write_figure(_figure(stem, data), html_name)
             files.written[stem] = (data, json_path, html_path)
             if on_file is not None:

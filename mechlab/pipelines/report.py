@@ -496,49 +496,45 @@ def report_checkpoint(
     cfg = config or ReportConfig()
     say = log or (lambda line: None)
     folder = outputs.OutputFolder(out, "report", force=force, inputs=[source_path(ckpt)])
-    kept: list[str] = []  # circuits written or read back, for the line of an interrupted report
-    with stops.stop_on_signals(), folder:
-        try:
-            opened = open_checkpoint(ckpt, device)
-            check_report(opened, cfg)
-            record = report_settings(opened.sha256, cfg)
-            circuit_settings = {
-                f"circuits/{_stem(t, s)}.json": _with_consensus(
-                    prune_settings(opened, t, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, seed=s,
-                                   recipe=cfg.recipe, steps=cfg.steps), cfg.seeds, False)
-                for t in cfg.targets for s in cfg.seeds
-            }  # fmt: skip
-            status, circuits = _plan(folder, cfg, record, circuit_settings)
-            if status == "same":
-                done = outputs.read_json(folder.file("report.json"))
-                if done.get("finished") is True and all(
-                    folder.file(n).is_file() for n in _REPORT_FILES
-                ):
-                    say(f"report in {str(folder.path)!r} is finished with the same settings: read back")
-                    return ReportRun(folder.file("index.html"), done["summary"], reused=True)
-            folder.write_json("report.json", {"checkpoint": str(source_path(ckpt)), "config": asdict(cfg),
-                                              **outputs.settings_record(record), "finished": False})  # fmt: skip
-            reused: list[str] = []
+    tally = stops.Tally(folder.path, len(cfg.targets) * len(cfg.seeds))  # circuits written or read back
+    with stops.resumable(tally), folder:  # Ctrl-C or SIGTERM: the circuits stay, the rerun reads them back
+        opened = open_checkpoint(ckpt, device)
+        check_report(opened, cfg)
+        record = report_settings(opened.sha256, cfg)
+        circuit_settings = {
+            f"circuits/{_stem(t, s)}.json": _with_consensus(
+                prune_settings(opened, t, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, seed=s,
+                               recipe=cfg.recipe, steps=cfg.steps), cfg.seeds, False)
+            for t in cfg.targets for s in cfg.seeds
+        }  # fmt: skip
+        status, circuits = _plan(folder, cfg, record, circuit_settings)
+        if status == "same":
+            done = outputs.read_json(folder.file("report.json"))
+            if done.get("finished") is True and all(
+                folder.file(n).is_file() for n in _REPORT_FILES
+            ):
+                say(f"report in {str(folder.path)!r} is finished with the same settings: read back")
+                return ReportRun(folder.file("index.html"), done["summary"], reused=True)
+        folder.write_json("report.json", {"checkpoint": str(source_path(ckpt)), "config": asdict(cfg),
+                                          **outputs.settings_record(record), "finished": False})  # fmt: skip
+        reused: list[str] = []
 
-            def prune_with(target: str, seed: int, find: Callable[[], Any]) -> Any:
-                name = f"circuits/{_stem(target, seed)}.json"
-                if circuits.get(name) == "same":
-                    say(f"  {name}: read back (same settings)")
-                    reused.append(name)
-                    kept.append(Path(name).with_suffix("").as_posix())
-                    return Circuit.from_json(folder.file(name))
-                circuit = find()
-                if "settings" in circuit.metadata:  # what the plan compared (with the consensus's seeds)
-                    circuit.metadata.update(outputs.settings_record(circuit_settings[name]))
-                folder.write_circuit(circuit, name)
-                kept.append(Path(name).with_suffix("").as_posix())
-                return circuit
+        def prune_with(target: str, seed: int, find: Callable[[], Any]) -> Any:
+            name = f"circuits/{_stem(target, seed)}.json"
+            if circuits.get(name) == "same":
+                say(f"  {name}: read back (same settings)")
+                reused.append(name)
+                tally.kept.append(Path(name).with_suffix("").as_posix())
+                return Circuit.from_json(folder.file(name))
+            circuit = find()
+            if "settings" in circuit.metadata:  # what the plan compared (with the consensus's seeds)
+                circuit.metadata.update(outputs.settings_record(circuit_settings[name]))
+            folder.write_circuit(circuit, name)
+            tally.kept.append(Path(name).with_suffix("").as_posix())
+            return circuit
 
-            report = make_report(
-                opened, cfg, device=device, progress=progress, log=log, prune_with=prune_with
-            )
-            page = report._write_into(folder, record)
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the circuits stay, the rerun reads them back
-            total = len(cfg.targets) * len(cfg.seeds)
-            raise stops.Interrupted(stops.signal_of(exc), folder.path, kept, total) from None
+        report = make_report(
+            opened, cfg, device=device, progress=progress, log=log, prune_with=prune_with
+        )
+        page = report._write_into(folder, record)
     return ReportRun(page, report.summary(), reused=False, report=report, circuits_reused=reused)

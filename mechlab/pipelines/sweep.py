@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.devices import check_device
-from mechlab.pipelines import outputs
+from mechlab.pipelines import outputs, stops
 from mechlab.sweep.outputs import SEARCH_COLUMNS, TRIAL_COLUMNS, csv_text, search_rows, trial_rows
 from mechlab.sweep.runner import SweepResult
 
@@ -156,6 +156,10 @@ def run_and_write(spec: Any, out: str | Path, *, local: bool = False, address: s
 
     Returns:
         ``(result, paths written)``.
+
+    Raises:
+        Interrupted: A signal (Ctrl-C, SIGTERM) stopped it; it names the trials in
+            ``trials/``, which a rerun reads back (the tables are written at the end).
     """
     from mechlab.sweep import run_sweep
     from mechlab.sweep.runner import DEFAULT_TRIAL
@@ -166,10 +170,15 @@ def run_and_write(spec: Any, out: str | Path, *, local: bool = False, address: s
         check_run(units, local, address, trial=run["trials"])
     settings = sweep_settings(spec, trial)
     folder = outputs.OutputFolder(out, "sweep", force=force, inputs=[config] if config is not None else [])
-    with folder:
+    tally = stops.Tally(folder.file("trials"), None, unit="trial")  # Ctrl-C or SIGTERM: finished trials stay
+    with stops.resumable(tally), folder:
         note = check_previous(folder, settings)
         if note is not None and on_note is not None:
             on_note(note)
         folder.write_json("settings.json", outputs.settings_record(settings), newline=True)
-        result = run_sweep(spec, out, local=local, address=address, **run)
+        try:
+            result = run_sweep(spec, out, local=local, address=address, **run)
+        except KeyboardInterrupt:  # every finished trial is in trials/ (this run's and earlier ones)
+            tally.kept.extend(path.stem for path in sorted(folder.file("trials").glob("*.json")))
+            raise
         return result, write_outputs(result, folder)

@@ -149,24 +149,24 @@ def exact_scores(
         ks = [start + i for i in range(r.n_upstream) if obj.countable[start + i]]
         if ks:
             todo.append((r.name, ks, [graph.writer_index[graph.edges[k][0]] for k in ks]))
-    bar = tqdm(total=sum(len(ks) for _, ks, _ in todo), disable=not progress, desc=desc, unit="edge")
-    base = metric_value(obj, torch.ones(graph.n_edges), batch_size)  # the bar is up meanwhile
-    n = len(obj.traces)
-    for index in obj.chunks(batch_size):
-        if len(index) < n:  # several batches: the bar counts each batch's edges in turn
-            bar.reset()
-            bar.set_description_str(f"{desc}, traces {int(index[0]) + 1}-{int(index[-1]) + 1} of {n}")
-        x = obj.traces.inputs[index]
-        abl = select_traces(obj.ablated, index)
-        per_pass = max(1, max_rows // len(index))
-        for reader, ks, ws in todo:
-            for i in range(0, len(ks), per_pass):
-                out = transformer_single_edge_outputs(
-                    obj.model, graph, x, abl, reader, ws[i : i + per_pass]
-                )
-                for k, o in zip(ks[i : i + per_pass], out, strict=True):
-                    sums[k] += float(obj.metric_sum(o, index).double())
-                bar.update(len(ks[i : i + per_pass]))
-    bar.close()
+    # closed on a Ctrl-C too, so that the line of a stopped command starts a line of its own
+    with tqdm(total=sum(len(ks) for _, ks, _ in todo), disable=not progress, desc=desc, unit="edge") as bar:
+        base = metric_value(obj, torch.ones(graph.n_edges), batch_size)  # the bar is up meanwhile
+        n = len(obj.traces)
+        for index in obj.chunks(batch_size):
+            if len(index) < n:  # several batches: the bar counts each batch's edges in turn
+                bar.reset()
+                bar.set_description_str(f"{desc}, traces {int(index[0]) + 1}-{int(index[-1]) + 1} of {n}")
+            x = obj.traces.inputs[index]
+            abl = select_traces(obj.ablated, index)
+            per_pass = max(1, max_rows // len(index))
+            for reader, ks, ws in todo:
+                for i in range(0, len(ks), per_pass):
+                    out = transformer_single_edge_outputs(
+                        obj.model, graph, x, abl, reader, ws[i : i + per_pass]
+                    )
+                    for k, o in zip(ks[i : i + per_pass], out, strict=True):
+                        sums[k] += float(obj.metric_sum(o, index).double())
+                    bar.update(len(ks[i : i + per_pass]))
     scores = sums / obj.n_positions - base
     return scores.masked_fill(~obj.countable, 0.0)

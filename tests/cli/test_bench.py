@@ -209,3 +209,18 @@ def test_issue_34_no_bench_output_replaces_what_it_must_not(tiny_lds_checkpoint,
     after = {p: (p.stat().st_mode, p.read_bytes() if p.is_file() and not stat.S_ISFIFO(p.stat().st_mode) else b"")
              for p in tmp_path.rglob("*")}  # fmt: skip
     assert after == before
+
+
+def test_ctrl_c_during_bench_methods_says_nothing_was_written(tiny_lds_checkpoint, tmp_path):
+    """The table is written only at the end: stopped while a method runs, one line says so
+    and no file (or temporary file) is left."""
+    from tests.interrupt import interrupt, stopped_line
+
+    out = tmp_path / "methods.json"
+    args = ["bench", "methods", "--ckpt", str(tiny_lds_checkpoint), "--methods", "prune", "--prune-steps", "100000",
+            "--planted", "none", "--seeds", "none", "--out", str(out), *[a for a in TINY if a != "--no-progress"]]  # fmt: skip
+    line = stopped_line(interrupt(args, "methods:"))  # its progress bar: the methods run
+    assert line.startswith(f"mechlab: stopped by signal 2 (SIGINT, Ctrl-C) before the end; nothing was written "
+                           f"('{out}' is written only at the end) and no partial file is left; run the same "
+                           "command again to start over: python -m mechlab bench methods"), line  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -121,6 +121,20 @@ def test_overlap_says_each_stage_as_it_starts(capsys):
     assert "bootstrap" not in capsys.readouterr().err
 
 
+def test_ctrl_c_during_overlap_says_nothing_was_written(tmp_path):
+    """overlap writes --json only at its end: stopped in its null models, it says so in one
+    line, and no file (or temporary file) is left."""
+    from tests.interrupt import ROOT, interrupt, stopped_line
+
+    files = [str(ROOT / f"circuits/recall-cpu/{t}_seed{s}.json") for t in ("1-after", "2-after") for s in (0, 1)]
+    args = ["overlap", *files, "--null", "10000000", "--json", str(tmp_path / "o.json")]
+    line = stopped_line(interrupt(args, "bootstrap ("))  # its stage line: the null models start
+    assert line == (f"mechlab: stopped by signal 2 (SIGINT, Ctrl-C) before the end; nothing was written "
+                    f"('{tmp_path / 'o.json'}' is written only at the end) and no partial file is left; run the same "
+                    f"command again to start over: python -m mechlab {' '.join(args)}")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_prune_without_steps_or_rates_runs_the_library_defaults(tiny_lds_checkpoint, monkeypatch):
     """`mechlab prune` leaves --steps, --lr and --lambda-lr to the recipe and PruneConfig
     (200 steps at the default), instead of hard-coding its own values."""

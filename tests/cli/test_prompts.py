@@ -197,3 +197,25 @@ def test_a_prompt_prune_rerun_reads_back_or_refuses_by_settings(gpt2_folder, ioi
         code = main(["pairs", "ioi", "--tokenizer", str(gpt2_folder), "--out", str(target), "--n", "3", "--force"])
         assert code == 2 and "mechlab: error: " in capsys.readouterr().err
     assert json.loads(config.read_text())["n_layer"] == 2
+
+
+@pytest.mark.slow  # 20 s on 2 shared cores: a fresh interpreter (5 s of imports), then the rerun's seed
+def test_ctrl_c_during_a_prompt_prune_keeps_the_seeds_written_and_the_rerun_reads_them_back(tmp_path, capsys):
+    """The prompt pipeline on a token checkpoint (the bundled induction model, id pairs):
+    stopped while it prunes seed 1, it names seed 0's circuit, which the rerun reads back."""
+    from pathlib import Path
+
+    from tests.cli.conftest import write_repeat_pairs
+    from tests.interrupt import interrupt, leftovers, stopped_line
+
+    ckpt = Path(__file__).resolve().parents[2] / "examples" / "checkpoints" / "induction-cpu" / "last.pt"
+    pairs, out = write_repeat_pairs(tmp_path / "repeats.jsonl", 12), tmp_path / "c"
+    args = ["prune", "--ckpt", str(ckpt), "--pairs", str(pairs), "--seed", "0", "--seed", "1", "--steps", "30",
+            "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    line = stopped_line(interrupt(args, out / "repeats_seed0.json"))
+    assert line.startswith(f"mechlab: stopped by signal 2 (SIGINT, Ctrl-C) after 1 of 2 circuit(s); kept repeats_seed0 "
+                           f"in '{out}'; resume with the same command"), line  # fmt: skip
+    assert not (out / "repeats_seed1.json").exists() and not leftovers(out)
+    assert main(args) == 0
+    assert "read back 1 circuit(s) found before with the same settings: repeats_seed0" in capsys.readouterr().out
+    assert (out / "repeats_seed0.html").is_file() and (out / "repeats_seed1.json").is_file()

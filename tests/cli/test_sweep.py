@@ -3,12 +3,15 @@ and its resume, on the oracle and on real trials."""
 
 import csv
 import json
+import re
 
 import pytest
 
 from mechlab.cli import main
+from mechlab.sweep.oracle import OracleTrial
 
 ORACLE = ["--trial", "mechlab.sweep.oracle:oracle_trial"]
+slow_oracle = OracleTrial(sleep=0.3)  # a trial that takes time, for a sweep stopped between trials
 TINY = ["--models", "st_lstm_small", "--formats", "acot", "--m", "3", "--L", "3", "--lrs", "1e-3",
         "--seeds", "10,20", "--n-val", "5", "--no-progress"]  # fmt: skip
 
@@ -92,3 +95,20 @@ def test_a_tiny_real_sweep_runs_end_to_end_locally(tmp_path, capsys):
     assert trials and all(t["steps"] == 30 and t["steps_run"] <= 30 for t in trials)
     assert all(list(t["val_loss_by_length"]) == ["3"] for t in trials)  # Z_2: validation only of length 3
     assert (out / "nstar.html").exists() and "trials:" in capsys.readouterr().out
+
+
+def test_ctrl_c_during_a_sweep_keeps_the_finished_trials_and_the_rerun_reuses_them(tmp_path, capsys):
+    from tests.interrupt import interrupt, leftovers, stopped_line
+
+    out = tmp_path / "sweep"
+    args = ["sweep", "--out", str(out), *TINY, "--lengths", "fixed", "--no-kappa", "--no-ood", "--local",
+            "--trial", "tests.cli.test_sweep:slow_oracle"]  # fmt: skip
+    line = stopped_line(interrupt(args, lambda: any((out / "trials").glob("*.json"))))  # the next trial sleeps
+    found = re.match(r"mechlab: stopped by signal 2 \(SIGINT, Ctrl-C\) after (\d+) trial\(s\); kept (.+) in '(.+)'; "
+                     r"resume with the same command, which reads back what is kept", line)  # fmt: skip
+    assert found, line
+    trials = sorted(p.stem for p in (out / "trials").glob("*.json"))
+    assert int(found[1]) == len(trials) >= 1 and found[2] == ", ".join(trials) and found[3] == str(out / "trials")
+    assert not (out / "sweep.json").exists() and not leftovers(out)  # the tables come at the end
+    assert main(args) == 0
+    assert re.search(rf"trials: \d+ run, {len(trials)} reused", capsys.readouterr().out)

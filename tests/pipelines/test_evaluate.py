@@ -189,3 +189,21 @@ def test_eval_prune_and_recall_take_one_haystack_default(tmp_path, model):
     recalled = recall_analysis(open_checkpoint(path), n_traces=4, components=False, progress=False)
     assert (evaluated["n_haystack"], evaluated["seg_len"]) == (data.info["n_haystack"], data.info["seg_len"])
     assert (recalled.n_haystack, recalled.seg_len) == (data.info["n_haystack"], data.info["seg_len"]) == (2, 4)
+
+
+def test_ctrl_c_during_eval_keeps_the_suites_written_and_the_rerun_reads_them_back(tmp_path, capsys):
+    from mechlab.cli import main
+    from tests.interrupt import interrupt, leftovers, stopped_line
+
+    bundled = Path(__file__).resolve().parents[2] / "examples" / "checkpoints" / "recall-cpu" / "last.pt"
+    out = tmp_path / "eval"
+    args = ["eval", "--ckpt", str(bundled), "--suite", "nih", "--suite", "ood", "--traces", "200", "--threads", "1",
+            "--out", str(out)]  # fmt: skip
+    line = stopped_line(interrupt(args, out / "nih.json"))  # ood (eight probes) runs on
+    assert line == (f"mechlab: stopped by signal 2 (SIGINT, Ctrl-C) after 1 of 2 suite(s); kept nih in '{out}'; "
+                    "resume with the same command, which reads back what is kept and computes the rest: "
+                    f"python -m mechlab {' '.join(args)}")  # fmt: skip
+    assert not (out / "ood.json").exists() and not leftovers(out)  # no half-written file, no lock
+    assert main(args) == 0
+    assert f"nih: read back {out / 'nih.json'} (same settings" in capsys.readouterr().out
+    assert (out / "ood.json").is_file() and (out / "nih.html").is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -145,3 +146,20 @@ def test_cli_dynamics_beside_the_run_reruns_and_replaces(runs, tmp_path, capsys)
     assert recall(12, "--force") == 0
     assert json.loads((out / "recall_dynamics.json").read_text())["n_traces"] == 12
     assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+
+
+def test_sigterm_during_recall_keeps_the_report_written_and_the_rerun_reads_it_back(tmp_path, capsys):
+    from tests.interrupt import interrupt, leftovers, stopped_line
+
+    out = tmp_path / "recall"
+    args = ["recall", "--ckpt", str(BUNDLED), "--checkpoints", str(BUNDLED.parent), "--traces", "32",
+            "--no-components", "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    done = interrupt(args, out / "recall.json", signum=signal.SIGTERM)  # the run's 13 checkpoints follow
+    line = stopped_line(done, signal.SIGTERM)
+    assert line.startswith(f"mechlab: stopped by signal 15 (SIGTERM) after 1 of 2 report(s); kept recall in '{out}'; "
+                           "resume with the same command"), line  # fmt: skip
+    assert not (out / "recall_dynamics.json").exists() and not leftovers(out)
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"recall: read back {out / 'recall.json'} (same settings)" in printed
+    assert (out / "recall_dynamics.json").is_file()
