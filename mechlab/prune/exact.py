@@ -54,22 +54,10 @@ def _finish(model: nn.Module, resid: Tensor, first_block: int) -> Tensor:
 
 
 @torch.no_grad()
-def transformer_single_edge_outputs(
-    model: nn.Module, graph: EdgeGraph, x: Tensor, ablated: Tensor, reader: str, writers: list[int]
-) -> Tensor:
-    """The outputs with each of the edges ``writers[i] -> reader`` ablated alone.
-
-    Args:
-        model: A mechlab transformer (frozen, eval mode).
-        graph: Its (plain) edge graph.
-        x: ``[batch, pos, ...]`` inputs.
-        ablated: ``[n_writers, batch | 1, pos, d]`` ablated writer outputs of these traces.
-        reader: The reader's name.
-        writers: Writer indices of its edges.
-
-    Returns:
-        ``[len(writers), batch, pos, d_output]``.
-    """
+def clean_run(model: nn.Module, x: Tensor) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """The clean pass every single-edge replay starts from: the activations it reads
+    (``resid_pre/mid/post``, head results, MLP outputs per block) and the writer outputs
+    in graph order. One pass per batch of traces, shared by every reader's replays."""
     names = [f"blocks.{i}.{h}" for i in range(model.cfg.n_layers)
              for h in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_result",
                        "hook_mlp_out")]  # fmt: skip
@@ -80,6 +68,30 @@ def transformer_single_edge_outputs(
         rows += list(cache[f"blocks.{i}.attn.hook_result"].unbind(2)) + [
             cache[f"blocks.{i}.hook_mlp_out"]
         ]
+    return cache, rows
+
+
+@torch.no_grad()
+def transformer_single_edge_outputs(
+    model: nn.Module, graph: EdgeGraph, x: Tensor, ablated: Tensor, reader: str, writers: list[int],
+    clean: tuple | None = None,
+) -> Tensor:  # fmt: skip
+    """The outputs with each of the edges ``writers[i] -> reader`` ablated alone.
+
+    Args:
+        model: A mechlab transformer (frozen, eval mode).
+        graph: Its (plain) edge graph.
+        x: ``[batch, pos, ...]`` inputs.
+        ablated: ``[n_writers, batch | 1, pos, d]`` ablated writer outputs of these traces.
+        reader: The reader's name.
+        writers: Writer indices of its edges.
+        clean: :func:`clean_run` of ``x`` (None: run it here; :func:`exact_scores` runs
+            it once per batch of traces for every reader).
+
+    Returns:
+        ``[len(writers), batch, pos, d_output]``.
+    """
+    cache, rows = clean_run(model, x) if clean is None else clean
     index = torch.tensor(writers, device=x.device)
     diffs = torch.stack([rows[w] for w in writers]) - ablated[index]  # [K, batch, pos, d]
     K, B = diffs.shape[:2]
@@ -160,10 +172,11 @@ def exact_scores(
             x = obj.traces.inputs[index]
             abl = select_traces(obj.ablated, index)
             per_pass = max(1, max_rows // len(index))
+            clean = clean_run(obj.model, x)
             for reader, ks, ws in todo:
                 for i in range(0, len(ks), per_pass):
                     out = transformer_single_edge_outputs(
-                        obj.model, graph, x, abl, reader, ws[i : i + per_pass]
+                        obj.model, graph, x, abl, reader, ws[i : i + per_pass], clean
                     )
                     for k, o in zip(ks[i : i + per_pass], out, strict=True):
                         sums[k] += float(obj.metric_sum(o, index).double())
