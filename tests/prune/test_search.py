@@ -114,3 +114,22 @@ def test_auto_warm_start_is_exact_on_small_graphs_and_eap_ig_on_large():
     assert warm_method(PruneConfig(warm_start="eap-ig"), 10) == "eap-ig"
     assert warm_method(PruneConfig(warm_start="none"), 10) is None
     assert warm_method(PruneConfig(warm_start="eap"), 10) == "eap"
+
+
+def test_a_default_search_never_imports_torch_dynamo():
+    """The first torch Optimizer of a process imports torch._dynamo (a second or more on
+    one core); the default search's shared-scale Adam is no Optimizer and needs none."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from mechlab.prune.engine import prune\n"
+        "from mechlab.prune.planted import PLANTED_FAMILY, planted_model\n"
+        "case = planted_model(PLANTED_FAMILY['t2x4-qk-1:3'])\n"
+        "prune(case.model, case.data(), 'all', 0.9, steps=3, batch_size=8)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
