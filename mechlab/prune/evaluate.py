@@ -14,7 +14,7 @@ Metrics (:func:`evaluate_masks`), on held-out traces at the target positions, wi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -109,6 +109,7 @@ def evaluate_masks(
     batch_size: int = 128,
     progress: bool = False,
     stage: str = "evaluation",
+    on_batch: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Faithfulness and errors of a binary circuit at the target positions (see the module docstring).
 
@@ -127,6 +128,8 @@ def evaluate_masks(
             circuit, the fully ablated model and the complement).
         stage: What the bar says first (``<stage>: circuit, complement, ablated on N
             held-out traces``).
+        on_batch: Called after each batch of traces (e.g. an outer bar's ``update`` over
+            several circuits' batches).
 
     Returns:
         A dict of floats (see the module docstring), plus ``n_traces``, ``n_positions``
@@ -143,6 +146,8 @@ def evaluate_masks(
                          batch_size, progress,
                          f"{stage}: circuit, complement, ablated on {len(traces)} held-out traces")  # fmt: skip
     for chunk, mask, outs in runs:
+        if on_batch is not None:
+            on_batch()
         full = outs["full"]
         for name, out in outs.items():
             if name != "full":
