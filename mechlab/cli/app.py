@@ -27,6 +27,19 @@ class UsageProblem(ValueError):
     """Bad input from the command line: reported as one line, exit status 2."""
 
 
+def interactive() -> bool:
+    """Whether stderr is a terminal (a person watching), not a log or a pipe."""
+    return sys.stderr.isatty()
+
+
+def say_loading(progress: bool, what: str = "torch, the model and its traces") -> None:
+    """Say ``loading <what>`` on stderr before the seconds torch and the pipelines take to
+    load (half a minute on a fresh clone), at a terminal only and with ``progress``: in a log
+    or a pipe refused input stays one line. Call it after the command's input checks."""
+    if progress and interactive():
+        typer.echo(f"loading {what}", err=True)
+
+
 def use_threads(threads: int | None) -> int:
     """Set torch's CPU threads when given; returns how many run (torch loads here). The
     count is printed when the command ends (:func:`mechlab.cli.main`)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import typer
@@ -15,6 +14,7 @@ from mechlab.cli.app import (
     fmt,
     force_option,
     renamed_option,
+    say_loading,
     stopped,
     use_threads,
     warn,
@@ -34,11 +34,6 @@ METHOD_HELP = ("prune: differentiable edge pruning (default); eap: edge attribut
 PRUNE_ONLY = ("steps", "lr", "lambda_lr", "node_sparsity", "normalize_loss", "share")
 """Options of edge pruning alone (its optimiser, node masks, joint pruning)."""
 
-
-
-def _interactive() -> bool:
-    """Whether stderr is a terminal (a person watching), not a log or a pipe."""
-    return sys.stderr.isatty()
 
 def prune(
     ctx: typer.Context,
@@ -117,9 +112,7 @@ def prune(
         preflight.check_recipe(recipe)
     _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
                        force=force)  # fmt: skip
-    # Only now torch, the pipelines and the model load (seconds; half a minute on a fresh clone).
-    if progress and _interactive():  # at a terminal only: refused input stays one line in a log
-        typer.echo("loading torch, the model and its traces", err=True)
+    say_loading(progress)  # only now torch, the pipelines and the model load
     from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
 
     chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
@@ -457,6 +450,7 @@ def overlap_(
                                     inputs=[*circuits, *([ckpt] if ckpt is not None else [])])  # fmt: skip
     for path in circuits:
         preflight.check_input_file(path, "circuit")
+    say_loading(progress, "torch and the circuits")
     from mechlab.pipelines import overlap_circuits
     from mechlab.pipelines.circuits import overlap_lines
 
@@ -521,6 +515,7 @@ def curve(
     preflight.check_nih(nih)
     preflight.check_checkpoint(ckpt, task="lds", targets=target)
     preflight.check_folder(out, "curve", source=ckpt, what="curves", force=force)
+    say_loading(progress)
     from mechlab.pipelines import curve_checkpoint
 
     try:

@@ -13,6 +13,7 @@ from mechlab.cli.app import (
     fmt,
     force_option,
     renamed_option,
+    say_loading,
     stopped,
     use_threads,
 )
@@ -59,6 +60,7 @@ def eval_(
     preflight.check_checkpoint(ckpt, task="lds")
     preflight.check_suites(suite)
     preflight.check_folder(out, "eval", source=ckpt, what="eval", force=force)
+    say_loading(True, "torch and the model")  # the suites' bars have no --no-progress either
     from mechlab.pipelines import evaluate_checkpoint
 
     use_threads(threads)
@@ -157,6 +159,7 @@ def report(
     preflight.check_recipe(recipe)
     preflight.check_checkpoint(ckpt, task="lds", targets=target)
     preflight.check_folder(out, "report", source=ckpt, what="report", force=force)
+    say_loading(progress, "torch and the model")
     from mechlab.pipelines import ReportConfig, report_checkpoint
 
     cfg = ReportConfig(targets=tuple(target), seeds=tuple(seed), eval_traces=eval_traces,
@@ -236,6 +239,7 @@ def recall(
         preflight.check_run_dir(checkpoints)
     source = ckpt if ckpt is not None else checkpoints / "last.pt"
     preflight.check_folder(out, "recall", source=source, what="recall", force=force)
+    say_loading(progress, "torch and the model")
     from mechlab.pipelines import recall_and_write
 
     use_threads(threads)

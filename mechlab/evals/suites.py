@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from mechlab.models.base import predict_in_chunks
+from mechlab.progress import tqdm
 from mechlab.tasks.lds import LDSConfig, SystemLibrary
 from mechlab.tasks.lds_evals import (
     PROBES,
@@ -175,6 +176,7 @@ def evaluate_model(
     seed: int = 0,
     protocol: str = "study",
     trials: int | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run one suite (not ``dynamics``) on a model; returns a JSON-ready dict.
 
@@ -190,6 +192,7 @@ def evaluate_model(
         protocol: NiH construction (``nih``/``ood``): ``"uniform"`` or ``"study"``.
         trials: None (median and quartiles over traces) or initial-state trials per
             example (``nih``/``ood``: :func:`summarize_per_example`).
+        progress: Show a bar over ``ood``'s runs (the clean traces, then each probe's).
     """
     g = torch.Generator().manual_seed(seed)
     nih_protocol(protocol)  # validate before any work
@@ -207,7 +210,8 @@ def evaluate_model(
         return {**head, "offsets": {str(j): _summarize(e, trials) for j, e in errs.items()}}
     if suite == "ood":
         out: dict[str, Any] = {**head, "probes": {}}
-        for probe in (None, *PROBES):
+        desc = f"ood: clean and {len(PROBES)} probes, {n_total} traces"
+        for probe in tqdm((None, *PROBES), disable=not progress, desc=desc, unit="run"):
             # The same generator seed for every probe: the traces differ only by the probe.
             errs = nih_errors(model, cfg, library, n_total, n_haystack, seg_len,
                               torch.Generator().manual_seed(seed), probe=probe, protocol=protocol,

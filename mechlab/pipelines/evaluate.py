@@ -40,6 +40,7 @@ def run_suite(
     protocol: str = "study",
     trials: int | None = None,
     device: str | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Run a suite on a checkpoint (``dynamics``: on the run directory the checkpoint is in).
 
@@ -54,6 +55,7 @@ def run_suite(
         protocol: The NiH construction (``"study"`` or ``"uniform"``).
         trials: Initial-state trials per example (``nih``/``ood``).
         device: Where the model runs (default: where it is; a path loads onto the CPU).
+        progress: Show progress bars (``ood``: its runs; ``dynamics``: the checkpoints).
 
     Returns:
         ``{"suite", "checkpoint", "sha256", "step", "seed", "result"}``.
@@ -69,10 +71,10 @@ def run_suite(
     path = source_path(source)
     if suite == "dynamics":
         result = eval_dynamics(_run_dir(path), min(n_traces, 500), n_haystack, seg_len, seed,
-                               protocol=protocol, device=device)  # fmt: skip
+                               protocol=protocol, device=device, progress=progress)  # fmt: skip
     else:
         result = evaluate_model(ckpt.model, cfg, make_libraries(cfg)[1], suite, n_traces, n_haystack,
-                                seg_len, seed, protocol=protocol, trials=trials)  # fmt: skip
+                                seg_len, seed, protocol=protocol, trials=trials, progress=progress)  # fmt: skip
     return {"suite": suite, "checkpoint": str(path), "sha256": ckpt.sha256, "step": ckpt.step,
             "seed": seed, "result": result}  # fmt: skip
 

@@ -337,7 +337,8 @@ def make_report(
     start = time.perf_counter()
     say(f"evaluation: NiH and its probes, {cfg.eval_traces} traces")
     evals = {
-        suite: run_suite(opened, suite, n_traces=cfg.eval_traces, protocol=cfg.nih, device=device)
+        suite: run_suite(opened, suite, n_traces=cfg.eval_traces, protocol=cfg.nih, device=device,
+                         progress=progress)
         for suite in ("nih", "ood")
     }
     timings["evaluation"] = time.perf_counter() - start

@@ -183,6 +183,14 @@ def eap_scores(
     return -fixed_difference_gradient(obj, 0.0, batch_size)
 
 
+def _eap_pass(obj: Objective, at: str, batch_size: int, progress: bool, desc: str = "eap") -> Tensor:
+    """:func:`eap_scores` under a bar of one step (its one pass: nothing finer to count)."""
+    with tqdm(total=1, disable=not progress, desc=desc, unit="pass") as bar:
+        scores = eap_scores(obj, at, batch_size)
+        bar.update()
+    return scores
+
+
 def _integrate(gradient_at, steps: int, desc: str, progress: bool) -> Tensor:
     """``-(1/S) sum_s gradient_at(t_s)`` over the midpoints ``t_s`` of ``[0, 1]``."""
     total = None
@@ -354,8 +362,8 @@ def score_edges(
 ) -> Tensor:
     """The scores of ``method`` on an objective (the model frozen and in eval mode).
 
-    ``progress`` shows a bar (``eap``: none, one pass), ``desc`` what it says (default:
-    the method's name).
+    ``progress`` shows a bar (``eap``: one step, its one pass), ``desc`` what it says
+    (default: the method's name).
 
     Returns:
         ``[n_edges]`` float64, 0 on the edges that cannot matter.
@@ -363,7 +371,7 @@ def score_edges(
     run = obj.truncated()
     named = {} if desc is None else {"desc": desc}
     if method == "eap":
-        scores = eap_scores(run, at, batch_size)
+        scores = _eap_pass(run, at, batch_size, progress, **named)
     elif method == "eap-ig":
         scores = eap_ig_scores(run, steps, batch_size, progress, **named)
     elif method == "eap-ig-inputs":

@@ -290,21 +290,24 @@ def evaluate_curve(
 
     # The 1.0 anchor scores the full model (f ~ 1) and the empty complement (f = 0); the
     # 0.0 anchor is its mirror image (circuit empty, complement full), so one pass gives both.
-    def score(mask: Tensor) -> dict[str, Any]:
-        return evaluate_masks(model, graph, traces, target, ablation, mask,
-                              mean_reference=mean_reference, batch_size=batch_size)  # fmt: skip
+    n_batches = math.ceil(len(traces) / batch_size)
+    bar = tqdm(total=(1 + len(masks)) * n_batches, disable=not progress, unit="batch",
+               desc=f"curve {target_name(target)}, {ablation}: the full model, then {len(masks)} budgets")  # fmt: skip
 
-    full = score(torch.ones(graph.n_edges, dtype=torch.bool))  # first: is there a gap at all?
-    gap = full["ablated_vs_full"]
-    if not gap > _SILENT:
-        raise ValueError(
-            f"ablating every edge ({ablation}) changes the output at target "
-            f"{target_name(target)!r} by only {gap:.1e}: faithfulness is undefined; "
-            "use another ablation or target"
-        )
-    rows = [
-        score(m) for m in tqdm(masks, disable=not progress, desc=f"curve {ablation}", unit="budget")
-    ]
+    def score(mask: Tensor) -> dict[str, Any]:
+        return evaluate_masks(model, graph, traces, target, ablation, mask, mean_reference=mean_reference,
+                              batch_size=batch_size, on_batch=bar.update)  # fmt: skip
+
+    with bar:
+        full = score(torch.ones(graph.n_edges, dtype=torch.bool))  # first: is there a gap at all?
+        gap = full["ablated_vs_full"]
+        if not gap > _SILENT:
+            raise ValueError(
+                f"ablating every edge ({ablation}) changes the output at target "
+                f"{target_name(target)!r} by only {gap:.1e}: faithfulness is undefined; "
+                "use another ablation or target"
+            )
+        rows = [score(mask) for mask in masks]
     rows.append(full)
     return FaithfulnessCurve(
         target=target_name(target),

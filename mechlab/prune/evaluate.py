@@ -14,7 +14,7 @@ Metrics (:func:`evaluate_masks`), on held-out traces at the target positions, wi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -108,6 +108,8 @@ def evaluate_masks(
     mean_reference: Tensor | None = None,
     batch_size: int = 128,
     progress: bool = False,
+    stage: str = "evaluation",
+    on_batch: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Faithfulness and errors of a binary circuit at the target positions (see the module docstring).
 
@@ -124,6 +126,10 @@ def evaluate_masks(
         batch_size: Traces per pass.
         progress: Show a progress bar (one step per batch of traces: the full model, the
             circuit, the fully ablated model and the complement).
+        stage: What the bar says first (``<stage>: circuit, complement, ablated on N
+            held-out traces``).
+        on_batch: Called after each batch of traces (e.g. an outer bar's ``update`` over
+            several circuits' batches).
 
     Returns:
         A dict of floats (see the module docstring), plus ``n_traces``, ``n_positions``
@@ -138,8 +144,10 @@ def evaluate_masks(
     err: dict[str, list[Tensor]] = {name: [] for name in (*variants, "full")}
     runs = _variant_runs(model, graph, traces, positions, ablation, edges, nodes, mean_reference,
                          batch_size, progress,
-                         f"evaluation: circuit, complement, ablated on {len(traces)} held-out traces")  # fmt: skip
+                         f"{stage}: circuit, complement, ablated on {len(traces)} held-out traces")  # fmt: skip
     for chunk, mask, outs in runs:
+        if on_batch is not None:
+            on_batch()
         full = outs["full"]
         for name, out in outs.items():
             if name != "full":
@@ -229,6 +237,8 @@ def evaluate_circuit(
     circuit: Circuit,
     target: Target | None = None,
     ablation: str | None = None,
+    progress: bool = False,
+    stage: str = "evaluation",
 ) -> dict[str, Any]:
     """Score a circuit on ``data``'s held-out traces, for its own target or another one.
 
@@ -242,6 +252,8 @@ def evaluate_circuit(
         circuit: The circuit.
         target: Target to score (default: the circuit's own).
         ablation: Ablation (default: the circuit's own).
+        progress: Show a bar over the batches of traces (:func:`evaluate_masks`).
+        stage: What the bar says first.
 
     The graph is the circuit's: the windowed graph of a recurrent model (on
     ``data``'s windows) when the circuit was pruned on one, else the plain graph.
@@ -251,6 +263,5 @@ def evaluate_circuit(
     """
     graph, edges, target, ablation = _circuit_setting(model, data, circuit, target, ablation)
     reference = data.train.inputs if ablation == "mean" else None
-    return evaluate_masks(
-        model, graph, data.test, target, ablation, edges, mean_reference=reference
-    )
+    return evaluate_masks(model, graph, data.test, target, ablation, edges, mean_reference=reference,
+                          progress=progress, stage=stage)  # fmt: skip

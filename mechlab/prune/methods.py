@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mechlab.progress import tqdm
 from mechlab.prune.acdc import ACDC_PASSES, acdc_search, acdc_settings, check_acdc_size
 from mechlab.prune.attribution import (
     ATTRIBUTION_METHODS,
@@ -49,6 +50,7 @@ from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import ABLATIONS, frozen_eval
 from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
 from mechlab.prune.masks import keep_count
+from mechlab.prune.objective import Objective
 from mechlab.prune.paths import select_on_paths
 from mechlab.traces import PruneData, Target, check_target, target_name, target_positions
 
@@ -111,6 +113,7 @@ def circuit_from_scores(
     position_aware: bool | None = None,
     checkpoint_sha256: str | None = None,
     metadata: dict[str, Any] | None = None,
+    progress: bool = False,
 ) -> Circuit:
     """The circuit of whole paths among the best-ranked edges within the budget, scored held out.
 
@@ -128,6 +131,7 @@ def circuit_from_scores(
         position_aware: The graph of a recurrent model (as :func:`~mechlab.prune.engine.prune`).
         checkpoint_sha256: Recorded in the metadata.
         metadata: More plain values for the metadata.
+        progress: Show the held-out evaluation's bar (``evaluation: ...``).
 
     Returns:
         The :class:`~mechlab.prune.circuit.Circuit` with its held-out ``metrics``.
@@ -161,7 +165,7 @@ def circuit_from_scores(
     reference = data.train.inputs.to(device) if ablation == "mean" else None
     with frozen_eval(model):
         metrics = evaluate_masks(model, graph, data.test.to(device), target, ablation, edges,
-                                 mean_reference=reference)  # fmt: skip
+                                 mean_reference=reference, progress=progress)  # fmt: skip
     from mechlab.prune.engine import faithfulness_warning  # the engine imports nothing of ours
 
     warning = faithfulness_warning(metrics)
@@ -265,7 +269,8 @@ def find_circuit(
         passes: Most ACDC passes when searching ``tau``.
         batch_size: Traces per pass of the scoring methods.
         position_aware: The graph of a recurrent model (as :func:`~mechlab.prune.engine.prune`).
-        progress: Show progress bars.
+        progress: Show progress bars: the references, the scoring (or the search) and
+            the held-out evaluation, each naming its stage.
         checkpoint_sha256: Recorded in the metadata.
         **prune_kwargs: More settings of :func:`~mechlab.prune.engine.prune` (``prune`` only).
 
@@ -315,12 +320,7 @@ def find_circuit(
             raise ValueError(f"tau must be a finite number >= 0, got {tau!r}")
     started = time.perf_counter()
     with frozen_eval(model):
-        obj = build_objective(
-            model, data.train, target, ablation, metric, graph, batch_size=batch_size
-        )
-        total = metric_value(obj, torch.zeros(graph.n_edges), batch_size) - metric_value(
-            obj, torch.ones(graph.n_edges), batch_size
-        )
+        obj, total = _references(model, data, target, ablation, metric, graph, batch_size, progress)
         extra: dict[str, Any] = {"metric": metric}
         eligible = None
         if method == "acdc":
@@ -346,5 +346,23 @@ def find_circuit(
     extra.update(method=method, settings=settings, seconds_scoring=seconds)
     return circuit_from_scores(
         model, data, target, scores, sparsity, n_edges=n_edges, ablation=ablation, absolute=absolute,
-        eligible=eligible, checkpoint_sha256=checkpoint_sha256, metadata=extra,
+        eligible=eligible, checkpoint_sha256=checkpoint_sha256, metadata=extra, progress=progress,
     )  # fmt: skip
+
+
+def _references(
+    model: nn.Module, data: PruneData, target: Target, ablation: str, metric: str, graph: EdgeGraph,
+    batch_size: int, progress: bool,
+) -> tuple[Objective, float]:  # fmt: skip
+    """The objective on the training traces and the metric's total effect (all edges
+    ablated minus none), under a bar of three passes when ``progress`` (the model frozen)."""
+    bar = tqdm(total=3, disable=not progress, unit="pass",
+               desc=f"references: {ablation} ablation, full outputs, {metric} ablated and full")  # fmt: skip
+    with bar:
+        obj = build_objective(model, data.train, target, ablation, metric, graph, batch_size=batch_size)
+        bar.update()
+        ablated = metric_value(obj, torch.zeros(graph.n_edges), batch_size)
+        bar.update()
+        full = metric_value(obj, torch.ones(graph.n_edges), batch_size)
+        bar.update()
+    return obj, ablated - full

@@ -474,7 +474,8 @@ def cross_evaluate(
         data: Traces (held-out set scored).
         circuits: Circuits (each records its ``target``).
         targets: Targets to score on (default: the circuits' own targets, in order).
-        progress: Show a progress bar.
+        progress: Show a bar for each (circuit, target) over its batches of traces
+            (``cross-evaluation 1/4, 1-after seed 0 on 2-after: ...``).
 
     Returns:
         One row per (circuit, target): ``circuit_target``, ``seed``, ``evaluated_on``,
@@ -487,8 +488,9 @@ def cross_evaluate(
     targets = list(dict.fromkeys(own)) if targets is None else list(targets)
     rows = []
     jobs = list(itertools.product(range(len(circuits)), targets))
-    for i, target in tqdm(jobs, disable=not progress, desc="cross-evaluation", unit="circuit"):
-        m = evaluate_circuit(model, data, circuits[i], target=target)
+    for k, (i, target) in enumerate(jobs, 1):
+        stage = f"cross-evaluation {k}/{len(jobs)}, {own[i]} seed {circuits[i].metadata.get('seed')} on {target}"
+        m = evaluate_circuit(model, data, circuits[i], target=target, progress=progress, stage=stage)
         rows.append({
             "circuit_target": own[i], "seed": circuits[i].metadata.get("seed"),
             "evaluated_on": target, "own": own[i] == target,

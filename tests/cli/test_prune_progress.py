@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from mechlab.cli import main
@@ -28,9 +30,8 @@ def _prune(ckpt, out, *extra):
 
 
 def test_prune_names_each_stage_in_order_on_stderr(tiny_lds_checkpoint, tmp_path, capsys, monkeypatch):
-    import mechlab.cli.circuits as circuits
-
-    monkeypatch.setattr(circuits, "_interactive", lambda: True)  # the loading line is for a terminal
+    app = importlib.import_module("mechlab.cli.app")  # the package's own ``app`` is the Typer app
+    monkeypatch.setattr(app, "interactive", lambda: True)  # the loading line is for a terminal
     assert _prune(tiny_lds_checkpoint, tmp_path / "c") == 0
     captured = capsys.readouterr()
     err = captured.err

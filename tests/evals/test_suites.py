@@ -137,6 +137,17 @@ def test_evaluate_model_nih_and_ood_keys(cfg, test_lib, model):
     json.dumps(ood)
 
 
+def test_the_ood_bar_counts_the_clean_run_and_each_probe(cfg, test_lib, model, capsys):
+    kw = {"n_traces": 8, "n_haystack": 2, "seg_len": 4, "seed": 3}
+    quiet = evaluate_model(model, cfg, test_lib, "ood", **kw)
+    assert capsys.readouterr().err == ""  # no bar unless asked
+    shown = evaluate_model(model, cfg, test_lib, "ood", progress=True, **kw)
+    assert shown == quiet  # the bar changes nothing
+    n = 1 + len(PROBES)
+    err = capsys.readouterr().err
+    assert f"ood: clean and {len(PROBES)} probes, 8 traces: 100%|██████████| {n}/{n}" in err, err
+
+
 def test_evaluate_model_uninterleaved_keys(cfg, test_lib, model):
     r = evaluate_model(model, cfg, test_lib, "uninterleaved", n_traces=30, seed=0)
     assert set(r) == {"n_traces", "model_median", "lstsq_median", "model_q1", "model_q3"}

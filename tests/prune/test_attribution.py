@@ -27,6 +27,7 @@ from mechlab.prune.attribution import (
     build_objective,
     fixed_difference_gradient,
     metric_value,
+    score_edges,
 )
 from mechlab.prune.forward import frozen_eval
 from mechlab.prune.graph import pruning_graph
@@ -225,3 +226,15 @@ def test_nan_scores_are_refused():
         model.read_out.proj.weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"edge score\(s\) are NaN or infinite"):
         attribute(model, random_traces(model), "all", "eap-ig", steps=1)
+
+
+def test_eap_shows_a_bar_of_its_one_pass(capsys):
+    model = small_model("transformer")
+    traces = random_traces(model)
+    with frozen_eval(model):
+        obj = build_objective(model, traces, "all", "interchange", "loss", pruning_graph(model))
+        quiet = score_edges(obj, "eap")
+        assert capsys.readouterr().err == ""  # no bar unless asked
+        shown = score_edges(obj, "eap", progress=True, desc="selection pool: eap")
+    torch.testing.assert_close(shown, quiet)  # the bar changes nothing
+    assert "selection pool: eap: 100%|██████████| 1/1" in capsys.readouterr().err

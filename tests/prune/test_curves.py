@@ -252,6 +252,17 @@ def test_token_model_curve_uses_kl_and_its_anchors_hold():
     assert curve.complement_faithfulness[-1] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_the_bar_counts_the_batches_of_the_full_model_and_of_each_budget(capsys):
+    model = planted_transformer()
+    scores = planted_scores(build_graph(model), CIRCUIT)
+    quiet = faithfulness_curve(model, traces(1), "all", "zero", scores, [0.1, 0.5], progress=False)
+    assert capsys.readouterr().err == ""  # no bar unless asked
+    shown = faithfulness_curve(model, traces(1), "all", "zero", scores, [0.1, 0.5], batch_size=10)
+    assert shown.faithfulness == quiet.faithfulness  # the bar changes nothing
+    err = capsys.readouterr().err
+    assert "curve all, zero: the full model, then 2 budgets: 100%|██████████| 9/9" in err, err  # 3 x 24 traces / 10
+
+
 def test_bad_input_raises_one_line_before_any_work():
     model = planted_transformer()
     scores = torch.zeros(61)

@@ -106,6 +106,21 @@ def test_circuit_from_your_own_scores():
     assert circuit.metadata["metrics"]["faithfulness"] > 0.999
 
 
+@pytest.mark.parametrize("method", ["eap", "exact"])
+def test_a_method_shows_the_references_its_scoring_and_the_evaluation(method, capsys):
+    model, _ = PLANTED["value-61"]()
+    data = planted_data(0, n_train=4, n_test=4)
+    quiet = find_circuit(model, data, "all", method, sparsity=0.9)
+    assert capsys.readouterr().err == ""  # no bar unless asked
+    shown = find_circuit(model, data, "all", method, sparsity=0.9, progress=True)
+    assert shown.edges == quiet.edges  # the bars change nothing
+    err = capsys.readouterr().err
+    stages = ["references: interchange ablation, full outputs, loss ablated and full: 100%|██████████| 3/3",
+              f"{method}: ", "evaluation: circuit, complement, ablated on 4 held-out traces: 100%"]  # fmt: skip
+    where = [err.find(stage) for stage in stages]
+    assert -1 not in where and where == sorted(where), err
+
+
 def _bad(method="eap-ig", **kw):
     model, _ = PLANTED["value-61"]()
     return model, planted_data(0), method, kw

@@ -216,6 +216,19 @@ def test_cross_evaluation_of_a_planted_circuit():
     assert all(r["complement_faithfulness"] < 0.01 for r in rows)
 
 
+def test_cross_evaluation_shows_one_bar_per_circuit_and_target(capsys):
+    from tests.prune.test_engine import planted_data, planted_transformer
+
+    model, data = planted_transformer(), planted_data()
+    good = Circuit.from_edges({("embed", "a1.h0.v"): 1.0, ("a1.h0", "out"): 1.0},
+                              metadata={"target": "all", "ablation": "interchange", "seed": 0})  # fmt: skip
+    quiet = cross_evaluate(model, data, [good])
+    assert capsys.readouterr().err == ""  # no bar unless asked
+    assert cross_evaluate(model, data, [good], progress=True) == quiet  # the bar changes nothing
+    err = capsys.readouterr().err
+    assert "cross-evaluation 1/1, all seed 0 on all: circuit, complement, ablated on" in err, err
+
+
 def test_bad_input():
     a = circuit(GRAPH.edges[:3], "a")
     b = circuit(GRAPH.edges[3:6], "b")
