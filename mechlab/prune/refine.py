@@ -260,7 +260,9 @@ def loss_function(
 
     Scored on the first ``n_traces`` training traces, deterministic masks (0 or 1), the
     search's own :func:`~mechlab.prune.search.task_loss`, each target's loss divided by
-    its ``norms`` entry (so with normalising, ``1 - faithfulness`` on those traces).
+    its ``norms`` entry (so with normalising, ``1 - faithfulness`` on those traces). Each
+    set's masked forward replays only the layers where it differs from a set scored before
+    (:class:`~mechlab.prune.replay.ReplayForward`; the same numbers as a whole pass).
     """
     from mechlab.prune.forward import select_traces
     from mechlab.prune.replay import ReplayForward
