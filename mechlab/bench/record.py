@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -41,6 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mechlab.bench import gitstate
+from mechlab.bench.code_paths import code_paths
 
 LOAD_PER_CORE = 0.5  # load per core (before, after less the run's threads, others' threads): above it, provisional
 SCHEMA = "mechlab-bench/1"
@@ -79,21 +81,29 @@ def _torch_build() -> dict[str, str]:
     return out
 
 
-def _git_commit() -> str | None:
-    """The checkout's commit (``+changes`` when tracked files differ from it), or None."""
-    here = str(Path(__file__).resolve().parent)
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5, check=False).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", here, "diff", "--quiet", "HEAD", "--"], capture_output=True,
-                               timeout=5, check=False).returncode == 1  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("+changes" if dirty else "")) or None
+def code_state(bench: str | None = None) -> dict[str, Any]:
+    """The commit the benchmark measured: ``mechlab_commit`` (``git rev-parse HEAD``, with
+    ``+changes`` when files that matter differ from it) and ``mechlab_changes`` (those files
+    with their contents' git hashes), both None when mechlab does not run from a git
+    checkout (an installed copy): then its records say "no commit recorded".
+
+    The files that matter are ``bench``'s code paths (:mod:`mechlab.bench.code_paths`);
+    with none declared, every tracked file under ``mechlab/``.
+    """
+    here = Path(__file__).resolve()
+    root = gitstate.checkout_root(here.parent)
+    if root is None or (root / "mechlab" / "bench" / "record.py").resolve() != here:
+        return {"mechlab_commit": None, "mechlab_changes": None}
+    commit = gitstate.head(root)
+    changes = gitstate.uncommitted(root, (code_paths(bench) if bench else None) or ["mechlab"])
+    if commit is None or changes is None:
+        return {"mechlab_commit": None, "mechlab_changes": None}
+    return {"mechlab_commit": commit + ("+changes" if changes else ""), "mechlab_changes": changes}
 
 
-def machine_info(device: str = "cpu") -> dict[str, Any]:
-    """What a figure depends on besides the code: CPU, cores, torch's build, threads, device."""
+def machine_info(device: str = "cpu", bench: str | None = None) -> dict[str, Any]:
+    """What a figure depends on: CPU, cores, torch's build, threads, device, and the code
+    (:func:`code_state` of ``bench``)."""
     import torch
 
     info: dict[str, Any] = {
@@ -106,7 +116,7 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": str(device),
-        "mechlab_commit": _git_commit(),
+        **code_state(bench),
     }
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["device_name"] = torch.cuda.get_device_name(torch.device(device))
@@ -394,7 +404,7 @@ class Recorder:
 
     def record(self, tables: list[Table], data: dict[str, Any] | None = None) -> BenchRecord:
         """The record of the run so far (call at its end, inside the ``with``)."""
-        return BenchRecord(self.bench, self.command, self.settings, machine_info(self.device), self.load(),
+        return BenchRecord(self.bench, self.command, self.settings, machine_info(self.device, self.bench), self.load(),
                            self.started, time.perf_counter() - self._start, tables, data or {})  # fmt: skip
 
 
