@@ -22,6 +22,12 @@
 # row (mechlab.bench.goals). The prose around the tables is written by hand: read the new
 # tables, then the prose. A benchmark that fails does not stop the others; exit 1 when one
 # failed or a record came out provisional.
+#
+# Before the first benchmark and after the page is rendered, the script lists the records
+# older than the code they measured (python -m mechlab.bench.stale: the files each
+# benchmark exercises, mechlab/bench/code_paths.py, changed since the commit its record
+# names), or that cannot be told current; a stale record left at the end (a step ONLY
+# skipped) is said, not an error: the page says it too, above its table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -47,6 +53,11 @@ COOL=${COOL:-180}
 quiet() {  # quiet SECONDS: wait for load <= 0.5 per core; status 2 when still busy
   "$PYTHON" -m mechlab.bench.quiet --wait "$1"
 }
+stale() {  # stale WHEN: list the records older than the code (never fails the script)
+  echo "bench_quiet: records older than the code, $1 (python -m mechlab.bench.stale $OUT):"
+  "$PYTHON" -m mechlab.bench.stale "$OUT" || true
+}
+stale "before the benchmarks"
 
 if [[ "$ALLOW_LOAD" != 1 ]]; then
   quiet "$WAIT" || { echo "bench_quiet: refused (the machine is busy); ALLOW_LOAD=1 records provisional figures" >&2; exit 2; }
@@ -106,6 +117,7 @@ step ensemble-1 170 "ensemble --presets st_transformer_small,st_lstm_small,st_de
   "ensemble --presets st_lstm_small --steps 1 --n-train 16 --repeats 1"
 
 "$PYTHON" -m mechlab.bench.tables "$PAGE" --root "$ROOT"
+stale "after them"
 provisional=$("$PYTHON" - "$OUT" "${ran[@]}" <<'EOF'
 import sys
 from pathlib import Path

@@ -45,7 +45,8 @@ class Staleness:
     def summary(self) -> str:
         """``older than the code: mechlab/prune/forward.py changed since 0b89bf3d7539``."""
         if self.state == STALE:
-            return f"older than the code: {', '.join(self.files)} changed since {(self.commit or '')[:12]}"
+            note = f" ({self.reason})" if self.reason else ""
+            return f"older than the code: {', '.join(self.files)} changed since {(self.commit or '')[:12]}{note}"
         if self.state == UNKNOWN:
             return f"{self.reason}: cannot tell; rerun"
         return f"current (its code unchanged since {(self.commit or '')[:12]})"
@@ -76,7 +77,9 @@ def record_staleness(record: BenchRecord, root: Path | None) -> Staleness:
     measured = record.machine.get("mechlab_changes") or {}  # uncommitted at the run: path -> hash
     now = gitstate.file_hashes(root, sorted(set(changed) | set(measured)))
     stale = [f for f, h in now.items() if f not in measured or measured[f] != h]
-    return Staleness(STALE if stale else CURRENT, commit, stale)
+    unlisted = named.endswith("+changes") and record.machine.get("mechlab_changes") is None
+    reason = "its run had uncommitted changes it did not list: some may be what it measured" if unlisted else ""
+    return Staleness(STALE if stale else CURRENT, commit, stale, reason)
 
 
 def folder_staleness(folder: Path, root: Path | None) -> dict[Path, Staleness]:

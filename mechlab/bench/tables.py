@@ -16,6 +16,10 @@ command runs in, the repository root)::
     python -m mechlab.bench.tables docs/benchmarks.md --strict # exit 2 when a record is missing
 
 A block whose record does not exist yet shows a placeholder (``--strict`` refuses instead).
+A block whose record is older than the code it measured, or cannot be told to be current
+(:mod:`mechlab.bench.stale`: no commit recorded, a commit this clone does not hold), says
+so in a line of its own, ``**Staleness:** ...``, naming the files and the rerun; that line
+follows the git checkout the command runs in, so ``--check`` compares everything else.
 
 The prose around the blocks is written by hand; ``scripts/bench_quiet.sh`` runs the
 benchmarks on a quiet machine and then this.
@@ -28,11 +32,15 @@ import re
 import sys
 from pathlib import Path
 
+from mechlab.bench import gitstate
 from mechlab.bench.goals import row_goals
 from mechlab.bench.record import BenchRecord, Table
+from mechlab.bench.stale import CURRENT, UNKNOWN, Staleness, record_staleness
 from mechlab.io import atomic_write_text
 
 BLOCK = re.compile(r"(<!-- bench: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
+STALENESS = "**Staleness:**"
+STALENESS_LINE = re.compile(r"^" + re.escape(STALENESS) + r" .*\n\n", re.M)
 
 
 def describe(record: BenchRecord) -> str:
@@ -42,14 +50,15 @@ def describe(record: BenchRecord) -> str:
     busy = "" if ld.get("others_mean") is None else f", other threads running {ld['others_mean']:.1f} on average"
     before = "?" if ld.get("before") is None else f"{ld['before'][0]:.2f}"
     after = "?" if ld.get("after") is None else f"{ld['after'][0]:.2f}"
-    commit = m.get("mechlab_commit") or "unknown"
+    commit = m.get("mechlab_commit")
+    code = "no commit recorded" if not commit else f"mechlab {commit[:12]}{'+changes' if commit.endswith('+changes') else ''}"
     lines = [
         f"`{record.command}`",
         "",
         f"{date}; {m['threads']} intra-op / {m['interop_threads']} inter-op thread(s), device {m['device']}; "
         f"load average {before} before, {after} after{busy}; {m['cpu_model']}, {m['cores']} cores; torch "
         f"{m['torch']} with {m['blas']} BLAS and {m['lapack']} LAPACK ({m.get('cpu_capability', '?')}); "
-        f"mechlab {commit[:12]}{'+changes' if commit.endswith('+changes') else ''}; {record.seconds:.0f} s.",
+        f"{code}; {record.seconds:.0f} s.",
     ]
     if record.provisional:
         why = "; ".join(ld.get("reasons") or [f"other threads running {ld.get('others_mean', '?')} on average"])
@@ -58,10 +67,20 @@ def describe(record: BenchRecord) -> str:
     return "\n".join(lines)
 
 
-def render(record: BenchRecord) -> str:
-    """A record as Markdown: its description, then each table (titles and notes as text),
-    with a last column of goals (:mod:`mechlab.bench.goals`) where the benchmark has them."""
+def staleness_line(staleness: Staleness, step: str) -> str:
+    """``**Staleness:** older than the code: FILES changed since COMMIT; rerun `ONLY=STEP ...`.``"""
+    rerun = "" if staleness.state == UNKNOWN else "; rerun"
+    return f"{STALENESS} {staleness.summary()}{rerun} `ONLY={step} bash scripts/bench_quiet.sh`."
+
+
+def render(record: BenchRecord, staleness: Staleness | None = None, step: str = "") -> str:
+    """A record as Markdown: its description, whether it is older than the code (a
+    ``staleness`` that is not current, with the rerun of ``step``), then each table (titles
+    and notes as text), with a last column of goals (:mod:`mechlab.bench.goals`) where the
+    benchmark has them."""
     parts = [describe(record)]
+    if staleness is not None and staleness.state != CURRENT:
+        parts.append(staleness_line(staleness, step or record.bench))
     for table in record.tables:
         if table.title:
             parts.append(table.title)
@@ -83,9 +102,11 @@ def placeholder(path: str) -> str:
             "until then the figures in the text are the earlier hand-recorded ones.*\n")
 
 
-def regenerate(text: str, root: Path, strict: bool = False) -> tuple[str, list[str], list[str]]:
-    """``text`` with every block re-rendered from its record; also the paths it read and
-    the paths that have no record yet (rendered as :func:`placeholder`).
+def regenerate(text: str, root: Path, strict: bool = False, repo: Path | None = None) -> tuple[str, list[str], list[str]]:
+    """``text`` with every block re-rendered from its record, each said to be older than
+    the code of the git checkout at ``repo`` when it is (None: not a checkout, so it
+    cannot tell); also the paths it read and the paths that have no record yet (rendered
+    as :func:`placeholder`).
 
     Raises:
         ValueError: A block names a file that is not a record, or (``strict``) no file.
@@ -102,7 +123,8 @@ def regenerate(text: str, root: Path, strict: bool = False) -> tuple[str, list[s
             missing.append(name)
             return m.group(1) + placeholder(name) + m.group(4)
         paths.append(name)
-        return m.group(1) + render(BenchRecord.read(path)) + m.group(4)
+        record = BenchRecord.read(path)
+        return m.group(1) + render(record, record_staleness(record, repo), path.stem) + m.group(4)
 
     return BLOCK.sub(block, text), paths, missing
 
@@ -116,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         text = args.page.read_text()
-        new, paths, missing = regenerate(text, args.root, strict=args.strict)
+        new, paths, missing = regenerate(text, args.root, strict=args.strict, repo=gitstate.checkout_root(Path.cwd()))
     except (OSError, ValueError) as exc:
         print(f"mechlab.bench.tables: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        if new != text:
+        if STALENESS_LINE.sub("", new) != STALENESS_LINE.sub("", text):
             print(f"{args.page}: tables differ from their records; run python -m mechlab.bench.tables {args.page}")
             return 1
         print(f"{args.page}: {len(paths)} table block(s) current")
