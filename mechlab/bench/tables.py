@@ -40,7 +40,7 @@ from mechlab.io import atomic_write_text
 
 BLOCK = re.compile(r"(<!-- bench: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
 STALENESS = "**Staleness:**"
-STALENESS_LINE = re.compile(r"^" + re.escape(STALENESS) + r" .*\n\n", re.M)
+STALENESS_LINE = re.compile(r"\n\n" + re.escape(STALENESS) + r" [^\n]*")  # and the blank line above it
 
 
 def describe(record: BenchRecord) -> str:
