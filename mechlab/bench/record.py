@@ -317,6 +317,8 @@ class BenchRecord:
             f"{m['cpu_model']}, {m['cores']} cores; torch {m['torch']} ({m['blas']} BLAS, {m['lapack']} LAPACK); "
             f"{m['threads']} intra-op / {m['interop_threads']} inter-op thread(s); device {m['device']}",
             self.load_line(),
+            f"mechlab {m['mechlab_commit']}" if m.get("mechlab_commit")
+            else "mechlab: no commit recorded (not run from a git checkout)",
         ]
         if self.provisional:
             why = "; ".join(self.load.get("reasons") or ["other work kept the machine busy"])
