@@ -79,5 +79,6 @@ def test_a_busy_machine_is_refused_before_anything_runs(tmp_path):
     done = run_script({"PYTHON": str(fake), "WAIT": "0", "ALLOW_LOAD": "0", "QUICK": "0"})
     assert done.returncode == 2
     assert "busy: load average 7.00" in done.stderr and "refused" in done.stderr and "==" not in done.stdout
+    assert "bench_quiet: records older than the code, before the benchmarks" in done.stdout  # listed first
     assert snapshot() == before
 
