@@ -5,7 +5,9 @@ before and after, samples how many *other* threads wanted a core while the run w
 (``/proc/stat``'s running count less the running threads of this process and its
 children, twice a second: well under 1% of a core), and the machine: CPU model and
 cores, torch and its BLAS/LAPACK build (``torch.__config__.show()``), torch's intra- and
-inter-op threads, the device.
+inter-op threads, the device; and the code: the commit it ran from and the files of its
+benchmark that differed from it (:func:`code_state`), so that :mod:`mechlab.bench.stale`
+can tell when the code has changed since.
 
 A run is **provisional** (its figures say so wherever they are printed or rendered,
 :mod:`mechlab.bench.tables`) when any of these exceeds :data:`LOAD_PER_CORE` (0.5) per

@@ -94,12 +94,17 @@ def exit_status(found: dict[Path, Staleness]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m mechlab.bench.stale [FOLDER]``: print the stale and unknown records; the
+    status of :func:`exit_status` (2 also when this is no checkout or FOLDER no folder)."""
     parser = argparse.ArgumentParser(description="List the benchmark records older than the code they measured.")
     parser.add_argument("folder", type=Path, nargs="?", default=Path("docs/bench"), help="the records (docs/bench)")
     args = parser.parse_args(argv)
     root = gitstate.checkout_root(Path.cwd())
     if root is None:
         print(f"{args.folder}: not in a git checkout: cannot tell which records are older than the code")
+        return 2
+    if not args.folder.is_dir():
+        print(f"{args.folder}: no such folder of records")
         return 2
     try:
         found = folder_staleness(args.folder, root)

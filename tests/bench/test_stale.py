@@ -113,9 +113,12 @@ def test_the_command_lists_stale_records_and_says_so_in_its_status(repo, monkeyp
 
 def test_the_module_runs_as_a_command(repo):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-m", "mechlab.bench.stale", "missing"], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 0 and done.stdout == "missing: 0 record(s), none older than the code\n"
+    (repo / "empty").mkdir()
+    for folder, status, out in (("empty", 0, "empty: 0 record(s), none older than the code\n"),
+                                ("missing", 2, "missing: no such folder of records\n")):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "mechlab.bench.stale", folder], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert (done.returncode, done.stdout) == (status, out)
 
 
 def test_the_page_says_which_tables_are_older_than_the_code(repo, monkeypatch):
