@@ -48,7 +48,6 @@ _OBJECT_OPCODES = {
 }  # fmt: skip
 
 
-
 def first_non_finite(tensors: Iterable[tuple[str, Tensor]]) -> tuple[str, int, int] | None:
     """``(name, NaN/inf count, size)`` of the first floating or complex tensor holding a NaN
     or an infinity, or None when every one is finite."""
@@ -59,6 +58,7 @@ def first_non_finite(tensors: Iterable[tuple[str, Tensor]]) -> tuple[str, int, i
                 if bad:
                     return name, bad, tensor.numel()
     return None
+
 
 def load_checkpoint(
     path: str | os.PathLike[str],

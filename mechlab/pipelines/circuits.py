@@ -174,10 +174,9 @@ def overlap_circuits(
         seed: Seed of the bootstrap and the null models.
         device: Where the cross-evaluation runs.
         mixed_checkpoints: Compare circuits of different checkpoints (with a warning).
-        json_out: Write the result here as JSON.
+        json_out: Write the result here as JSON (never one of the inputs or a checkpoint).
         progress: Show a progress bar for each null model and the cross-evaluation.
         log: Called with one line as each stage starts (e.g. ``print``).
-            never one of the inputs or a checkpoint).
         force: Replace ``json_out`` if it exists.
 
     Returns:

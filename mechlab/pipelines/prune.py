@@ -482,16 +482,13 @@ def prune_targets(
                         runs[target_name(name)].append(
                             prune_checkpoint(ckpt, name, seed=s, recipe=recipe,
                                              **{**settings, "sparsity": nearby, "stability": 0}))
-        if len(seeds) >= 2 or nearby_budgets:  # each circuit records how often its target's runs keep each edge
+        if consensus:  # each circuit records how often its target's runs keep each edge
             for group in runs.values():  # in one order whatever the order of --seed (ties keep it)
                 group.sort(key=lambda c: (c.metadata.get("seed", 0), -c.metadata.get("sparsity_asked", 0.0)))
             for target, group in run.circuits.items():
                 for circuit in group:
                     attach_consensus(circuit, runs[target])
-            for (
-                stem,
-                circuit,
-            ) in found.items():  # rewritten with it (unchanged files stay as they are)
+            for stem, circuit in found.items():  # rewritten with it (unchanged files stay as they are)
                 json_path, html_path = run.files[stem]
                 before = json_path.read_bytes() if stem in run.reused else None
                 folder.write_circuit(circuit, json_path.name)

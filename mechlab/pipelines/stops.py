@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,8 +66,8 @@ class Stopped(KeyboardInterrupt):
         return False
 
     def message(self) -> str:
-        """One line: the signal, and what was kept."""
-        raise NotImplementedError
+        """One line: the signal (the subclasses add what was kept)."""
+        return signal_words(self.signum)
 
     def __str__(self) -> str:
         return self.message()
@@ -187,19 +187,27 @@ def stop_on_signals() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _stopping_as(stop: Callable[[int], Stopped]) -> Iterator[None]:
+    """Within the block SIGINT and SIGTERM stop the work (:func:`stop_on_signals`); a stop
+    leaves as ``stop(signum)``, a :class:`Stopped` from within passes as it is."""
+    with stop_on_signals():
+        try:
+            yield
+        except Stopped:
+            raise
+        except KeyboardInterrupt as exc:
+            raise stop(signal_of(exc)) from None
+
+
+@contextlib.contextmanager
 def resumable(tally: Tally) -> Iterator[Tally]:
     """Run a pipeline that keeps its results one by one: within the block SIGINT and SIGTERM
     stop it (:func:`stop_on_signals`), and a stop leaves as :class:`Interrupted` naming what
     ``tally`` kept at that moment (an :class:`Interrupted` from a pipeline within passes as
     it is). Claim the output folder inside the block, so that its lock is released first."""
-    with stop_on_signals():
-        try:
-            yield tally
-        except Stopped:
-            raise
-        except KeyboardInterrupt as exc:
-            raise Interrupted(signal_of(exc), tally.out, tally.kept, tally.total, tally.note,
-                              unit=tally.unit) from None  # fmt: skip
+    with _stopping_as(lambda signum: Interrupted(signum, tally.out, tally.kept, tally.total, tally.note,
+                                                 unit=tally.unit)):  # fmt: skip
+        yield tally
 
 
 @contextlib.contextmanager
@@ -208,10 +216,5 @@ def written_at_end(out: str | Path | None = None) -> Iterator[None]:
     the block SIGINT and SIGTERM stop it (:func:`stop_on_signals`), and a stop leaves as
     :class:`Unwritten`. Every write is atomic, so a stop while ``out`` is written leaves
     no partial file."""
-    with stop_on_signals():
-        try:
-            yield
-        except Stopped:
-            raise
-        except KeyboardInterrupt as exc:
-            raise Unwritten(signal_of(exc), out) from None
+    with _stopping_as(lambda signum: Unwritten(signum, out)):
+        yield

@@ -401,18 +401,18 @@ def _transformer_forward_fast(model, graph, x, ablated, z, node_mask, recompute)
 def _transformer_forward_fast_body(
     model, graph, x, ablated, z, node_mask, recompute, stream=None, first_layer=0, on_layer=None
 ) -> Tensor:
-    """The fast path's pass; ``stream`` (a :class:`FastStream` holding the writers of the
-    layers before ``first_layer``) resumes it there, and ``on_layer(layer, stream)`` is
-    called before each layer from ``first_layer`` on and before the read-out
+    """The fast path's pass; ``stream`` (a :class:`FastStream`, empty or holding the writers
+    of the layers before ``first_layer``) resumes it there, and ``on_layer(layer, stream)``
+    is called before each layer from ``first_layer`` on and before the read-out
     (:mod:`mechlab.prune.replay`)."""
     sizes = _qkv_readers(model.cfg)
     batch, n_pos = x.shape[:2]
     if stream is None:
         stream = FastStream(ablated, node_mask, batch, recompute)
+    if stream.writers.n == 0:
         stream.add(_embeddings(model, x))
-    for layer, block in enumerate(model.blocks):
-        if layer < first_layer:
-            continue
+    for layer in range(first_layer, len(model.blocks)):
+        block = model.blocks[layer]
         if on_layer is not None:
             on_layer(layer, stream)
         z_heads = _edge_block(z, graph, f"a{layer}.h0.q", sum(sizes))  # [H + 2G, n_up]

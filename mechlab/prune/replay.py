@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from mechlab.models.buffers import POOL
-from mechlab.prune.forward import _embeddings, _transformer_forward_fast_body, masked_forward
+from mechlab.prune.forward import _transformer_forward_fast_body, masked_forward
 from mechlab.prune.graph import EdgeGraph
 from mechlab.prune.mixing import FastStream, usable
 
@@ -71,7 +71,7 @@ class ReplayForward:
 
     def __init__(self, model: nn.Module, graph: EdgeGraph, x: Tensor, ablated, kept_passes: int = KEPT_PASSES):
         self.model, self.graph, self.x, self.ablated = model, graph, x, ablated
-        self.n_layers = model.cfg.n_layers if graph.arch == "transformer" else 0
+        self.n_layers = graph.n_layers
         self.replays = (
             graph.arch == "transformer" and not graph.windows and isinstance(ablated, Tensor)
             and usable(model, ablated)
@@ -100,14 +100,13 @@ class ReplayForward:
         self.layers_run += self.n_layers + 1 - first
         buffer = self._buffer()
         batch = self.x.shape[0]
-        if source is None:
-            stream = None
+        states: list = [None] * (self.n_layers + 1)  # the stream's state before each layer
+        if source is None:  # an empty stream: the pass starts at the embeddings
+            stream = FastStream(self.ablated, None, batch, recompute=True, buffer=buffer)
         else:
             rows = source.states[first][0]
             buffer[:rows].copy_(source.buffer[:rows])
             stream = FastStream.resume(self.ablated, batch, buffer, source.states[first])
-        states: list = [None] * (self.n_layers + 1)
-        if source is not None:
             states[:first] = source.states[:first]
 
         def record(layer: int, s: FastStream) -> None:
@@ -115,9 +114,6 @@ class ReplayForward:
 
         z = edge_mask.to(self.ablated.device, self.ablated.dtype)
         with POOL.session():
-            if stream is None:
-                stream = FastStream(self.ablated, None, batch, recompute=True, buffer=buffer)
-                stream.add(_embeddings(self.model, self.x))
             out = _transformer_forward_fast_body(
                 self.model, self.graph, self.x, self.ablated, z, None, True, stream, first, record
             )
