@@ -13,6 +13,10 @@ from one clean pass by replaying only what follows its reader:
 * ``m{l}.in``: the MLP of layer ``l`` on ``ln2(resid_mid - D_w)``, then the later blocks;
 * ``out``: the read-out of ``resid_final - D_w``.
 
+Only the outputs at target positions count, so the last block computes its keys and values
+at every position but its queries, its MLP and the read-out at the target positions alone
+(:func:`_last_block`; an edge into the last block or the read-out costs a few rows).
+
 The edges of one reader are stacked along the batch axis (at most ``max_rows`` traces
 per pass). Other families (residual stacks, windowed graphs: tens of edges) use one
 masked forward per edge (:func:`~mechlab.prune.attribution.exact_loop_scores`); the two
@@ -34,22 +38,43 @@ from mechlab.prune.objective import DEFAULT_BATCH_SIZE, Objective, exact_loop_sc
 MAX_ROWS = 512  # traces (edges x traces) per replay pass
 
 
-def _head_output(attn: nn.Module, h: int, x_q: Tensor, x_k: Tensor, x_v: Tensor) -> Tensor:
-    """Head ``h``'s output ``z W_O[h]`` ``[batch, pos, d_model]`` from its normalised q, k, v inputs."""
-    q = x_q @ attn.W_Q[h] + attn.b_Q[h]  # [batch, pos, d_head]
-    k = x_k @ attn.W_K[h] + attn.b_K[h]
+def _head_output(
+    attn: nn.Module, h: int, x_q: Tensor, x_k: Tensor, x_v: Tensor, at: Tensor | None = None
+) -> Tensor:  # fmt: skip
+    """Head ``h``'s output ``z W_O[h]`` ``[batch, query, d_model]`` from its normalised q, k, v
+    inputs; ``at``: the positions of ``x_q``'s queries (None: every position)."""
+    q = x_q @ attn.W_Q[h] + attn.b_Q[h]  # [batch, query, d_head]
+    k = x_k @ attn.W_K[h] + attn.b_K[h]  # [batch, pos, d_head]
     v = x_v @ attn.W_V[h] + attn.b_V[h]
-    scores = (q / attn.scale) @ k.transpose(-1, -2)  # [batch, q, k]
+    scores = (q / attn.scale) @ k.transpose(-1, -2)  # [batch, query, pos]
     if attn.causal:
-        n = scores.shape[-1]
-        scores = scores.masked_fill(causal_mask(n, scores.device), float("-inf"))
+        n = k.shape[-2]
+        later = causal_mask(n, k.device) if at is None else torch.arange(n, device=k.device) > at[:, None]
+        scores = scores.masked_fill(later, float("-inf"))
     return (F.softmax(scores, dim=-1) @ v) @ attn.W_O[h]
 
 
-def _finish(model: nn.Module, resid: Tensor, first_block: int) -> Tensor:
-    """The model's output from the residual stream entering block ``first_block``."""
-    for block in model.blocks[first_block:]:
+def _last_block(block: nn.Module, resid: Tensor, at: Tensor) -> Tensor:
+    """The last block's ``resid_post`` at positions ``at`` ``[batch, len(at), d]`` from its
+    whole ``resid_pre`` ``[batch, pos, d]``: the keys and values of every position, the
+    queries and the MLP of ``at`` only (what the read-out there depends on)."""
+    attn = block.attn
+    x = block.ln1(resid)
+    x_q = x[:, at]
+    mid = resid[:, at] + sum(_head_output(attn, h, x_q, x, x, at) for h in range(attn.W_Q.shape[0]))
+    if attn.b_O is not None:
+        mid = mid + attn.b_O
+    return mid + block.mlp(block.ln2(mid))
+
+
+def _finish(model: nn.Module, resid: Tensor, first_block: int, at: Tensor) -> Tensor:
+    """The model's output at positions ``at`` ``[batch, len(at), d_output]`` from the
+    residual stream entering block ``first_block`` (``[batch, pos, d]``; the last block
+    computes only what those positions read, :func:`_last_block`)."""
+    last = model.cfg.n_layers - 1
+    for block in model.blocks[first_block:last]:
         resid = block(resid)
+    resid = _last_block(model.blocks[last], resid, at) if first_block <= last else resid[:, at]
     return model.read_out(model.ln_final(resid))
 
 
@@ -74,7 +99,7 @@ def clean_run(model: nn.Module, x: Tensor) -> tuple[dict[str, Tensor], list[Tens
 @torch.no_grad()
 def transformer_single_edge_outputs(
     model: nn.Module, graph: EdgeGraph, x: Tensor, ablated: Tensor, reader: str, writers: list[int],
-    clean: tuple | None = None,
+    clean: tuple | None = None, at: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """The outputs with each of the edges ``writers[i] -> reader`` ablated alone.
 
@@ -87,40 +112,51 @@ def transformer_single_edge_outputs(
         writers: Writer indices of its edges.
         clean: :func:`clean_run` of ``x`` (None: run it here; :func:`exact_scores` runs
             it once per batch of traces for every reader).
+        at: The positions whose outputs are wanted, increasing (None: every position).
+            The last block computes its queries and MLP there only.
 
     Returns:
-        ``[len(writers), batch, pos, d_output]``.
+        ``[len(writers), batch, len(at), d_output]``.
     """
     cache, rows = clean_run(model, x) if clean is None else clean
+    at = torch.arange(x.shape[1], device=x.device) if at is None else at
     index = torch.tensor(writers, device=x.device)
     diffs = torch.stack([rows[w] for w in writers]) - ablated[index]  # [K, batch, pos, d]
     K, B = diffs.shape[:2]
     r = graph.reader_by_name[reader]
+    last = model.cfg.n_layers - 1
     if r.kind == "out":
-        final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-        out = model.read_out(model.ln_final(final - diffs))
-        return out
+        final = cache[f"blocks.{last}.hook_resid_post"][:, at]
+        return model.read_out(model.ln_final(final - diffs[:, :, at]))
     layer = r.layer
     block = model.blocks[layer]
-    resid_mid = cache[f"blocks.{layer}.hook_resid_mid"]
+    keep = at if layer == last else slice(None)  # the positions this layer's outputs are needed at
+    resid_mid = cache[f"blocks.{layer}.hook_resid_mid"][:, keep]
     if r.kind == "mlp":
-        changed = block.mlp(block.ln2((resid_mid - diffs).flatten(0, 1)))
-        mlp_old = cache[f"blocks.{layer}.hook_mlp_out"]
+        changed = block.mlp(block.ln2((resid_mid - diffs[:, :, keep]).flatten(0, 1)))
         resid = (
-            cache[f"blocks.{layer}.hook_resid_post"]
+            cache[f"blocks.{layer}.hook_resid_post"][:, keep]
             + changed.view(K, B, *changed.shape[1:])
-            - mlp_old
-        )
-        return _finish(model, resid.flatten(0, 1), layer + 1).view(K, B, *x.shape[1:2], -1)
-    resid_pre = cache[f"blocks.{layer}.hook_resid_pre"]
-    normal = block.ln1(resid_pre).expand(K, *resid_pre.shape).flatten(0, 1)
-    changed = block.ln1((resid_pre - diffs).flatten(0, 1))
-    qkv = {kind: changed if kind == r.kind else normal for kind in ("q", "k", "v")}
-    head = _head_output(block.attn, r.head, qkv["q"], qkv["k"], qkv["v"])  # [K * batch, pos, d]
-    old = cache[f"blocks.{layer}.attn.hook_result"][:, :, r.head]
-    resid = (resid_mid + head.view(K, B, *head.shape[1:]) - old).flatten(0, 1)
-    resid = resid + block.mlp(block.ln2(resid))
-    return _finish(model, resid, layer + 1).view(K, B, *x.shape[1:2], -1)
+            - cache[f"blocks.{layer}.hook_mlp_out"][:, keep]
+        ).flatten(0, 1)
+    else:
+        resid_pre = cache[f"blocks.{layer}.hook_resid_pre"]
+        normal = block.ln1(resid_pre).expand(K, *resid_pre.shape).flatten(0, 1)  # [K * batch, pos, d]
+        if r.kind == "q":  # the keys and values are the clean run's
+            x_q, x_k, x_v = block.ln1((resid_pre[:, keep] - diffs[:, :, keep]).flatten(0, 1)), normal, normal
+        else:
+            changed = block.ln1((resid_pre - diffs).flatten(0, 1))
+            x_q = normal[:, keep]
+            x_k, x_v = (changed, normal) if r.kind == "k" else (normal, changed)
+        head = _head_output(block.attn, r.head, x_q, x_k, x_v, at if layer == last else None)
+        old = cache[f"blocks.{layer}.attn.hook_result"][:, keep, r.head]
+        resid = (resid_mid + head.view(K, B, *head.shape[1:]) - old).flatten(0, 1)
+        resid = resid + block.mlp(block.ln2(resid))
+    if layer == last:
+        out = model.read_out(model.ln_final(resid))
+    else:
+        out = _finish(model, resid, layer + 1, at)
+    return out.view(K, B, len(at), -1)
 
 
 def _replayable(obj: Objective) -> bool:
@@ -173,13 +209,14 @@ def exact_scores(
             abl = select_traces(obj.ablated, index)
             per_pass = max(1, max_rows // len(index))
             clean = clean_run(obj.model, x)
+            at = obj.positions[index].any(0).nonzero().flatten()  # these traces' target positions
             for reader, ks, ws in todo:
                 for i in range(0, len(ks), per_pass):
                     out = transformer_single_edge_outputs(
-                        obj.model, graph, x, abl, reader, ws[i : i + per_pass], clean
+                        obj.model, graph, x, abl, reader, ws[i : i + per_pass], clean, at
                     )
                     for k, o in zip(ks[i : i + per_pass], out, strict=True):
-                        sums[k] += float(obj.metric_sum(o, index).double())
+                        sums[k] += float(obj.metric_sum(o, index, at).double())
                     bar.update(len(ks[i : i + per_pass]))
     scores = sums / obj.n_positions - base
     return scores.masked_fill(~obj.countable, 0.0)

@@ -84,19 +84,25 @@ class Objective:
         for start in range(0, n, batch_size):
             yield torch.arange(start, min(start + batch_size, n), device=self.device)
 
-    def metric_sum(self, out: Tensor, index: Tensor) -> Tensor:
+    def metric_sum(self, out: Tensor, index: Tensor, at: Tensor | None = None) -> Tensor:
         """The metric summed over the target positions of the traces at ``index``.
 
         Args:
-            out: ``[len(index), pos, d_output]`` outputs of a masked forward.
+            out: ``[len(index), pos, d_output]`` outputs of a masked forward (or
+                ``[len(index), len(at), d_output]``: the outputs at positions ``at`` only,
+                which must hold every target position of these traces).
             index: The traces ``out`` is of.
+            at: The positions ``out`` holds (None: every position).
         """
-        mask = self.positions[index]
-        pred, ref = out[mask], self.reference[index][mask]
+        def of(t: Tensor) -> Tensor:
+            return t[index] if at is None else t[index][:, at]
+
+        mask = of(self.positions)
+        pred, ref = out[mask], of(self.reference)[mask]
         io = self.model.cfg.io
         if self.metric == "loss":
             return divergence(pred, ref, io).sum()
-        base = self.fully_ablated[index][mask]
+        base = of(self.fully_ablated)[mask]
         if io == "tokens":  # logits are defined up to a constant: centre them
             pred, ref, base = (t - t.mean(-1, keepdim=True) for t in (pred, ref, base))
         return ((ref - pred) * (ref - base)).sum()
@@ -112,14 +118,11 @@ class Objective:
         if not causal or self.graph.windows or last == self.traces.n_pos:
             return self
 
-        def cut(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t[:, :last]
+        def cut(t: Tensor) -> Tensor:
+            return t[:, :last]
 
-        tr = self.traces
-        traces = Traces(cut(tr.inputs), cut(tr.corrupted), cut(tr.truth), cut(tr.observed),
-                        tr.query_position, tr.seg_len, None)  # fmt: skip
         return replace(
-            self, traces=traces, positions=cut(self.positions), reference=cut(self.reference),
+            self, traces=self.traces.upto(last), positions=cut(self.positions), reference=cut(self.reference),
             ablated=self.ablated[:, :, :last], fully_ablated=cut(self.fully_ablated),
         )  # fmt: skip
 

@@ -9,6 +9,7 @@ from mechlab.models.transformer import Transformer, TransformerConfig
 from mechlab.prune.attribution import attribute
 from mechlab.prune.forward import divergence, frozen_eval, make_ablation, masked_forward
 from mechlab.prune.graph import countable_edges, pruning_graph
+from mechlab.prune.objective import build_objective, exact_loop_scores
 from mechlab.traces import Traces, target_mask
 from tests.prune.test_attribution import WINDOWS, random_traces, small_model
 
@@ -38,6 +39,36 @@ REPLAY_CASES = [  # io, ablation, normalization, causal
     ("tokens", "interchange", "none", False),  # a Tracr-like layout
 ]
 
+
+
+def per_trace_targets(traces: Traces) -> torch.Tensor:
+    """A different target position per trace (two in one), none at the last position."""
+    mask = torch.zeros(len(traces), traces.n_pos, dtype=torch.bool)
+    for i in range(len(traces)):
+        mask[i, 1 + i % 4] = True
+    mask[0, 5] = True
+    return mask
+
+
+@pytest.mark.parametrize("io", ["continuous", "tokens"])
+def test_the_last_block_at_target_positions_only_equals_the_loop(io):
+    """The replay computes the last block's queries, MLP and read-out at the batch's target
+    positions only; traces whose targets differ (so that a batch's positions are the union
+    of theirs) and the projection metric score as the loop does."""
+    torch.manual_seed(2)
+    kw = {"d_in": 3, "d_out": 2} if io == "continuous" else {"io": "tokens", "d_vocab": 6}
+    cfg = TransformerConfig(d_model=12, n_layers=2, n_heads=3, d_head=4, d_mlp=8, n_ctx=7, **kw)
+    model = Transformer(cfg).double().eval()
+    traces = random_traces(model, batch=5, n_pos=7)
+    with frozen_eval(model):
+        expected = loop_effects(model, traces, per_trace_targets(traces), "interchange")
+        got = attribute(model, traces, per_trace_targets, "exact", batch_size=2).scores
+        projection = attribute(model, traces, per_trace_targets, "exact", batch_size=2, metric="projection").scores
+    assert expected.abs().max() > 1e-4
+    torch.testing.assert_close(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=1e-5)
+    with frozen_eval(model):  # the projection metric through the loop of masked forwards
+        obj = build_objective(model, traces, per_trace_targets, metric="projection")
+        torch.testing.assert_close(projection, exact_loop_scores(obj, 2, False, "exact"), atol=1e-9, rtol=1e-7)
 
 @pytest.mark.parametrize("io, ablation, normalization, causal", REPLAY_CASES)
 def test_batched_replay_equals_a_loop_of_masked_forwards(io, ablation, normalization, causal):
