@@ -140,6 +140,20 @@ def test_the_new_architectures_options():
     assert torch.equal(gptj.blocks[0].ln1.w, gptj.blocks[0].ln2.w)  # one LayerNorm, copied
 
 
+def test_phi3s_sliding_window_caps_n_ctx_and_its_long_context_rotary_is_refused(tmp_path):
+    hf = hf_model("phi3")
+    hf.save_pretrained(tmp_path)
+    hf.config.sliding_window = 16
+    assert from_pretrained(hf).cfg.n_ctx == 16
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rope_parameters"]  # Phi-3-128k's scaling, "su" in its config: longrope
+    config["rope_scaling"] = {"type": "su", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                              "original_max_position_embeddings": 12}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportProblem, match="uses rope_type='longrope'; mechlab supports"):
+        from_pretrained(tmp_path)
+
+
 def test_what_each_architecture_becomes():
     pythia = from_pretrained(hf_model("neox")).cfg
     assert (pythia.positional, pythia.rotary_dim, pythia.d_head) == ("rotary", 4, 16)  # a quarter
@@ -168,7 +182,13 @@ def test_pytorch_bin_and_sharded_folders(tmp_path):
     assert max_diff(from_pretrained(str(tmp_path / "shards")), hf, x) < TOL
 
 
-@pytest.mark.parametrize("name,hf_class", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
+BRIDGED = [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("llama-llama3", "LlamaForCausalLM"),
+           ("qwen3", "Qwen3ForCausalLM"), ("olmo", "OlmoForCausalLM"), ("phi3", "Phi3ForCausalLM"),
+           ("gptj", "GPTJForCausalLM")]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:Phi3ArchitectureAdapter does not support fold_ln")  # processed
+@pytest.mark.parametrize("name,hf_class", BRIDGED)
 def test_transformer_bridge(name, hf_class):
     hf = hf_model(name)
     x = tokens()
