@@ -239,25 +239,33 @@ def _rope(hf: Any, arch: str) -> tuple[float, float, dict | None]:
 
 def _scaling(hf: Any, params: dict, rope_type: str) -> dict | None:
     """The ``rotary_scaling`` of a ``linear``, ``llama3`` or ``yarn`` config, every value
-    resolved as Hugging Face's ``_compute_*_parameters`` resolve it."""
+    resolved as Hugging Face's ``_compute_*_parameters`` resolve it (a value missing or of
+    the wrong type is left for :class:`~mechlab.models.transformer.TransformerConfig` to
+    name)."""
     if rope_type in ("default", "dynamic"):
         return None
+
+    def number(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        return float(value)
+
     factor = params.get("factor")
     if rope_type == "linear":
-        return {"rope_type": "linear", "factor": float(factor)}
+        return {"rope_type": "linear", "factor": number(factor)}
     old_len = (
         params.get("original_max_position_embeddings")
         or getattr(hf, "original_max_position_embeddings", None)
         or hf.max_position_embeddings
     )
     if rope_type == "llama3":
-        return {"rope_type": "llama3", "factor": float(factor), "original_max_position_embeddings": int(old_len),
-                "low_freq_factor": float(params["low_freq_factor"]),
-                "high_freq_factor": float(params["high_freq_factor"])}  # fmt: skip
+        return {"rope_type": "llama3", "factor": number(factor), "original_max_position_embeddings": old_len,
+                "low_freq_factor": number(params.get("low_freq_factor")),
+                "high_freq_factor": number(params.get("high_freq_factor"))}  # fmt: skip
     if factor is None:
         factor = hf.max_position_embeddings / old_len
     attention_factor = params.get("attention_factor")
-    if attention_factor is None:
+    if attention_factor is None and isinstance(factor, (int, float)):
 
         def mscale(scale: float, m: float = 1.0) -> float:
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -266,9 +274,9 @@ def _scaling(hf: Any, params: dict, rope_type: str) -> dict | None:
         attention_factor = mscale(factor)
         if m and m_all:
             attention_factor = mscale(factor, m) / mscale(factor, m_all)
-    return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(old_len),
-            "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
-            "attention_factor": float(attention_factor), "truncate": bool(params.get("truncate", True))}  # fmt: skip
+    return {"rope_type": "yarn", "factor": number(factor), "original_max_position_embeddings": old_len,
+            "beta_fast": number(params.get("beta_fast") or 32), "beta_slow": number(params.get("beta_slow") or 1),
+            "attention_factor": number(attention_factor), "truncate": params.get("truncate", True)}  # fmt: skip
 
 
 def _act(hf_act: str, arch: str) -> str:

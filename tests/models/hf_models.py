@@ -64,6 +64,12 @@ CONFIGS |= {
     "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(
         **{**_LLAMA, "hidden_size": 36}, num_key_value_heads=2,
         rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.7})),
+    # YaRN on a quarter of each 20-dimensional head (Pythia's layout), untruncated ramp
+    "neox-yarn": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=V, hidden_size=40, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=48, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 100.0, "partial_rotary_factor": 0.5, "factor": 4.0,
+            "original_max_position_embeddings": 12, "beta_fast": 8.0, "truncate": False}, **_IDS)),
     # parallel attention and MLP on one LayerNorm, interleaved rotary on 4 of 9 dims, lm_head bias
     "gptj": lambda: T.GPTJForCausalLM(T.GPTJConfig(
         vocab_size=V, n_embd=36, n_layer=2, n_head=4, n_positions=N_POS, rotary_dim=4, n_inner=40, **_IDS)),

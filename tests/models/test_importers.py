@@ -39,7 +39,7 @@ def test_logits_match_hugging_face_in_memory_and_after_a_saved_folder_round_trip
 # config allows: LONG (40) tokens, past original_max_position_embeddings where there is one
 # (dynamic: all 48 positions, where Hugging Face's dynamic rescaling would start)
 NEW = {"llama-llama3": LONG, "llama-linear": LONG, "llama-yarn": LONG, "llama-dynamic": 48,
-       "qwen3": 24, "qwen3-bias-yarn": LONG, "olmo": 24, "phi3": 24, "gptj": 24}  # fmt: skip
+       "neox-yarn": LONG, "qwen3": 24, "qwen3-bias-yarn": LONG, "olmo": 24, "phi3": 24, "gptj": 24}  # fmt: skip
 
 
 def residual_diffs(model, hf, x) -> list[float]:
@@ -252,6 +252,9 @@ def test_settings_mechlab_cannot_reproduce_are_refused(tmp_path):
         from_pretrained(hf)
     hf.config.rope_parameters = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 0.0}
     with pytest.raises(ImportProblem, match=r"rotary_scaling\['factor'\] must be a positive"):
+        from_pretrained(hf)
+    hf.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
+    with pytest.raises(ImportProblem, match=r"rotary_scaling\['low_freq_factor'\] must be a positive"):
         from_pretrained(hf)
     hf = hf_model("olmo")
     hf.config.clip_qkv = -1.0
