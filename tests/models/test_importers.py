@@ -44,15 +44,28 @@ NEW = {"llama-llama3": LONG, "llama-linear": LONG, "llama-yarn": LONG, "llama-dy
 
 def residual_diffs(model, hf, x) -> list[float]:
     """|mechlab - HF| of every residual stream: HF's hidden_states[i] is block i's
-    hook_resid_pre, its last one the final norm of the last hook_resid_post."""
+    hook_resid_pre, its last one the final norm of the last hook_resid_post; the last
+    block's own output (before that norm) is read from its decoder layer."""
+    base = hf.base_model
+    layers = base.layers if hasattr(base, "layers") else base.h
+    seen = []
+    handle = layers[-1].register_forward_hook(
+        lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out)
+    )
+    try:
+        with torch.no_grad():
+            streams = hf(x, output_hidden_states=True).hidden_states
+            _, cache = model.run_with_cache(x)
+    finally:
+        handle.remove()
+    last = model.cfg.n_layers - 1
+    ours = [cache[f"blocks.{i}.hook_resid_pre"] for i in range(last + 1)]
     with torch.no_grad():
-        streams = hf(x, output_hidden_states=True).hidden_states
-        _, cache = model.run_with_cache(x)
-        last = model.cfg.n_layers - 1
-        ours = [cache[f"blocks.{i}.hook_resid_pre"] for i in range(last + 1)]
         ours.append(model.ln_final(cache[f"blocks.{last}.hook_resid_post"]))
-    assert len(streams) == len(ours)
-    return [float((a - b).abs().max()) for a, b in zip(ours, streams, strict=True)]
+    assert len(streams) == len(ours) and seen[0].shape == ours[-1].shape
+    theirs = [*streams, seen[0]]
+    ours.append(cache[f"blocks.{last}.hook_resid_post"])
+    return [float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True)]
 
 
 @pytest.mark.parametrize("name", sorted(NEW))
