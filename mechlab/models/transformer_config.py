@@ -61,7 +61,7 @@ def _check_rotary_scaling(scaling: object) -> None:
         raise ValueError(
             f"rotary_scaling of rope_type {kind!r} takes the keys {sorted(keys)}, got {sorted(scaling)}"
         )
-    for key in keys - {"truncate"}:
+    for key in (k for k in _ROPE_KEYS[kind] if k != "truncate"):  # in a fixed order
         value = scaling[key]
         if (
             isinstance(value, bool)

@@ -222,7 +222,7 @@ def test_transformer_bridge(name, hf_class):
 
 def test_unsupported_architectures_get_one_line_listing_the_supported_ones(tmp_path):
     with pytest.raises(ImportProblem, match="cannot import a Linear: mechlab imports GPT2LMHeadModel, "
-                       "GPTNeoXForCausalLM, .*MambaForCausalLM, .*GPTJForCausalLM, TransformerBridge") as info:
+                       "GPTNeoXForCausalLM, .*MambaForCausalLM, .*GPTJForCausalLM, TransformerBridge") as info:  # fmt: skip
         from_pretrained(torch.nn.Linear(2, 2))
     assert "\n" not in str(info.value)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
@@ -267,7 +267,7 @@ def test_settings_mechlab_cannot_reproduce_are_refused(tmp_path):
     with pytest.raises(ImportProblem, match=r"rotary_scaling\['factor'\] must be a positive"):
         from_pretrained(hf)
     hf.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
-    with pytest.raises(ImportProblem, match=r"rotary_scaling\['low_freq_factor'\] must be a positive"):
+    with pytest.raises(ImportProblem, match=r"\['low_freq_factor'\] must be a positive"):
         from_pretrained(hf)
     hf = hf_model("olmo")
     hf.config.clip_qkv = -1.0
