@@ -93,8 +93,9 @@ def gpt2_config(model: Transformer) -> GPT2Config:
         TypeError: ``model`` is not a mechlab transformer (an LSTM, Mamba, ...).
         ValueError: When the model has no GPT-2 equivalent (``n_heads * d_head !=
             d_model``, no LayerNorm, ReLU or non-causal attention, as loaded Tracr
-            programs have, or the Llama/NeoX options: rotary positions, RMSNorm, SiLU,
-            gated MLPs, grouped key/value heads, a parallel residual, no MLP). Biases that
+            programs have, or the Llama/NeoX/Qwen3/OLMo options: rotary positions,
+            RMSNorm or weightless LayerNorms, SiLU, gated MLPs, grouped key/value heads, a
+            parallel residual, no MLP, query/key norms, ``clip_qkv``). Biases that
             are off export as zeros.
     """
     _require_transformer(model, "gpt2_config")
@@ -110,6 +111,8 @@ def gpt2_config(model: Transformer) -> GPT2Config:
             ("parallel_attn_mlp=True", cfg.parallel_attn_mlp),
             ("attn_only=True", cfg.attn_only),
             (f"n_key_value_heads={cfg.n_key_value_heads}", cfg.n_key_value_heads != cfg.n_heads),
+            ("qk_norm=True", cfg.qk_norm),
+            (f"clip_qkv={cfg.clip_qkv}", cfg.clip_qkv is not None),
         )
         if differs
     ]

@@ -315,6 +315,10 @@ _NAME, _FLAG, _MAPPING_OR_NONE, _NAMES_OR_NONE, _RANK = "name", "flag", "mapping
 _MAX_COUNT = 2**31 - 1
 _ROPE = {"rope_theta": _NUMBER_OR_NONE, "partial_rotary_factor": _NUMBER_OR_NONE,
          "rope_parameters": _MAPPING_OR_NONE, "rope_scaling": _MAPPING_OR_NONE}  # fmt: skip
+# the scaled rotary embeddings' values (rope_parameters.factor, ...)
+_ROPE_SCALING = tuple((name, _NUMBER_OR_NONE) for name in (
+    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "beta_fast",
+    "beta_slow", "attention_factor", "mscale", "mscale_all_dim")) + (("truncate", _FLAG),)  # fmt: skip
 _LLAMA_FIELDS = {
     "vocab_size": _COUNT, "hidden_size": _COUNT, "num_hidden_layers": _COUNT, "num_attention_heads": _COUNT,
     "intermediate_size": _COUNT, "max_position_embeddings": _COUNT, "head_dim": _COUNT_OR_NONE,
@@ -337,6 +341,14 @@ CONFIG_FIELDS: dict[str, dict[str, str]] = {
     "LlamaForCausalLM": _LLAMA_FIELDS,
     "Qwen2ForCausalLM": _LLAMA_FIELDS,
     "MistralForCausalLM": _LLAMA_FIELDS,
+    "Qwen3ForCausalLM": _LLAMA_FIELDS,
+    "OlmoForCausalLM": {**_LLAMA_FIELDS, "clip_qkv": _NUMBER_OR_NONE},
+    "Phi3ForCausalLM": {**_LLAMA_FIELDS, "original_max_position_embeddings": _COUNT_OR_NONE},
+    "GPTJForCausalLM": {
+        "vocab_size": _COUNT, "n_embd": _COUNT, "n_layer": _COUNT, "n_head": _COUNT, "n_positions": _COUNT,
+        "n_inner": _COUNT_OR_NONE, "rotary_dim": _COUNT_OR_NONE, "activation_function": _NAME,
+        "layer_norm_epsilon": _EPS, "tie_word_embeddings": _FLAG,
+    },
     "MambaForCausalLM": {
         "vocab_size": _COUNT, "hidden_size": _COUNT, "num_hidden_layers": _COUNT, "state_size": _COUNT,
         "conv_kernel": _COUNT, "expand": _COUNT, "intermediate_size": _COUNT, "time_step_rank": _RANK,
@@ -426,7 +438,7 @@ def check_config_values(arch: str, values: Any, source: str, advice: str) -> Non
     else:
         rope = getattr(values, "rope_parameters", None) or getattr(values, "rope_scaling", None)
     for name, kind in (("rope_theta", _NUMBER_OR_NONE), ("partial_rotary_factor", _NUMBER_OR_NONE),
-                       ("rope_type", _NAME), ("type", _NAME)):  # fmt: skip
+                       ("rope_type", _NAME), ("type", _NAME), *_ROPE_SCALING):  # fmt: skip
         if isinstance(rope, dict) and name in rope and not _fits(rope[name], kind):
             raise ImportProblem(f"{source}: rope_parameters.{name} must be {_MUST_BE[kind]}, got "
                                 f"{shown(rope[name])}; {advice}")  # fmt: skip

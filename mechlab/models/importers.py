@@ -1,5 +1,6 @@
-"""Import the models users bring: Hugging Face GPT-2, GPT-NeoX (Pythia), Llama, Qwen2,
-Mistral and Mamba checkpoints, and TransformerLens ``TransformerBridge`` objects.
+"""Import the models users bring: Hugging Face GPT-2, GPT-NeoX (Pythia), Llama (3.x
+included), Qwen2, Mistral, Qwen3, OLMo, Phi-3, GPT-J and Mamba checkpoints, and
+TransformerLens ``TransformerBridge`` objects.
 
 One entry point, :func:`from_pretrained`, takes a model in memory or a local folder
 written by ``save_pretrained`` (``config.json`` plus ``model.safetensors``, sharded
@@ -23,21 +24,37 @@ What each architecture becomes (options of :class:`~mechlab.models.transformer.T
   attention), biases as the architecture has them (Qwen2: on q/k/v only; Llama:
   ``attention_bias`` / ``mlp_bias``). A sliding attention window (Mistral, Qwen2 with
   ``use_sliding_window``) caps ``n_ctx`` at the window, so it never bites.
+* ``Qwen3ForCausalLM``: as Llama, with ``qk_norm`` (an RMSNorm over each query and key
+  head, before the rotary embedding), ``head_dim`` as configured, biases on q, k, v and
+  the output with ``attention_bias``.
+* ``OlmoForCausalLM``: as Llama, with ``normalization="LNPre"`` (LayerNorms without
+  weights, eps 1e-5) and ``clip_qkv``.
+* ``Phi3ForCausalLM``: as Llama without biases; the fused ``qkv_proj`` and ``gate_up_proj``
+  are split into ``W_Q, W_K, W_V`` and ``W_gate, W_in``; partial rotary
+  (``partial_rotary_factor``) and a sliding window as Mistral's.
+* ``GPTJForCausalLM``: ``parallel_attn_mlp`` with its one LayerNorm ``ln_1`` copied into
+  ``ln1`` and ``ln2``, ``rotary_adjacent_pairs`` on ``rotary_dim`` dimensions, no
+  attention biases, the read-out's bias from ``lm_head.bias``.
 * ``MambaForCausalLM``: :class:`~mechlab.models.mamba.Mamba` (as
   :meth:`~mechlab.models.mamba.Mamba.from_hf`).
 * A ``TransformerBridge``: the Hugging Face model it wraps, if its weights are unprocessed
   (``enable_compatibility_mode()`` folds the norms into the weights and centres the
   unembedding, which changes what the weights compute).
 
-Only the default rotary embedding (``rope_type="default"``) is supported; a checkpoint
-with scaled rotary frequencies (``llama3``, ``yarn``, ``linear``, ...) is refused, as is
-any other architecture, a folder without weights, and a model above the size limit
+Rotary scalings (:data:`ROPE_TYPES`): ``linear``, ``llama3`` and ``yarn`` become
+``rotary_scaling`` (the frequencies computed as Hugging Face computes them, YaRN's
+``attention_factor`` included); ``dynamic`` rescales only past ``max_position_embeddings``,
+which is the longest sequence mechlab accepts, so it imports as the default. Any other
+``rope_type`` (``longrope``, ...) is refused in one line naming these, as is any other
+architecture, a folder without weights, and a model above the size limit
 (:func:`mechlab.models.registry.check_size`), which is checked from ``config.json``
-before anything is allocated. Hugging Face's read-out has no bias: mechlab's is zero.
+before anything is allocated. Hugging Face's read-out has no bias (GPT-J's has one):
+mechlab's is zero.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -71,13 +88,20 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("Qwen2Config", "model"),
     "MistralForCausalLM": ("MistralConfig", "model"),
     "MambaForCausalLM": ("MambaConfig", "backbone"),
+    "Qwen3ForCausalLM": ("Qwen3Config", "model"),
+    "OlmoForCausalLM": ("OlmoConfig", "model"),
+    "Phi3ForCausalLM": ("Phi3Config", "model"),
+    "GPTJForCausalLM": ("GPTJConfig", "transformer"),
 }
+_LLAMA_LIKE = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
+               "OlmoForCausalLM", "Phi3ForCausalLM")  # fmt: skip
 SUPPORTED = (*ARCHITECTURES, "TransformerBridge")
 """What :func:`from_pretrained` imports."""
 # config.json without "architectures": its model_type -> the class
 _MODEL_TYPES = {
     "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM", "mamba": "MambaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "olmo": "OlmoForCausalLM", "phi3": "Phi3ForCausalLM", "gptj": "GPTJForCausalLM",
 }  # fmt: skip
 # Hugging Face activation names -> mechlab's act_fn
 _ACTIVATIONS = {
@@ -188,21 +212,71 @@ def _put(param: Tensor | None, value: Tensor, what: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _rope(hf: Any, arch: str) -> tuple[float, float]:
-    """``(rope_theta, partial_rotary_factor)`` of a config with the default rotary embedding."""
+ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
+"""The ``rope_type`` values :func:`from_pretrained` imports."""
+
+
+def _rope(hf: Any, arch: str) -> tuple[float, float, dict | None]:
+    """``(rope_theta, partial_rotary_factor, rotary_scaling)`` of a config: its rotary
+    scaling as :class:`~mechlab.models.transformer.TransformerConfig`'s ``rotary_scaling``
+    (None for the default and for ``dynamic``, whose frequencies are the default ones up to
+    ``max_position_embeddings``, the longest sequence mechlab accepts)."""
     params = dict(getattr(hf, "rope_parameters", None) or {})
     scaling = getattr(hf, "rope_scaling", None)
     if isinstance(scaling, dict) and not params:
         params = dict(scaling)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in ROPE_TYPES:
         raise ImportProblem(
-            f"this {arch} uses rope_type={rope_type!r}; mechlab supports the default rotary "
-            "embedding only (no frequency scaling)"
+            f"this {arch} uses rope_type={rope_type!r}; mechlab supports rope_type "
+            f"{', '.join(ROPE_TYPES)}"
         )
     theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
     factor = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
-    return float(theta), float(factor)
+    factor = 1.0 if factor is None else float(factor)
+    return float(theta), factor, _scaling(hf, params, rope_type)
+
+
+def _scaling(hf: Any, params: dict, rope_type: str) -> dict | None:
+    """The ``rotary_scaling`` of a ``linear``, ``llama3`` or ``yarn`` config, every value
+    resolved as Hugging Face's ``_compute_*_parameters`` resolve it (a value missing or of
+    the wrong type is left for :class:`~mechlab.models.transformer.TransformerConfig` to
+    name)."""
+    if rope_type in ("default", "dynamic"):
+        return None
+
+    def number(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        return float(value)
+
+    factor = params.get("factor")
+    if rope_type == "linear":
+        return {"rope_type": "linear", "factor": number(factor)}
+    old_len = (
+        params.get("original_max_position_embeddings")
+        or getattr(hf, "original_max_position_embeddings", None)
+        or hf.max_position_embeddings
+    )
+    if rope_type == "llama3":
+        return {"rope_type": "llama3", "factor": number(factor), "original_max_position_embeddings": old_len,
+                "low_freq_factor": number(params.get("low_freq_factor")),
+                "high_freq_factor": number(params.get("high_freq_factor"))}  # fmt: skip
+    if factor is None:
+        factor = hf.max_position_embeddings / old_len
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None and isinstance(factor, (int, float)):
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = mscale(factor)
+        if m and m_all:
+            attention_factor = mscale(factor, m) / mscale(factor, m_all)
+    return {"rope_type": "yarn", "factor": number(factor), "original_max_position_embeddings": old_len,
+            "beta_fast": number(params.get("beta_fast") or 32), "beta_slow": number(params.get("beta_slow") or 1),
+            "attention_factor": number(attention_factor), "truncate": params.get("truncate", True)}  # fmt: skip
 
 
 def _act(hf_act: str, arch: str) -> str:
@@ -236,7 +310,7 @@ def _gpt2_config(hf: Any, n_ctx: int | None) -> dict[str, Any]:
 
 
 def _neox_config(hf: Any, n_ctx: int | None) -> dict[str, Any]:
-    theta, factor = _rope(hf, "GPT-NeoX")
+    theta, factor, scaling = _rope(hf, "GPT-NeoX")
     d_head = hf.hidden_size // hf.num_attention_heads
     rotary_dim = int(d_head * factor)
     if rotary_dim < 2 or rotary_dim % 2:
@@ -250,37 +324,78 @@ def _neox_config(hf: Any, n_ctx: int | None) -> dict[str, Any]:
         d_mlp=hf.intermediate_size, act_fn=_act(hf.hidden_act, "GPT-NeoX"),
         layer_norm_eps=hf.layer_norm_eps, d_vocab=hf.vocab_size,
         n_ctx=_n_ctx(hf.max_position_embeddings, n_ctx, "GPT-NeoX"), positional="rotary",
-        rotary_dim=rotary_dim, rotary_base=theta, parallel_attn_mlp=bool(hf.use_parallel_residual),
+        rotary_dim=rotary_dim, rotary_base=theta, rotary_scaling=scaling,
+        parallel_attn_mlp=bool(hf.use_parallel_residual),
         qkv_bias=bias, attn_out_bias=bias, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
     )  # fmt: skip
 
 
-def _llama_config(hf: Any, n_ctx: int | None, arch: str) -> dict[str, Any]:
-    theta, factor = _rope(hf, arch)
-    d_head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+def _window_limit(hf: Any, arch: str) -> int:
+    """``max_position_embeddings``, capped by a sliding attention window where it is on
+    (within the window, sliding attention is causal attention)."""
     limit = hf.max_position_embeddings
     window = getattr(hf, "sliding_window", None)
-    if arch == "Qwen2ForCausalLM":
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         layer_types = getattr(hf, "layer_types", None) or []
         sliding = "sliding_attention" in layer_types or (
             not layer_types and getattr(hf, "use_sliding_window", False)
         )
         window = window if sliding else None
-    if window:
-        limit = min(limit, int(window))  # within the window, sliding attention is causal attention
+    return min(limit, int(window)) if window else limit
+
+
+def _llama_config(hf: Any, n_ctx: int | None, arch: str) -> dict[str, Any]:
+    """Llama's layout, and the architectures that share it (Qwen2, Mistral, Qwen3, OLMo,
+    Phi-3), each with its own options."""
+    theta, factor, scaling = _rope(hf, arch)
+    d_head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     if arch == "Qwen2ForCausalLM":
         qkv_bias, out_bias, mlp_bias = True, False, False
+    elif arch == "Phi3ForCausalLM":
+        qkv_bias = out_bias = mlp_bias = False
     else:
         qkv_bias = out_bias = bool(getattr(hf, "attention_bias", False))
         mlp_bias = bool(getattr(hf, "mlp_bias", False))
-    return dict(
+    fields = dict(
         d_model=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads,
         d_head=d_head, n_key_value_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
         d_mlp=hf.intermediate_size, act_fn=_act(hf.hidden_act, arch), normalization="RMS",
-        layer_norm_eps=hf.rms_norm_eps, d_vocab=hf.vocab_size, n_ctx=_n_ctx(limit, n_ctx, arch),
-        positional="rotary", rotary_dim=int(d_head * factor), rotary_base=theta, gated_mlp=True,
+        layer_norm_eps=getattr(hf, "rms_norm_eps", 1e-5), d_vocab=hf.vocab_size,
+        n_ctx=_n_ctx(_window_limit(hf, arch), n_ctx, arch), positional="rotary",
+        rotary_dim=int(d_head * factor), rotary_base=theta, rotary_scaling=scaling, gated_mlp=True,
         qkv_bias=qkv_bias, attn_out_bias=out_bias, mlp_bias=mlp_bias,
         tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+    )  # fmt: skip
+    if arch == "Qwen3ForCausalLM":
+        fields["qk_norm"] = True
+    if arch == "OlmoForCausalLM":  # weightless LayerNorms, eps fixed at 1e-5 (OlmoLayerNorm)
+        fields |= dict(normalization="LNPre", layer_norm_eps=1e-5, clip_qkv=_clip(hf))
+    return fields
+
+
+def _clip(hf: Any) -> float | None:
+    clip = getattr(hf, "clip_qkv", None)
+    if clip is not None and not clip > 0:
+        raise ImportProblem(
+            f"this OLMo has clip_qkv={clip!r}; mechlab needs a positive bound or none"
+        )
+    return None if clip is None else float(clip)
+
+
+def _gptj_config(hf: Any, n_ctx: int | None) -> dict[str, Any]:
+    d_head = hf.n_embd // hf.n_head
+    rotary_dim = hf.rotary_dim
+    if rotary_dim is None or not 2 <= rotary_dim <= d_head or rotary_dim % 2:
+        raise ImportProblem(
+            f"this GPT-J rotates rotary_dim={rotary_dim!r} dimensions of its {d_head}-dimensional "
+            "heads; mechlab needs an even number in 2..d_head"
+        )
+    return dict(
+        d_model=hf.n_embd, n_layers=hf.n_layer, n_heads=hf.n_head, d_mlp=hf.n_inner or 4 * hf.n_embd,
+        act_fn=_act(hf.activation_function, "GPT-J"), layer_norm_eps=hf.layer_norm_epsilon,
+        d_vocab=hf.vocab_size, n_ctx=_n_ctx(hf.n_positions, n_ctx, "GPT-J"), positional="rotary",
+        rotary_dim=int(rotary_dim), rotary_adjacent_pairs=True, parallel_attn_mlp=True,
+        qkv_bias=False, attn_out_bias=False, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
     )  # fmt: skip
 
 
@@ -332,7 +447,9 @@ def _mechlab_config(arch: str, hf_config: Any, n_ctx: int | None):
         fields = _gpt2_config(hf_config, n_ctx)
     elif arch == "GPTNeoXForCausalLM":
         fields = _neox_config(hf_config, n_ctx)
-    elif arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
+    elif arch == "GPTJForCausalLM":
+        fields = _gptj_config(hf_config, n_ctx)
+    elif arch in _LLAMA_LIKE:
         fields = _llama_config(hf_config, n_ctx, arch)
     else:
         raise _unsupported(repr(arch))
@@ -425,31 +542,75 @@ def _load_neox(model: MechModel, w: Weights) -> None:
 
 
 def _load_llama(model: MechModel, w: Weights) -> None:
+    """Llama's weights (Qwen2, Mistral, Qwen3, OLMo), and Phi-3's, whose fused ``qkv_proj``
+    (``[q | k | v]`` rows) and ``gate_up_proj`` (``[gate | up]`` rows) are split here."""
     H, G = model.cfg.n_heads, model.cfg.n_key_value_heads
+    d_head = model.cfg.d_head
     _put(model.read_in.embed.weight, w("model.embed_tokens.weight"), "embed_tokens")
     for i, block in enumerate(model.blocks):
         p = f"model.layers.{i}."
         attn, mlp = block.attn, block.mlp
-        _put_norm(block.ln1, w, p + "input_layernorm")
-        _put_norm(block.ln2, w, p + "post_attention_layernorm")
+        for norm, name in ((block.ln1, "input_layernorm"), (block.ln2, "post_attention_layernorm")):
+            if isinstance(norm.w, nn.Parameter):  # OLMo's norms have no weights
+                _put_norm(norm, w, p + name)
+        fused = p + "self_attn.qkv_proj.weight"
+        if fused in w:  # Phi-3
+            qkv = w(fused).split([H * d_head, G * d_head, G * d_head])
+            for param, part, n in zip((attn.W_Q, attn.W_K, attn.W_V), qkv, (H, G, G), strict=True):
+                _put(param, _heads(part, n), fused)
         for param, bias, name, n in (
             (attn.W_Q, attn.b_Q, "q_proj", H), (attn.W_K, attn.b_K, "k_proj", G), (attn.W_V, attn.b_V, "v_proj", G),
         ):  # fmt: skip
-            _put(param, _heads(w(f"{p}self_attn.{name}.weight"), n), f"{p}self_attn.{name}.weight")
+            name = f"{p}self_attn.{name}"
+            if fused not in w:
+                _put(param, _heads(w(name + ".weight"), n), name + ".weight")
             if bias is not None:
-                _put(bias, w(f"{p}self_attn.{name}.bias").view(n, -1), f"{p}self_attn.{name}.bias")
-        _put(attn.W_O, _out_heads(w(p + "self_attn.o_proj.weight"), H), p + "self_attn.o_proj.weight")
+                _put(bias, w(name + ".bias").view(n, -1), name + ".bias")
+        if attn.q_norm is not None:  # Qwen3
+            _put_norm(attn.q_norm, w, p + "self_attn.q_norm")
+            _put_norm(attn.k_norm, w, p + "self_attn.k_norm")
+        o_proj = p + "self_attn.o_proj"
+        _put(attn.W_O, _out_heads(w(o_proj + ".weight"), H), o_proj + ".weight")
         if attn.b_O is not None:
-            _put(attn.b_O, w(p + "self_attn.o_proj.bias"), p + "self_attn.o_proj.bias")
-        for param, bias, name in ((mlp.W_gate, mlp.b_gate, "gate_proj"), (mlp.W_in, mlp.b_in, "up_proj")):
-            _put(param, w(f"{p}mlp.{name}.weight").T, f"{p}mlp.{name}.weight")
+            _put(attn.b_O, w(o_proj + ".bias"), o_proj + ".bias")
+        fused = p + "mlp.gate_up_proj.weight"
+        if fused in w:  # Phi-3
+            gate, up = w(fused).chunk(2)
+            _put(mlp.W_gate, gate.T, fused)
+            _put(mlp.W_in, up.T, fused)
+        for param, bias, name in ((mlp.W_gate, mlp.b_gate, "gate"), (mlp.W_in, mlp.b_in, "up")):
+            if fused not in w:
+                _put(param, w(f"{p}mlp.{name}_proj.weight").T, f"{p}mlp.{name}_proj.weight")
             if bias is not None:
-                _put(bias, w(f"{p}mlp.{name}.bias"), f"{p}mlp.{name}.bias")
+                _put(bias, w(f"{p}mlp.{name}_proj.bias"), f"{p}mlp.{name}_proj.bias")
         _put(mlp.W_out, w(p + "mlp.down_proj.weight").T, p + "mlp.down_proj.weight")
         if mlp.b_out is not None:
             _put(mlp.b_out, w(p + "mlp.down_proj.bias"), p + "mlp.down_proj.bias")
-    _put_norm(model.ln_final, w, "model.norm")
+    if isinstance(model.ln_final.w, nn.Parameter):
+        _put_norm(model.ln_final, w, "model.norm")
     _read_out(model, w, "lm_head.weight")
+
+
+def _load_gptj(model: MechModel, w: Weights) -> None:
+    """GPT-J's weights; its one LayerNorm ``ln_1`` per block is copied into ``ln1`` and
+    ``ln2`` (attention and MLP both read it), and its read-out has a bias."""
+    H = model.cfg.n_heads
+    _put(model.read_in.embed.weight, w("transformer.wte.weight"), "wte")
+    for i, block in enumerate(model.blocks):
+        p = f"transformer.h.{i}."
+        attn, mlp = block.attn, block.mlp
+        _put_norm(block.ln1, w, p + "ln_1")
+        _put_norm(block.ln2, w, p + "ln_1")
+        for param, name in ((attn.W_Q, "q_proj"), (attn.W_K, "k_proj"), (attn.W_V, "v_proj")):
+            _put(param, _heads(w(f"{p}attn.{name}.weight"), H), f"{p}attn.{name}.weight")
+        _put(attn.W_O, _out_heads(w(p + "attn.out_proj.weight"), H), p + "attn.out_proj.weight")
+        _put(mlp.W_in, w(p + "mlp.fc_in.weight").T, p + "mlp.fc_in.weight")
+        _put(mlp.b_in, w(p + "mlp.fc_in.bias"), p + "mlp.fc_in.bias")
+        _put(mlp.W_out, w(p + "mlp.fc_out.weight").T, p + "mlp.fc_out.weight")
+        _put(mlp.b_out, w(p + "mlp.fc_out.bias"), p + "mlp.fc_out.bias")
+    _put_norm(model.ln_final, w, "transformer.ln_f")
+    _read_out(model, w, "lm_head.weight")
+    _put(model.read_out.proj.bias, w("lm_head.bias"), "lm_head.bias")
 
 
 def _load_mamba(model: MechModel, w: Weights) -> None:
@@ -472,6 +633,10 @@ _LOADERS: dict[str, Callable[[MechModel, Weights], None]] = {
     "Qwen2ForCausalLM": _load_llama,
     "MistralForCausalLM": _load_llama,
     "MambaForCausalLM": _load_mamba,
+    "Qwen3ForCausalLM": _load_llama,
+    "OlmoForCausalLM": _load_llama,
+    "Phi3ForCausalLM": _load_llama,
+    "GPTJForCausalLM": _load_gptj,
 }
 
 
@@ -576,8 +741,9 @@ def from_pretrained(
 
     Args:
         model_or_folder: A ``GPT2LMHeadModel``, ``GPTNeoXForCausalLM``,
-            ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM`` or
-            ``MambaForCausalLM`` (or a subclass), a TransformerLens ``TransformerBridge``
+            ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``,
+            ``Qwen3ForCausalLM``, ``OlmoForCausalLM``, ``Phi3ForCausalLM``,
+            ``GPTJForCausalLM`` or ``MambaForCausalLM`` (or a subclass), a TransformerLens ``TransformerBridge``
             around one, or the path of a local folder one was saved to. Nothing is
             downloaded.
         n_ctx: Longest sequence the imported model accepts (default: the checkpoint's

@@ -1,5 +1,5 @@
 """A decoder-only transformer with TransformerLens hook points: GPT-2 by default, and the
-options that GPT-NeoX (Pythia), Llama, Qwen2 and Mistral need.
+options that GPT-NeoX (Pythia), Llama, Qwen2, Mistral, Qwen3, OLMo, Phi-3 and GPT-J need.
 
 The default is GPT-2's layout: pre-LayerNorm blocks, a learned position table of
 ``n_ctx`` rows, causal softmax attention, a GELU MLP, a final LayerNorm, biases
@@ -16,8 +16,16 @@ and the presets live in :mod:`mechlab.models.transformer_config` and are re-expo
 * ``positional="rotary"``: no position table; rotary position embeddings rotate the
   first ``rotary_dim`` dimensions of each query and key (all of them by default;
   Pythia rotates a quarter), in the "rotate half" layout of GPT-NeoX and Llama.
+* ``rotary_scaling``: scaled rotary frequencies (``linear``, Llama 3's ``llama3``,
+  ``yarn``), computed as Hugging Face computes them (:func:`rotary_inv_freq`);
+  ``rotary_adjacent_pairs=True``: rotary embeddings of the adjacent pairs ``(x_{2i},
+  x_{2i+1})`` (GPT-J's "rotate every two").
+* ``qk_norm=True``: an RMSNorm over ``d_head`` of every query and key head, before the
+  rotary embedding (Qwen3); ``clip_qkv=c``: the q, k, v projections clamped to ``[-c, c]``
+  (OLMo).
 * ``normalization="RMS"``: RMSNorms (``x / sqrt(mean(x^2) + eps) * w``) instead of
-  LayerNorms; ``"none"``: no normalisation (Tracr's compiled programs).
+  LayerNorms; ``"LNPre"``: LayerNorms without learned weights (OLMo); ``"none"``: no
+  normalisation (Tracr's compiled programs).
 * ``gated_mlp=True``: ``W_out (act(x W_gate) * (x W_in))`` (SwiGLU with ``act_fn="silu"``).
 * ``n_key_value_heads=G`` (< ``n_heads``): grouped-query attention; query head ``h``
   uses key/value head ``h // (n_heads / G)``, as Hugging Face's ``repeat_kv`` does.
@@ -36,7 +44,9 @@ d_model]``, ``W_in`` / ``W_gate`` ``[d_model, d_mlp]``, ...), and so do the hook
 ``hook_normalized`` is the norm's output *before* its affine ``w, b`` (as in
 TransformerLens' bridge and its folded ``LNPre``). With rotary embeddings ``hook_q`` /
 ``hook_k`` are the projections and ``hook_rot_q`` / ``hook_rot_k`` the rotated ones; with
-grouped-query attention ``hook_k`` / ``hook_v`` have ``n_key_value_heads`` heads.
+``qk_norm`` ``hook_q_normed`` / ``hook_k_normed`` are the normalised ones (before the
+rotation; TransformerLens' bridge names), and ``attn.q_norm`` / ``attn.k_norm`` have
+``hook_scale`` and ``hook_normalized`` of their own; with grouped-query attention ``hook_k`` / ``hook_v`` have ``n_key_value_heads`` heads.
 
 ``attn.hook_result`` (``[batch, pos, head, d_model]``, head ``h``'s output
 ``z_h @ W_O[h]``) is always computed, and the attention output is its sum over
@@ -45,7 +55,7 @@ whether or not anything is hooked (a fused ``z @ W_O`` would save about 1% of a
 training step of the ``tiny`` preset).
 
 :func:`mechlab.models.importers.from_pretrained` fills these models from Hugging Face
-GPT-2, GPT-NeoX, Llama, Qwen2 and Mistral checkpoints.
+GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Qwen3, OLMo, Phi-3 and GPT-J checkpoints.
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ from mechlab.models.transformer_config import (
     NORMALIZATIONS,
     POSITIONALS,
     PRESETS,
+    ROPE_SCALINGS,
     TransformerConfig,
 )
 
@@ -77,8 +88,10 @@ __all__ = [
     "NORMALIZATIONS",
     "POSITIONALS",
     "PRESETS",
+    "ROPE_SCALINGS",
     "Attention",
     "LayerNorm",
+    "LayerNormPre",
     "NoNorm",
     "RMSNorm",
     "Rotary",
@@ -88,6 +101,7 @@ __all__ = [
     "activation",
     "causal_mask",
     "make_norm",
+    "rotary_inv_freq",
 ]
 
 
@@ -124,6 +138,20 @@ class RMSNorm(nn.Module):
         return self.hook_normalized(x / scale) * self.w
 
 
+class LayerNormPre(LayerNorm):
+    """A LayerNorm without learned weights (OLMo's): ``w`` and ``b`` are constant buffers of
+    ones and zeros (not parameters, not saved), so every tool that reads a LayerNorm's
+    ``w, b`` reads this one too."""
+
+    def __init__(self, d_model: int, eps: float):
+        nn.Module.__init__(self)
+        self.eps = eps
+        self.register_buffer("w", torch.ones(d_model), persistent=False)
+        self.register_buffer("b", torch.zeros(d_model), persistent=False)
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+
 class NoNorm(nn.Module):
     """The identity in place of a LayerNorm (``normalization="none"``), with ``hook_normalized``."""
 
@@ -136,12 +164,14 @@ class NoNorm(nn.Module):
 
 
 def make_norm(cfg: TransformerConfig) -> nn.Module:
-    """The block's normalisation: a :class:`LayerNorm`, an :class:`RMSNorm` or, with
-    ``normalization="none"``, a :class:`NoNorm`."""
+    """The block's normalisation: a :class:`LayerNorm`, an :class:`RMSNorm`, a
+    :class:`LayerNormPre` (``"LNPre"``) or, with ``normalization="none"``, a :class:`NoNorm`."""
     if cfg.normalization == "LN":
         return LayerNorm(cfg.d_model, cfg.layer_norm_eps)
     if cfg.normalization == "RMS":
         return RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+    if cfg.normalization == "LNPre":
+        return LayerNormPre(cfg.d_model, cfg.layer_norm_eps)
     return NoNorm()
 
 
@@ -149,26 +179,91 @@ def _bias(enabled: bool, *shape: int) -> nn.Parameter | None:
     return nn.Parameter(torch.zeros(*shape)) if enabled else None
 
 
-class Rotary(nn.Module):
-    """Rotary position embeddings of the first ``dim`` dimensions, "rotate half" layout.
+def rotary_inv_freq(dim: int, base: float, scaling: dict | None = None) -> Tensor:
+    """The rotary inverse frequencies ``base^(-2i / dim)``, ``i < dim / 2``, scaled as
+    ``scaling`` says (:class:`TransformerConfig`'s ``rotary_scaling``), in float32 with
+    Hugging Face's arithmetic (``_compute_*_parameters`` of ``modeling_rope_utils``).
 
-    Position ``t`` rotates the pair ``(x_i, x_{i + dim/2})`` by the angle ``t * base^(-2i /
-    dim)``, ``i < dim / 2``; the dimensions past ``dim`` pass unchanged (partial rotary, as
-    in GPT-NeoX). The same arithmetic as Hugging Face's ``apply_rotary_pos_emb``.
+    Args:
+        dim: Rotated dimensions per head (even).
+        base: The frequencies' base (``rope_theta``).
+        scaling: None, or a ``linear``, ``llama3`` or ``yarn`` scaling.
+
+    Returns:
+        ``[dim / 2]`` float32.
+    """
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (base**exponents)
+    if scaling is None:
+        return inv_freq
+    kind, factor = scaling["rope_type"], scaling["factor"]
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        old_len = scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq
+        divided = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * divided / factor + smooth * divided
+        medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+        return torch.where(medium, smoothed, divided)
+    # yarn: a linear ramp over the dimensions between the original and the divided frequencies
+    old_len = scaling["original_max_position_embeddings"]
+
+    def correction_dim(n_rotations: float) -> float:
+        return dim * math.log(old_len / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = correction_dim(scaling["beta_fast"]), correction_dim(scaling["beta_slow"])
+    if scaling["truncate"]:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    keep = 1 - ramp  # the share of the original (extrapolated) frequency
+    return 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings of the first ``dim`` dimensions.
+
+    Position ``t`` rotates the pair ``(x_i, x_{i + dim/2})`` ("rotate half", GPT-NeoX and
+    Llama) or, with ``adjacent_pairs``, the pair ``(x_{2i}, x_{2i+1})`` ("rotate every
+    two", GPT-J) by the angle ``t * inv_freq[i]``, ``i < dim / 2``, with ``inv_freq`` from
+    :func:`rotary_inv_freq` (``base^(-2i / dim)``, or scaled); the dimensions past ``dim``
+    pass unchanged (partial rotary, as in GPT-NeoX). YaRN's scaling also multiplies
+    ``cos`` and ``sin`` by its ``attention_factor``. The same arithmetic as Hugging Face's
+    ``apply_rotary_pos_emb``.
     """
 
-    def __init__(self, dim: int, base: float):
+    def __init__(
+        self, dim: int, base: float, scaling: dict | None = None, adjacent_pairs: bool = False
+    ):
         super().__init__()
         self.dim = dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        self.adjacent_pairs = adjacent_pairs
+        self.attention_factor = (
+            float(scaling["attention_factor"]) if scaling and "attention_factor" in scaling else 1.0
+        )
+        inv_freq = rotary_inv_freq(dim, base, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [dim / 2]
 
     def cos_sin(self, n_pos: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """``cos, sin`` of every position's angles, ``[pos, dim]`` each, in ``like``'s dtype."""
+        """``cos, sin`` of every position's angles, ``[pos, dim]`` each, in ``like``'s dtype
+        (each angle twice: ``[a_0 .. a_{dim/2-1}, a_0 ..]``, or ``[a_0, a_0, a_1, a_1, ..]``
+        with adjacent pairs)."""
         t = torch.arange(n_pos, device=self.inv_freq.device, dtype=torch.float32)
         freqs = t[:, None] * self.inv_freq.float()  # [pos, dim / 2]
-        angles = torch.cat([freqs, freqs], dim=-1)  # [pos, dim]
-        return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+        if self.adjacent_pairs:
+            angles = freqs.repeat_interleave(2, dim=-1)  # [pos, dim]
+        else:
+            angles = torch.cat([freqs, freqs], dim=-1)  # [pos, dim]
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(like.dtype), sin.to(like.dtype)
 
     def forward(
         self, x: Float[Tensor, "batch pos head d_head"]
@@ -176,8 +271,12 @@ class Rotary(nn.Module):
         cos, sin = self.cos_sin(x.shape[1], x)
         cos, sin = cos[:, None], sin[:, None]  # [pos, 1, dim]
         x_rot, x_pass = x[..., : self.dim], x[..., self.dim :]
-        x1, x2 = x_rot.chunk(2, dim=-1)
-        rotated = torch.cat([-x2, x1], dim=-1)
+        if self.adjacent_pairs:
+            x1, x2 = x_rot[..., ::2], x_rot[..., 1::2]
+            rotated = torch.stack([-x2, x1], dim=-1).flatten(-2)
+        else:
+            x1, x2 = x_rot.chunk(2, dim=-1)
+            rotated = torch.cat([-x2, x1], dim=-1)
         return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
 
@@ -206,12 +305,22 @@ class Attention(nn.Module):
         self.causal = cfg.causal
         self.scale = math.sqrt(d)
         self.rotary = (
-            Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" else None
+            Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rotary_scaling, cfg.rotary_adjacent_pairs)
+            if cfg.positional == "rotary"
+            else None
         )
+        self.clip_qkv = cfg.clip_qkv
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:  # per head, over d_head: [batch, pos, head, d_head] as a [..., d] input
+            self.q_norm = RMSNorm(d, cfg.layer_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.layer_norm_eps)
 
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
         self.hook_k = HookPoint()  # [batch, pos, kv_head, d_head]
         self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
+        if cfg.qk_norm:
+            self.hook_q_normed = HookPoint()  # [batch, pos, head, d_head]
+            self.hook_k_normed = HookPoint()  # [batch, pos, kv_head, d_head]
         if self.rotary is not None:
             self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]
             self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]
@@ -223,6 +332,34 @@ class Attention(nn.Module):
     def biases(self) -> list[Tensor | None]:
         """``[b_Q, b_K, b_V]`` (None where a bias is off)."""
         return [self.b_Q, self.b_K, self.b_V]
+
+    def project(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Tensor, Tensor]:
+        """``q, k, v`` ``[batch, pos, head | kv_head, d_head]``: the projections plus biases,
+        clamped with ``clip_qkv``."""
+        q = torch.einsum("bpm,hmd->bphd", x, self.W_Q)
+        k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
+        v = torch.einsum("bpm,hmd->bphd", x, self.W_V)
+        if self.b_Q is not None:
+            q, k, v = q + self.b_Q, k + self.b_K, v + self.b_V
+        return self.clip(q), self.clip(k), self.clip(v)
+
+    def clip(self, x: Tensor) -> Tensor:
+        """``x`` clamped to ``[-clip_qkv, clip_qkv]`` (unchanged without ``clip_qkv``)."""
+        return x if self.clip_qkv is None else x.clamp(-self.clip_qkv, self.clip_qkv)
+
+    def position(
+        self,
+        q: Float[Tensor, "batch pos head d_head"],
+        k: Float[Tensor, "batch pos kv_head d_head"],
+    ) -> tuple[Tensor, Tensor]:
+        """Queries and keys as the scores read them: through ``q_norm`` / ``k_norm`` (with
+        ``qk_norm``), then rotated (rotary positions), without hooks (the masked forward of
+        :mod:`mechlab.prune.forward` uses this; :meth:`forward` hooks each step)."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        return q, k
 
     def scores(
         self,
@@ -258,12 +395,10 @@ class Attention(nn.Module):
         return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        q = torch.einsum("bpm,hmd->bphd", x, self.W_Q)
-        k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
-        v = torch.einsum("bpm,hmd->bphd", x, self.W_V)
-        if self.b_Q is not None:
-            q, k, v = q + self.b_Q, k + self.b_K, v + self.b_V
+        q, k, v = self.project(x)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if self.q_norm is not None:
+            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
         if self.rotary is not None:
             q, k = self.hook_rot_q(self.rotary(q)), self.hook_rot_k(self.rotary(k))
         # A cache that keeps the maps gets them written into reused memory (models/buffers.py)
@@ -388,6 +523,12 @@ class Transformer(MechModel):
         "blocks.*.attn.hook_q": _HEADS,
         "blocks.*.attn.hook_k": _KV_HEADS,
         "blocks.*.attn.hook_v": _KV_HEADS,
+        "blocks.*.attn.q_norm.hook_scale": ("batch", "pos", "head", "one"),
+        "blocks.*.attn.q_norm.hook_normalized": _HEADS,
+        "blocks.*.attn.k_norm.hook_scale": ("batch", "pos", "kv_head", "one"),
+        "blocks.*.attn.k_norm.hook_normalized": _KV_HEADS,
+        "blocks.*.attn.hook_q_normed": _HEADS,
+        "blocks.*.attn.hook_k_normed": _KV_HEADS,
         "blocks.*.attn.hook_rot_q": _HEADS,
         "blocks.*.attn.hook_rot_k": _KV_HEADS,
         "blocks.*.attn.hook_attn_scores": _ATTN,
@@ -436,6 +577,8 @@ class Transformer(MechModel):
             for ln in (block.ln1, block.ln2):
                 _reset_norm(ln)
             attn, mlp = block.attn, block.mlp
+            _reset_norm(attn.q_norm)
+            _reset_norm(attn.k_norm)
             weights, out_weights, biases = (
                 [attn.W_Q, attn.W_K, attn.W_V],
                 [attn.W_O],

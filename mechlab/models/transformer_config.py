@@ -14,7 +14,15 @@ from typing import ClassVar
 from mechlab.models.base import ModelConfig
 
 ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
-NORMALIZATIONS = ("LN", "RMS", "none")
+NORMALIZATIONS = ("LN", "RMS", "LNPre", "none")
+ROPE_SCALINGS = ("linear", "llama3", "yarn")
+# the keys each rotary scaling needs (Hugging Face's names)
+_ROPE_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
+             "truncate"),
+}  # fmt: skip
 POSITIONALS = ("learned", "rotary")
 
 # The recall study's models (Daniels et al. 2025): 57-dim tokens in, 5-dim states
@@ -41,6 +49,34 @@ def _check_bool(cfg: object, *names: str) -> None:
             raise ValueError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
 
 
+def _check_rotary_scaling(scaling: object) -> None:
+    kind = scaling.get("rope_type") if isinstance(scaling, dict) else None
+    if kind not in _ROPE_KEYS:
+        raise ValueError(
+            f"rotary_scaling must be None or a dict whose rope_type is one of {ROPE_SCALINGS}, "
+            f"got {scaling!r}"
+        )
+    keys = set(_ROPE_KEYS[kind])
+    if set(scaling) != keys | {"rope_type"}:
+        raise ValueError(
+            f"rotary_scaling of rope_type {kind!r} takes the keys {sorted(keys)}, got {sorted(scaling)}"
+        )
+    for key in (k for k in _ROPE_KEYS[kind] if k != "truncate"):  # in a fixed order
+        value = scaling[key]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < value < float("inf")
+        ):
+            raise ValueError(f"rotary_scaling[{key!r}] must be a positive number, got {value!r}")
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise ValueError("rotary_scaling: llama3 needs high_freq_factor > low_freq_factor")
+    if kind == "yarn" and not isinstance(scaling["truncate"], bool):
+        raise ValueError(
+            f"rotary_scaling['truncate'] must be True or False, got {scaling['truncate']!r}"
+        )
+
+
 @dataclass
 class TransformerConfig(ModelConfig):
     """Config of :class:`Transformer`.
@@ -53,8 +89,9 @@ class TransformerConfig(ModelConfig):
         act_fn: ``"gelu_new"`` (tanh approximation, GPT-2's and Hugging Face's
             default), ``"gelu"`` (exact erf form), ``"relu"`` or ``"silu"``.
         normalization: ``"LN"`` (a LayerNorm before attention, MLP and read-out),
-            ``"RMS"`` (RMSNorms there) or ``"none"`` (no normalisation: those three read
-            the residual stream as is).
+            ``"RMS"`` (RMSNorms there), ``"LNPre"`` (LayerNorms without a learned scale
+            or bias, OLMo's; ``w`` and ``b`` are constant buffers of ones and zeros) or
+            ``"none"`` (no normalisation: those three read the residual stream as is).
         causal: Each position attends to itself and earlier positions only (True), or
             to the whole sequence (False, as in Tracr's compiled programs).
         layer_norm_eps: Epsilon of every LayerNorm or RMSNorm.
@@ -71,6 +108,23 @@ class TransformerConfig(ModelConfig):
             ``d_head``); defaults to ``d_head`` with rotary embeddings. Only with
             ``positional="rotary"``.
         rotary_base: The rotary frequencies' base (``rope_theta``).
+        rotary_scaling: Scaled rotary frequencies, as Hugging Face's ``rope_parameters``
+            name them: ``{"rope_type": "linear", "factor": f}`` (every frequency divided
+            by ``f``), ``{"rope_type": "llama3", "factor", "low_freq_factor",
+            "high_freq_factor", "original_max_position_embeddings"}`` (Llama 3.1's
+            wavelength-dependent division) or ``{"rope_type": "yarn", "factor",
+            "original_max_position_embeddings", "beta_fast", "beta_slow",
+            "attention_factor", "truncate"}`` (YaRN's ramp between the divided and the
+            original frequencies, and ``cos``/``sin`` times ``attention_factor``); None:
+            ``base^(-2i / rotary_dim)`` unscaled. Only with ``positional="rotary"``.
+        rotary_adjacent_pairs: Rotate the adjacent pairs ``(x_{2i}, x_{2i+1})`` (GPT-J's
+            "rotate every two") instead of ``(x_i, x_{i + rotary_dim/2})`` ("rotate half",
+            GPT-NeoX and Llama).
+        qk_norm: An RMSNorm over ``d_head`` (weights per dimension, shared by the heads)
+            of every query and key head before the rotary embedding (Qwen3's
+            ``q_norm`` / ``k_norm``), with ``layer_norm_eps``.
+        clip_qkv: Clamp the query, key and value projections (biases included) to
+            ``[-clip_qkv, clip_qkv]`` (OLMo); None: no clamp.
         n_key_value_heads: Key/value heads per block (dividing ``n_heads``); defaults
             to ``n_heads`` (no grouping).
         gated_mlp: A gated MLP ``W_out (act(x W_gate) * (x W_in))``.
@@ -97,6 +151,10 @@ class TransformerConfig(ModelConfig):
     positional: str = "learned"
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
+    rotary_scaling: dict | None = None
+    rotary_adjacent_pairs: bool = False
+    qk_norm: bool = False
+    clip_qkv: float | None = None
     n_key_value_heads: int | None = None
     gated_mlp: bool = False
     parallel_attn_mlp: bool = False
@@ -140,8 +198,14 @@ class TransformerConfig(ModelConfig):
             raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
         _check_bool(
             self, "causal", "gated_mlp", "parallel_attn_mlp", "attn_only", "qkv_bias",
-            "attn_out_bias", "mlp_bias", "tie_embeddings",
+            "attn_out_bias", "mlp_bias", "tie_embeddings", "rotary_adjacent_pairs", "qk_norm",
         )  # fmt: skip
+        if self.clip_qkv is not None and (
+            isinstance(self.clip_qkv, bool)
+            or not isinstance(self.clip_qkv, (int, float))
+            or not 0 < self.clip_qkv < float("inf")
+        ):
+            raise ValueError(f"clip_qkv must be a positive number or None, got {self.clip_qkv!r}")
         if self.layer_norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("layer_norm_eps and init_std must be positive")
         if self.positional == "rotary":
@@ -159,8 +223,12 @@ class TransformerConfig(ModelConfig):
                 )
             if not self.rotary_base > 0:
                 raise ValueError(f"rotary_base must be positive, got {self.rotary_base!r}")
-        elif self.rotary_dim is not None:
-            raise ValueError("rotary_dim needs positional='rotary'")
+            if self.rotary_scaling is not None:
+                _check_rotary_scaling(self.rotary_scaling)
+        else:
+            for name in ("rotary_dim", "rotary_scaling", "rotary_adjacent_pairs"):
+                if getattr(self, name) is not None and getattr(self, name) is not False:
+                    raise ValueError(f"{name} needs positional='rotary'")
         if self.attn_only and (self.gated_mlp or self.parallel_attn_mlp):
             raise ValueError(
                 "attn_only blocks have no MLP: gated_mlp and parallel_attn_mlp must be False"
@@ -180,7 +248,8 @@ class TransformerConfig(ModelConfig):
     @property
     def normalization_type(self) -> str | None:
         """``"LN"`` / ``"RMS"``: norms with their weights not folded into the next layer;
-        None without normalisation."""
+        ``"LNPre"``: LayerNorms without weights (TransformerLens' name); None without
+        normalisation."""
         return None if self.normalization == "none" else self.normalization
 
     @property

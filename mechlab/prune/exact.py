@@ -173,6 +173,8 @@ def _replayable(obj: Objective) -> bool:
         and not getattr(cfg, "parallel_attn_mlp", False)
         and not getattr(cfg, "attn_only", False)
         and getattr(cfg, "qkv_bias", True)
+        and not getattr(cfg, "qk_norm", False)
+        and getattr(cfg, "clip_qkv", None) is None
     )
 
 

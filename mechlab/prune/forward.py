@@ -15,7 +15,8 @@ that precedes its component (``ln1`` for q/k/v, ``ln2`` for an MLP, the block no
 recurrent layer, ``ln_final`` for the read-out) to its own mixed input; a transformer
 with ``normalization="none"`` has none, and one with ``causal=False`` attends over the
 whole sequence, as its own forward does. The transformer's options follow its forward
-too: RMSNorms, rotary embeddings of each head's queries and keys, grouped key/value
+too: RMSNorms, weightless LayerNorms, ``clip_qkv``, query/key norms and rotary
+embeddings (either pair layout, scaled or not) of each head's queries and keys, grouped key/value
 heads (one k and one v reader per group, whose keys and values serve the group's query
 heads), gated MLPs, a parallel residual (an MLP reads its input before its layer's heads
 are added), attention-only blocks, biases that are off.
@@ -348,7 +349,8 @@ def _attention(
 
     Args:
         attn: The block's :class:`~mechlab.models.transformer.Attention` (its weights,
-            rotary embedding, grouping and causal mask are used).
+            ``clip_qkv``, query/key norms, rotary embedding, grouping and causal mask are
+            used).
         x_qkv: ``[H + 2G, batch, pos, d]``: the q input of every query head, then the k and
             the v input of every key/value head (already normalised).
         sizes: ``(H, G, G)``, the three blocks' sizes.
@@ -357,9 +359,8 @@ def _attention(
     qkv = torch.einsum("rbpm,rmd->bprd", x_qkv, W)  # [batch, pos, H + 2G, d_head]
     if attn.b_Q is not None:
         qkv = qkv + torch.cat([attn.b_Q, attn.b_K, attn.b_V])
-    q, k, v = qkv.split(sizes, dim=2)  # [batch, pos, head | kv_head, d_head]
-    if attn.rotary is not None:
-        q, k = attn.rotary(q), attn.rotary(k)
+    q, k, v = attn.clip(qkv).split(sizes, dim=2)  # [batch, pos, head | kv_head, d_head]
+    q, k = attn.position(q, k)  # query/key norms, rotary embedding
     pattern = F.softmax(attn.scores(q, k), dim=-1)  # [batch, head, q, k]
     z = attn.mix_values(pattern, v)  # [batch, pos, head, d_head]
     return torch.einsum("bqhd,hdm->hbqm", z, attn.W_O)  # [head, batch, pos, d_model]

@@ -165,7 +165,11 @@ def test_a_checkpoint_saved_from_the_accelerator_loads_on_the_cpu(accel, tmp_pat
         close(dev(x.to(accel)), ckpt.model(x), "reloaded")
 
 
-@pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "qwen2", "mamba"])
+IMPORTED = ["gpt2", "neox", "llama", "qwen2", "mamba",
+            "llama-llama3", "llama-yarn", "qwen3", "olmo", "phi3", "gptj"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", IMPORTED)
 def test_imported_models_match_hugging_face_on_the_accelerator(accel, name):
     from tests.models.hf_models import hf_model, tokens
 

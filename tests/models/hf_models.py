@@ -34,6 +34,46 @@ CONFIGS = {
     "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(
         vocab_size=V, hidden_size=16, num_hidden_layers=2, state_size=4, **_IDS)),
 }
+# Scaled rotary embeddings (Llama 3.x and others) and the architectures added with them, on
+# configs chosen to be hard: heads of 9 or 10 dimensions, grouped key/value heads, partial
+# rotary, base 100 so that Llama 3's three frequency bands all occur, prompts of LONG tokens,
+# longer than original_max_position_embeddings.
+LONG = 40
+_SCALED = {**_LLAMA, "num_key_value_heads": 2, "head_dim": 10, "max_position_embeddings": 48}
+ROPE_SCALED = {
+    "llama3": {"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "linear": {"rope_type": "linear", "rope_theta": 100.0, "factor": 2.5},
+    "yarn": {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 12},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 100.0, "factor": 2.0},
+}  # fmt: skip
+CONFIGS |= {
+    f"llama-{kind}": lambda kind=kind: T.LlamaForCausalLM(
+        T.LlamaConfig(**_SCALED, rope_parameters=dict(ROPE_SCALED[kind]))
+    )
+    for kind in ROPE_SCALED
+}
+CONFIGS |= {
+    # per-head query/key RMSNorm, head_dim 10 (not 32 / 4), 2 key/value heads
+    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**_LLAMA, num_key_value_heads=2, head_dim=10)),
+    "qwen3-bias-yarn": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(
+        **_SCALED, attention_bias=True, tie_word_embeddings=True, rope_parameters=dict(ROPE_SCALED["yarn"]))),
+    # weightless LayerNorms, clip_qkv that bites (about a third of the projections clamped)
+    "olmo": lambda: T.OlmoForCausalLM(T.OlmoConfig(**_LLAMA, num_key_value_heads=2, clip_qkv=0.25)),
+    # fused qkv_proj and gate_up_proj, 9-dimensional heads, 6 of them rotated, 2 key/value heads
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(
+        **{**_LLAMA, "hidden_size": 36}, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.7})),
+    # YaRN on a quarter of each 20-dimensional head (Pythia's layout), untruncated ramp
+    "neox-yarn": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        vocab_size=V, hidden_size=40, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=48, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 100.0, "partial_rotary_factor": 0.5, "factor": 4.0,
+            "original_max_position_embeddings": 12, "beta_fast": 8.0, "truncate": False}, **_IDS)),
+    # parallel attention and MLP on one LayerNorm, interleaved rotary on 4 of 9 dims, lm_head bias
+    "gptj": lambda: T.GPTJForCausalLM(T.GPTJConfig(
+        vocab_size=V, n_embd=36, n_layer=2, n_head=4, n_positions=N_POS, rotary_dim=4, n_inner=40, **_IDS)),
+}  # fmt: skip
 
 
 def hf_model(name: str, seed: int = 0) -> torch.nn.Module:

@@ -200,7 +200,8 @@ def test_bridge_with_a_local_tokenizer_reads_strings():
 @pytest.mark.parametrize(
     "fields, named",
     [({"normalization": "none"}, "normalization='none'"), ({"act_fn": "relu"}, "act_fn='relu'"),
-     ({"causal": False}, "causal=False")],
+     ({"causal": False}, "causal=False"), ({"qk_norm": True}, "qk_norm=True"),
+     ({"clip_qkv": 2.0}, "clip_qkv=2.0"), ({"normalization": "LNPre"}, "normalization='LNPre'")],
 )
 def test_models_gpt2_cannot_hold_are_refused_with_one_line(fields, named):
     model = make_model(zero_read_out_bias=True, **fields)

@@ -22,6 +22,16 @@ CONFIGS = {
         "rotary_dim": 2, "parallel_attn_mlp": True,
     },
     "transformer-attn-only": {"arch": "transformer", "d_model": 8, "n_heads": 2, "attn_only": True},
+    # Qwen3's query/key norms (head_dim independent of d_model / n_heads), OLMo's weightless
+    # LayerNorms and clip, GPT-J's interleaved rotary
+    "transformer-qwen3": {
+        "arch": "transformer", "d_model": 8, "n_heads": 4, "n_key_value_heads": 2, "d_head": 6,
+        "positional": "rotary", "normalization": "RMS", "qk_norm": True,
+    },  # fmt: skip
+    "transformer-olmo-gptj": {
+        "arch": "transformer", "d_model": 8, "n_heads": 2, "normalization": "LNPre", "clip_qkv": 1.0,
+        "positional": "rotary", "rotary_dim": 2, "rotary_adjacent_pairs": True,
+    },  # fmt: skip
 }
 IO = {"n_layers": 2, "d_in": 7, "d_out": 3, "n_ctx": 10}
 

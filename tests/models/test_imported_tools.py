@@ -10,7 +10,9 @@ from mechlab.probes import collect_activations
 from tests.models.hf_models import hf_model, tokens
 
 torch.set_num_threads(1)
-FAMILIES = ("gpt2", "neox", "llama", "mamba")  # learned / rotary+parallel / RMS+SwiGLU+GQA / SSM
+# learned / rotary+parallel / RMS+SwiGLU+GQA / SSM / query-key norms / weightless LN+clip /
+# interleaved rotary on a shared LayerNorm
+FAMILIES = ("gpt2", "neox", "llama", "mamba", "qwen3", "olmo", "gptj")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

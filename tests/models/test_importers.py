@@ -8,8 +8,8 @@ from transformer_lens.model_bridge.sources import build_bridge_from_module
 
 from mechlab.models.importers import SUPPORTED, ImportProblem, from_pretrained
 from mechlab.models.mamba import Mamba
-from mechlab.models.transformer import Transformer
-from tests.models.hf_models import CONFIGS, hf_model, tokens
+from mechlab.models.transformer import Transformer, rotary_inv_freq
+from tests.models.hf_models import CONFIGS, LONG, ROPE_SCALED, hf_model, tokens
 
 torch.set_num_threads(1)
 TOL = 1e-5
@@ -33,6 +33,138 @@ def test_logits_match_hugging_face_in_memory_and_after_a_saved_folder_round_trip
     assert max_diff(folder_model, hf, x) < TOL
     for (k, a), (_, b) in zip(model.state_dict().items(), folder_model.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
+
+
+# The architectures and rotary scalings added for issue 36; each prompt is as long as the
+# config allows: LONG (40) tokens, past original_max_position_embeddings where there is one
+# (dynamic: all 48 positions, where Hugging Face's dynamic rescaling would start)
+NEW = {"llama-llama3": LONG, "llama-linear": LONG, "llama-yarn": LONG, "llama-dynamic": 48,
+       "neox-yarn": LONG, "qwen3": 24, "qwen3-bias-yarn": LONG, "olmo": 24, "phi3": 24, "gptj": 24}  # fmt: skip
+
+
+def residual_diffs(model, hf, x) -> list[float]:
+    """|mechlab - HF| of every residual stream: HF's hidden_states[i] is block i's
+    hook_resid_pre, its last one the final norm of the last hook_resid_post; the last
+    block's own output (before that norm) is read from its decoder layer."""
+    base = hf.base_model
+    layers = base.layers if hasattr(base, "layers") else base.h
+    seen = []
+    handle = layers[-1].register_forward_hook(
+        lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out)
+    )
+    try:
+        with torch.no_grad():
+            streams = hf(x, output_hidden_states=True).hidden_states
+            _, cache = model.run_with_cache(x)
+    finally:
+        handle.remove()
+    last = model.cfg.n_layers - 1
+    ours = [cache[f"blocks.{i}.hook_resid_pre"] for i in range(last + 1)]
+    with torch.no_grad():
+        ours.append(model.ln_final(cache[f"blocks.{last}.hook_resid_post"]))
+    assert len(streams) == len(ours) and seen[0].shape == ours[-1].shape
+    theirs = [*streams, seen[0]]
+    ours.append(cache[f"blocks.{last}.hook_resid_post"])
+    return [float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True)]
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_new_architectures_match_every_residual_stream_on_long_prompts(name, tmp_path):
+    hf = hf_model(name)
+    x = tokens(n=2, n_pos=NEW[name])
+    model = from_pretrained(hf)
+    assert max_diff(model, hf, x) < TOL
+    assert max(residual_diffs(model, hf, x)) < TOL
+    hf.save_pretrained(tmp_path)
+    assert max(residual_diffs(from_pretrained(tmp_path), hf, x)) < TOL
+
+
+@pytest.mark.parametrize("kind", sorted(set(ROPE_SCALED) - {"dynamic"}))
+def test_scaled_rotary_frequencies_are_hugging_faces_and_change_the_logits(kind):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = hf_model(f"llama-{kind}")
+    model = from_pretrained(hf)
+    rotary = model.blocks[0].attn.rotary
+    expected, attention_factor = ROPE_INIT_FUNCTIONS[kind](hf.config)
+    assert torch.equal(rotary.inv_freq, expected) and rotary.attention_factor == attention_factor
+    default = rotary_inv_freq(10, 100.0)
+    assert (rotary.inv_freq - default).abs().max() > 0.01  # the scaling bites
+    if kind == "llama3":  # base 100, 10 dims: one band kept, one smoothed, three divided by 8
+        ratio = default / rotary.inv_freq
+        assert ratio[0] == 1 and 1 < ratio[1] < 8 and torch.allclose(ratio[2:], torch.tensor(8.0))
+    if kind == "yarn":
+        assert attention_factor == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
+    x = tokens(n=2, n_pos=LONG)
+    unscaled = from_pretrained(hf)
+    unscaled.cfg.rotary_scaling = None
+    for block in unscaled.blocks:
+        block.attn.rotary.inv_freq.copy_(default)
+        block.attn.rotary.attention_factor = 1.0
+    with torch.no_grad():
+        assert (unscaled(x) - model(x)).abs().max() > 1e-3
+
+
+def test_dynamic_rotary_scaling_is_the_default_up_to_max_position_embeddings():
+    hf = hf_model("llama-dynamic")
+    model = from_pretrained(hf)
+    assert model.cfg.rotary_scaling is None and model.cfg.n_ctx == 48
+    assert torch.equal(model.blocks[0].attn.rotary.inv_freq, rotary_inv_freq(10, 100.0))
+    with pytest.raises(ValueError, match="48"):
+        model(tokens(n=1, n_pos=49))
+
+
+def test_the_new_architectures_options():
+    qwen3 = from_pretrained(hf_model("qwen3"))
+    cfg = qwen3.cfg
+    assert (cfg.qk_norm, cfg.d_head, cfg.n_key_value_heads) == (True, 10, 2)
+    assert not cfg.qkv_bias and not cfg.attn_out_bias
+    attn = qwen3.blocks[1].attn
+    assert torch.equal(attn.q_norm.w, hf_model("qwen3").model.layers[1].self_attn.q_norm.weight)
+    x = tokens()
+    _, cache = qwen3.run_with_cache(x)
+    q = cache["blocks.1.attn.hook_q"]  # the per-head RMSNorm, written out
+    normed = q / (q.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps).sqrt() * attn.q_norm.w
+    torch.testing.assert_close(cache["blocks.1.attn.hook_q_normed"], normed)
+    assert cache["blocks.1.attn.hook_k_normed"].shape == (3, 12, 2, 10)
+    assert qwen3.hook_axes("blocks.1.attn.k_norm.hook_scale") == ("batch", "pos", "kv_head", "one")
+    assert from_pretrained(hf_model("qwen3-bias-yarn")).cfg.attn_out_bias
+
+    olmo = from_pretrained(hf_model("olmo"))
+    cfg = olmo.cfg
+    assert (cfg.normalization, cfg.clip_qkv, cfg.layer_norm_eps) == ("LNPre", 0.25, 1e-5)
+    assert "blocks.0.ln1.w" not in olmo.state_dict()  # no weights: constant buffers
+    _, cache = olmo.run_with_cache(x)
+    assert cache["blocks.1.attn.hook_q"].abs().max() == 0.25  # the clamp bites
+    unclipped = from_pretrained(hf_model("olmo"))
+    for block in unclipped.blocks:
+        block.attn.clip_qkv = None
+    with torch.no_grad():
+        assert (unclipped(x) - olmo(x)).abs().max() > 1e-3
+
+    phi3 = from_pretrained(hf_model("phi3")).cfg
+    assert (phi3.d_head, phi3.rotary_dim, phi3.n_key_value_heads, phi3.qkv_bias) == (9, 6, 2, False)
+    gptj = from_pretrained(hf_model("gptj"))
+    cfg = gptj.cfg
+    assert (cfg.rotary_adjacent_pairs, cfg.rotary_dim, cfg.d_head) == (True, 4, 9)
+    assert cfg.parallel_attn_mlp
+    assert (cfg.qkv_bias, cfg.attn_out_bias, cfg.mlp_bias) == (False, False, True)
+    assert torch.equal(gptj.read_out.proj.bias, hf_model("gptj").lm_head.bias)
+    assert torch.equal(gptj.blocks[0].ln1.w, gptj.blocks[0].ln2.w)  # one LayerNorm, copied
+
+
+def test_phi3s_sliding_window_caps_n_ctx_and_its_long_context_rotary_is_refused(tmp_path):
+    hf = hf_model("phi3")
+    hf.save_pretrained(tmp_path)
+    hf.config.sliding_window = 16
+    assert from_pretrained(hf).cfg.n_ctx == 16
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rope_parameters"]  # Phi-3-128k's scaling, "su" in its config: longrope
+    config["rope_scaling"] = {"type": "su", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                              "original_max_position_embeddings": 12}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportProblem, match="uses rope_type='longrope'; mechlab supports"):
+        from_pretrained(tmp_path)
 
 
 def test_what_each_architecture_becomes():
@@ -63,7 +195,13 @@ def test_pytorch_bin_and_sharded_folders(tmp_path):
     assert max_diff(from_pretrained(str(tmp_path / "shards")), hf, x) < TOL
 
 
-@pytest.mark.parametrize("name,hf_class", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
+BRIDGED = [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("llama-llama3", "LlamaForCausalLM"),
+           ("qwen3", "Qwen3ForCausalLM"), ("olmo", "OlmoForCausalLM"), ("phi3", "Phi3ForCausalLM"),
+           ("gptj", "GPTJForCausalLM")]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:Phi3ArchitectureAdapter does not support fold_ln")  # processed
+@pytest.mark.parametrize("name,hf_class", BRIDGED)
 def test_transformer_bridge(name, hf_class):
     hf = hf_model(name)
     x = tokens()
@@ -84,7 +222,7 @@ def test_transformer_bridge(name, hf_class):
 
 def test_unsupported_architectures_get_one_line_listing_the_supported_ones(tmp_path):
     with pytest.raises(ImportProblem, match="cannot import a Linear: mechlab imports GPT2LMHeadModel, "
-                       "GPTNeoXForCausalLM, .*MambaForCausalLM, TransformerBridge") as info:
+                       "GPTNeoXForCausalLM, .*MambaForCausalLM, .*GPTJForCausalLM, TransformerBridge") as info:  # fmt: skip
         from_pretrained(torch.nn.Linear(2, 2))
     assert "\n" not in str(info.value)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
@@ -121,9 +259,30 @@ def test_a_model_over_the_size_limit_is_refused_before_any_weight_is_read(tmp_pa
 
 def test_settings_mechlab_cannot_reproduce_are_refused(tmp_path):
     hf = hf_model("llama")
-    hf.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
-    with pytest.raises(ImportProblem, match="rope_type='linear'.*default rotary"):
+    hf.config.rope_parameters = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0]}
+    with pytest.raises(ImportProblem, match="rope_type='longrope'; mechlab supports rope_type default, "
+                       "linear, llama3, dynamic, yarn$"):  # fmt: skip
         from_pretrained(hf)
+    hf.config.rope_parameters = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 0.0}
+    with pytest.raises(ImportProblem, match=r"rotary_scaling\['factor'\] must be a positive"):
+        from_pretrained(hf)
+    hf.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
+    with pytest.raises(ImportProblem, match=r"\['low_freq_factor'\] must be a positive"):
+        from_pretrained(hf)
+    hf = hf_model("olmo")
+    hf.config.clip_qkv = -1.0
+    with pytest.raises(ImportProblem, match="clip_qkv=-1.0; mechlab needs a positive bound"):
+        from_pretrained(hf)
+    hf = hf_model("gptj")
+    hf.config.rotary_dim = 5
+    with pytest.raises(ImportProblem, match="rotary_dim=5 .* even number in 2..d_head"):
+        from_pretrained(hf)
+    hf.save_pretrained(tmp_path / "gptj")
+    config = json.loads((tmp_path / "gptj" / "config.json").read_text())
+    config["rotary_dim"] = "4"
+    (tmp_path / "gptj" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportProblem, match="rotary_dim must be an integer in 1..2147483647 or"):
+        from_pretrained(tmp_path / "gptj")
     with pytest.raises(ImportProblem, match="n_ctx must be an integer in 1..24"):
         from_pretrained(hf_model("gpt2"), n_ctx=25)
     hf = hf_model("gpt2")
@@ -133,13 +292,21 @@ def test_settings_mechlab_cannot_reproduce_are_refused(tmp_path):
     hf = hf_model("gpt2")
     hf.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "llama3", "factor": "8"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportProblem, match="rope_parameters.factor must be a finite number"):
+        from_pretrained(tmp_path)
+    del config["rope_parameters"]
     config["n_embd"] = 48  # weights no longer fit
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ImportProblem, match="shape"):
         from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama-biases-tied", "neox"])
+SAVED = ["gpt2", "llama-biases-tied", "neox", "llama-llama3", "qwen3", "olmo", "gptj"]
+
+
+@pytest.mark.parametrize("name", SAVED)
 def test_an_imported_model_saves_and_loads_as_a_mechlab_checkpoint(name, tmp_path):
     from mechlab.checkpoint import load_checkpoint, save_checkpoint
 

@@ -12,7 +12,8 @@ from mechlab.models import build_model, make_config, transformer, transformer_co
 
 
 @pytest.mark.parametrize(
-    "name", ["ACT_FNS", "NORMALIZATIONS", "POSITIONALS", "PRESETS", "TransformerConfig"]
+    "name",
+    ["ACT_FNS", "NORMALIZATIONS", "POSITIONALS", "PRESETS", "ROPE_SCALINGS", "TransformerConfig"],
 )
 def test_every_config_name_is_re_exported_as_the_same_object(name):
     assert getattr(transformer, name) is getattr(transformer_config, name)
@@ -47,6 +48,7 @@ def test_transformer_all_lists_exactly_its_public_names_and_the_configs():
         "NORMALIZATIONS",
         "POSITIONALS",
         "PRESETS",
+        "ROPE_SCALINGS",
         "TransformerConfig",
     }
 
@@ -66,3 +68,24 @@ def test_a_bad_option_is_refused_with_its_choices():
         transformer_config.TransformerConfig(act_fn="tanh")
     with pytest.raises(ValueError, match="positional must be one of"):
         transformer_config.TransformerConfig(positional="alibi")
+
+
+def test_the_imported_architectures_options_are_checked():
+    TC = transformer_config.TransformerConfig
+    rotary = {"positional": "rotary", "d_model": 8, "n_heads": 2}
+    with pytest.raises(ValueError, match="rope_type is one of .'linear', 'llama3', 'yarn'."):
+        TC(**rotary, rotary_scaling={"rope_type": "longrope"})
+    with pytest.raises(ValueError, match=r"takes the keys \['factor'\], got \['rope_type'\]"):
+        TC(**rotary, rotary_scaling={"rope_type": "linear"})
+    with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
+        TC(**rotary, rotary_scaling={"rope_type": "llama3", "factor": 8, "low_freq_factor": 4,
+                                     "high_freq_factor": 1, "original_max_position_embeddings": 64})  # fmt: skip
+    with pytest.raises(ValueError, match="rotary_adjacent_pairs needs positional='rotary'"):
+        TC(rotary_adjacent_pairs=True)
+    with pytest.raises(ValueError, match="clip_qkv must be a positive number or None, got 0"):
+        TC(clip_qkv=0)
+    with pytest.raises(ValueError, match="qk_norm must be True or False"):
+        TC(qk_norm=1)
+    cfg = TC(**rotary, rotary_scaling={"rope_type": "linear", "factor": 2.0}, qk_norm=True,
+             rotary_adjacent_pairs=True, clip_qkv=3.0, normalization="LNPre")  # fmt: skip
+    assert type(cfg).from_dict(cfg.to_dict()) == cfg  # what a checkpoint stores

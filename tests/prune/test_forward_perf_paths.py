@@ -21,10 +21,16 @@ VARIANTS = {
               "mlp_bias": False},
     "neox": {"positional": "rotary", "rotary_dim": 2, "parallel_attn_mlp": True, "act_fn": "gelu"},
     "attn_only": {"attn_only": True},
+    # the options added for Qwen3 (query/key norms), OLMo (weightless LayerNorms, clip_qkv
+    # that bites) and GPT-J (rotary on adjacent pairs), with a scaled rotary
+    "qk_norm_clip": {"normalization": "LNPre", "positional": "rotary", "qk_norm": True, "clip_qkv": 0.03,
+                     "rotary_adjacent_pairs": True, "rotary_scaling": {"rope_type": "linear", "factor": 2.0},
+                     "parallel_attn_mlp": True, "n_heads": 4, "d_head": 4, "n_key_value_heads": 2},
 }
 # every ablation and node-mask setting on the first two, one setting each on the options
 CASES = [(v, a, n) for v in list(VARIANTS)[:2] for a in ("interchange", "mean") for n in (False, True)]
-CASES += [("llama", "interchange", True), ("neox", "mean", True), ("attn_only", "interchange", False)]
+CASES += [("llama", "interchange", True), ("neox", "mean", True), ("attn_only", "interchange", False),
+          ("qk_norm_clip", "interchange", True)]  # fmt: skip
 
 
 def transformer(seed: int = 0, **fields):

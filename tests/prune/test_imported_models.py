@@ -1,5 +1,6 @@
 """Edge pruning on imported models: the masked forward at all-ones and all-zeros masks
-against the plain forward, for every architecture, and a pruning run on each."""
+against the plain forward, for every architecture, a pruning run on each, and EAP-IG's
+completeness on the architectures added for issue 36."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from mechlab.models import build_model
 from mechlab.models.importers import from_pretrained
 from mechlab.prune import PruneData, Traces, prune
+from mechlab.prune.attribution import attribute
 from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward
 from mechlab.prune.graph import build_graph
 from tests.models.hf_models import CONFIGS, V, hf_model, tokens
@@ -14,6 +16,7 @@ from tests.models.hf_models import CONFIGS, V, hf_model, tokens
 torch.set_num_threads(1)
 ATTN_ONLY = "attn-only"  # mechlab's own option (the induction model's), no HF counterpart
 NAMES = [*sorted(CONFIGS), ATTN_ONLY]
+NEW = ["llama-llama3", "llama-yarn", "qwen3", "olmo", "phi3", "gptj"]  # added for issue 36
 
 
 def model_for(name: str):
@@ -45,7 +48,7 @@ def test_masked_forward_is_the_clean_run_at_ones_and_the_corrupted_run_at_zeros(
 
 
 @pytest.mark.filterwarnings("ignore:circuit for 'all'")  # 12 steps on random weights: no circuit to find
-@pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "mistral", "mamba", ATTN_ONLY])
+@pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "mistral", "mamba", ATTN_ONLY, *NEW])
 def test_pruning_runs_on_each_architecture(name):
     model = model_for(name)
     train = Traces(inputs=tokens(16, 10, seed=3), corrupted=tokens(16, 10, seed=4))
@@ -58,3 +61,15 @@ def test_pruning_runs_on_each_architecture(name):
     assert 0 < len(circuit.edges) <= round(0.3 * graph.n_edges) + 1
     assert set(circuit.edges) <= set(graph.edges)
     assert "faithfulness" in meta["metrics"]
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_eap_ig_is_complete_on_the_new_architectures(name):
+    """EAP-IG's edge scores sum to the total effect m(0) - m(1) up to the midpoint rule's
+    error (qk norms, clip_qkv, scaled and interleaved rotary in the masked forward's path)."""
+    model = model_for(name)
+    traces = Traces(inputs=tokens(6, 10, seed=3), corrupted=tokens(6, 10, seed=4))
+    result = attribute(model, traces, "all", "eap-ig", steps=8)
+    assert result.graph.n_edges == build_graph(model).n_edges
+    assert result.total_effect > 0
+    assert abs(float(result.scores.sum()) - result.total_effect) < 0.02 * result.total_effect
