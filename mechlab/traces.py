@@ -150,6 +150,18 @@ class Traces:
             windows=self.windows,
         )
 
+    def upto(self, n_pos: int) -> Traces:
+        """The first ``n_pos`` positions of every trace: what a causal model's outputs up to
+        position ``n_pos - 1`` depend on. The windows (which cover the whole trace) are dropped."""
+        if not 1 <= n_pos <= self.n_pos:
+            raise ValueError(f"cannot keep {n_pos} positions of traces of {self.n_pos}")
+
+        def cut(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[:, :n_pos]
+
+        return Traces(cut(self.inputs), cut(self.corrupted), cut(self.truth), cut(self.observed),
+                      self.query_position, self.seg_len, None)  # fmt: skip
+
     def to(self, device: torch.device | str) -> Traces:
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(device)

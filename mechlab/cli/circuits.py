@@ -22,8 +22,9 @@ from mechlab.cli.app import (
 from mechlab.cli.evaluate import NIH_HELP
 
 RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, "
-               "misdirection to the next); uniform: the same on uniformly drawn NiH; fast: the default warm-started "
-               "from EAP-IG, 50 steps of 32 traces (several times faster on graphs of hundreds of edges); study: the study's "
+               "misdirection to the next); uniform: the same on uniformly drawn NiH; fast: the default without its "
+               "exact-ablation ranking in the selection (faster, less faithful); thorough: exact warm start, EAP-IG in "
+               "the selection, 200 steps of 64 traces (several times slower); study: the study's "
                "settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. "
                "Options given explicitly override it.")  # fmt: skip
 METHOD_HELP = ("prune: differentiable edge pruning (default); eap: edge attribution patching (gradient on the "
@@ -44,7 +45,7 @@ def prune(
     corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation: misdirect_incorrect (query label swapped with another haystack system's), another probe, or shuffle (state tracking: random, the default there, or x<k>)."),
     loss: str = typer.Option("model", help="model (match the full model) or truth (match the ground truth)."),
     node_sparsity: float | None = typer.Option(None, help="Also mask writer nodes, at this sparsity."),
-    steps: int | None = typer.Option(None, min=1, help="Optimiser steps (default: the recipe's; the library's default 200)."),
+    steps: int | None = typer.Option(None, min=1, help="Optimiser steps (default: the recipe's; the library's default 50)."),
     lr: float | None = typer.Option(None, help="Adam learning rate of the masks (default: the library's, 0.1)."),
     lambda_lr: float | None = typer.Option(None, help="Peak Adam learning rate of the Lagrange multipliers (maximised; warm-up, then linear decay; default: the library's, 1.0)."),
     seed: list[int] = typer.Option([0], help="Pruning and data seed (seed k draws its own traces); repeat for a seed-stability estimate."),
@@ -58,7 +59,7 @@ def prune(
     progress: bool = typer.Option(True, help="Show a progress bar."),
     recipe: str = typer.Option("default", help=RECIPE_HELP),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
-    normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: the recipe's, normalised for default, uniform and fast, raw for study; with --share, normalising weighs targets of different loss scales equally)."),
+    normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: the recipe's, normalised for default, uniform, fast and thorough, raw for study; with --share, normalising weighs targets of different loss scales equally)."),
     share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
         model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Qwen3, OLMo, Phi-3, GPT-J, Mamba), pruned on --pairs."),
     pairs: Path | None = typer.Option(None, help="JSONL clean/corrupted prompt pairs (text or token ids; docs/models.md) to prune --model (or a token --ckpt) on."),
@@ -493,7 +494,7 @@ def curve(
                                 help="Comma-separated edge budgets in (0, 1] (default MIB's 0.1%..50%; 100% is always added)."),
     rank: str = typer.Option("log_alpha", help="log_alpha (one pruning run ranks the edges) or reprune (one run per budget, slower)."),
     sparsity: float = typer.Option(0.95, help="Sparsity of the pruning run whose log_alpha ranks the edges."),
-    steps: int | None = typer.Option(None, min=1, help="Optimiser steps of each pruning run (default: the library's, 200)."),
+    steps: int | None = typer.Option(None, min=1, help="Optimiser steps of each pruning run (default: the library's, 50)."),
     seed: int = typer.Option(0, help="Pruning seed."),
     corruption: str = typer.Option("misdirect_incorrect", help="Corrupted traces of an interchange ablation."),
     traces: int = typer.Option(256, min=1, help="Training traces (pruning; the mean ablation's reference)."),

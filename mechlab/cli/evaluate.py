@@ -133,12 +133,12 @@ def report(
     components: bool = typer.Option(True, help="Patch each head / layer in the recall analysis."),
     recipe: str = typer.Option(
         "default",
-        help="Pruning recipe: default, uniform, fast or study (see mechlab prune --help); its NiH construction is used everywhere.",
+        help="Pruning recipe: default, uniform, fast, thorough or study (see mechlab prune --help); its NiH construction is used everywhere.",
     ),
     steps: int | None = typer.Option(
         None,
         min=1,
-        help="Optimiser steps of each pruning run (default: the recipe's, 200 for default, as mechlab prune).",
+        help="Optimiser steps of each pruning run (default: the recipe's, 50 for default, as mechlab prune).",
     ),
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     device: str = typer.Option("cpu", help="Where every stage runs (cpu, cuda, ...)."),

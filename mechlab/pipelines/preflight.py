@@ -38,7 +38,7 @@ TASK_TARGETS: dict[str, tuple[str, ...]] = {
 ``2-after``, ...): :func:`mechlab.traces.check_target`,
 :data:`mechlab.tasks.state_tracking_prune.TARGETS` and the induction task's one target."""
 
-RECIPES = ("default", "uniform", "fast", "study")
+RECIPES = ("default", "uniform", "fast", "thorough", "study")
 """The pruning recipes (:data:`mechlab.pipelines.prune.PRUNE_PROTOCOLS`)."""
 
 NIH_CONSTRUCTIONS = ("uniform", "study")

@@ -41,7 +41,7 @@ from mechlab.prune.stability import bootstrap_stability
 from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, check_target, target_name
 
-NIH_OF_RECIPE = {"default": "study", "uniform": "uniform", "fast": "study", "study": "study"}
+NIH_OF_RECIPE = {"default": "study", "uniform": "uniform", "fast": "study", "thorough": "study", "study": "study"}
 PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
     name: {"nih": NIH_OF_RECIPE[name], "sparsity": cfg.sparsity, **cfg.overrides()}
     for name, cfg in PROTOCOLS.items()
@@ -51,8 +51,9 @@ side) and its search settings (the :class:`~mechlab.prune.config.PruneConfig` in
 of :data:`mechlab.prune.config.PROTOCOLS`, as the fields that differ from the defaults).
 ``default``: mechlab's default search at 95% edge sparsity on the study's NiH (oldest
 system queried, misdirection to the next); ``uniform``: the same on uniformly drawn NiH
-traces; ``fast``: the default search warm-started from EAP-IG, 50 steps of 32 traces, on
-the study's NiH; ``study``: the recall study's settings (99% edge sparsity, node masks at
+traces; ``fast``: the default search without its second ranking (no exact scores) and
+``thorough``: the exact warm start, EAP-IG's ranking in the pool, 200 steps of 64 traces, both
+on the study's NiH; ``study``: the recall study's settings (99% edge sparsity, node masks at
 80%, loss 1000 x raw MSE to the ground truth, 3000 steps, the Lagrangian) on the study's NiH. A
 circuit records its recipe as ``metadata["protocol"]``."""
 

@@ -71,9 +71,8 @@ class ReportConfig:
         components: Also patch each head / layer in the recall analysis (the head heatmap).
         recipe: Pruning recipe (:data:`mechlab.pipelines.PRUNE_PROTOCOLS`); its NiH
             construction is used everywhere.
-        steps: Optimiser steps of each pruning run (None: the recipe's, 200 for
-            ``default``, as ``mechlab prune``; the report on the bundled checkpoint then
-            takes about 3.5 minutes on 2 quiet CPU cores).
+        steps: Optimiser steps of each pruning run (None: the recipe's, 50 for
+            ``default``, as ``mechlab prune``).
         n_boot: Bootstrap resamples of the overlap intervals.
         n_null: Samples of each null model.
     """

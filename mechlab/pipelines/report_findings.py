@@ -20,6 +20,7 @@ from mechlab.prune.circuit import (  # the overlap statistics' names and interva
     SEED_BASELINE_JACCARD,
     no_interval,
 )
+from mechlab.prune.config import PruneConfig
 
 SIGNIFICANT = 0.05  # a null's tail probability below this: "more than the null"
 DOES_TASK_BELOW = 0.5
@@ -345,7 +346,8 @@ def caveats(report: Any) -> list[str]:
     )
     if cfg.steps is not None:
         out.append(
-            f"Each pruning ran {cfg.steps} optimiser steps (mechlab prune runs 200 by default)."
+            f"Each pruning ran {cfg.steps} optimiser steps (mechlab prune runs "
+            f"{PruneConfig().steps} by default)."
         )
     warned = [
         line

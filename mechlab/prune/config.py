@@ -9,9 +9,10 @@ construction) is the data side's business and lives with the pipelines.
 
 The default search (docs/pruning.md, "Optimisation"):
 
-* **warm start** ``"auto"``: the masks start from an attribution ranking on the training
-  traces (exact single-edge ablation up to :data:`EXACT_WARM_MAX` countable edges,
-  EAP-IG above; :func:`~mechlab.prune.search.warm_logits`: only the order is used);
+* **warm start** ``"eap-ig"``: the masks start from EAP-IG's ranking on the training
+  traces (:func:`~mechlab.prune.search.warm_logits`: only the order is used). Integrated
+  gradients pass through the states where one of two redundant paths is half open, so
+  they score edges that matter only together, which single-edge ablation scores 0;
 * **loss**: the task loss divided by the fully ablated model's (``normalize_loss``), so
   it reads ``1 - faithfulness`` of the batch whatever the scale of the outputs;
 * **constraint** ``"budget"``: no Lagrange multipliers. At every step the masks'
@@ -22,18 +23,20 @@ The default search (docs/pruning.md, "Optimisation"):
   at the end, and nothing can wind up and close the circuit;
 * **noise** ``"mixed"``: the masks' noise shared by every edge on even steps (each
   sampled circuit a top set of the ranking: groups of edges that only help together,
-  a query and a key, are tried together) and independent on odd ones; 200 steps;
+  a query and a key, are tried together) and independent on odd ones; 50 steps of 32
+  traces;
 * **select** ``"refine"``: the circuit is chosen on the true objective (binary masks,
   :mod:`mechlab.prune.refine`): backward elimination from the search's ``n_keep +
-  refine_extra`` best edges and the warm start's ``n_keep`` best, against the search's
-  and the warm start's own complete paths, the lowest loss kept; then filled up to the
-  budget with the edges that reduce the loss most, while any does measurably. The
-  circuit is therefore never worse, on the selection's traces, than the warm start's
-  attribution circuit of the same size.
+  refine_extra`` best edges, the warm start's ``n_keep`` best and those of a second
+  ranking (``refine_pool="auto"``: exact single-edge ablation on the first
+  ``pool_traces`` training traces up to :data:`EXACT_WARM_MAX` countable edges, EAP
+  above), against the search's and both rankings' own complete paths, the lowest loss
+  kept; then filled up to the budget with the edges that reduce the loss most, while
+  any does measurably. The circuit is therefore never worse, on the selection's traces,
+  than either ranking's attribution circuit of the same size.
 
 ``noise="shared+mixed"`` runs two searches (shared and mixed noise) and keeps the circuit
-of lower loss (:func:`~mechlab.prune.engine.run_searches`), the previous default
-(``steps=500``, ``warm_start="none"``).
+of lower loss (:func:`~mechlab.prune.engine.run_searches`; the joint search's default).
 ``constraint="lagrangian"`` is Edge Pruning's (Bhaskar et al. 2024) Lagrangian
 ``lambda1 (s - t) + lambda2 (s - t)^2`` with the multipliers' learning rate warmed up
 and decayed (mechlab's previous default; the ``study`` protocol uses it), and
@@ -54,10 +57,10 @@ LOSSES = ("model", "truth")
 CONSTRAINTS = ("budget", "lagrangian")
 SELECTIONS = ("refine", "rank")
 NOISES = ("shared+mixed", "shared", "independent", "mixed")
-REFINE_POOLS = ("eap-ig", "eap", "exact", "none")  # a second ranking the selection draws from
+REFINE_POOLS = ("auto", "eap-ig", "eap", "exact", "none")  # a second ranking the selection draws from
 OPTIMIZERS = ("shared-adam", "adam")  # the masks' optimiser (search.SharedScaleAdam, torch's Adam)
 WARM_STARTS = ("auto", "eap-ig", "exact", "eap", "none")  # where a search's masks start
-EXACT_WARM_MAX = 1000  # "auto": exact single-edge scores up to this many countable edges, else EAP-IG
+EXACT_WARM_MAX = 1000  # "auto": exact single-edge scores up to this many countable edges, else EAP-IG (EAP for the pool)
 NOISE_RUNS = {"shared+mixed": ("shared", "mixed")}  # noise settings that run several searches
 LR = 0.1  # learning rate of the masks (constant)
 LAMBDA_LR = 1.0  # peak learning rate of the Lagrange multipliers (constraint "lagrangian")
@@ -122,25 +125,29 @@ class PruneConfig:
         select: ``"refine"`` (default: choose on the true objective) or ``"rank"``.
         refine_extra: The elimination starts from the quota plus this many edges.
         refine_traces: Training traces the selection scores each candidate on.
+        pool_traces: The first training traces the ``refine_pool`` ranking is scored on
+            (None: every one).
         min_effect: An edge whose removal (or addition) changes the normalised loss by
             less than this has no measurable effect: the fill stops there, and the
             circuit's metadata lists kept edges below it.
         warm_start: Start the masks from an attribution method's ranking
             (:data:`WARM_STARTS`; :func:`~mechlab.prune.search.warm_logits`) and let the
             selection also weigh that method's own circuit, or ``"none"`` (every mask
-            starts at ``init_mean``). ``"auto"``: exact single-edge ablation up to
-            :data:`EXACT_WARM_MAX` countable edges (one replay per edge), EAP-IG above.
+            starts at ``init_mean``). Default ``"eap-ig"``; ``"auto"``: exact single-edge
+            ablation up to :data:`EXACT_WARM_MAX` countable edges (one replay per edge),
+            EAP-IG above.
         warm_steps: Integration points of an ``"eap-ig"`` warm start (and of an
             ``"eap-ig"`` ``refine_pool``).
         optimizer: The masks' optimiser: ``"shared-adam"``
             (:class:`~mechlab.prune.search.SharedScaleAdam`: one second moment per
             target, so steps keep the gradients' ratio) or ``"adam"`` (torch's, per edge).
             With the ``"lagrangian"`` constraint torch's Adam is used.
-        refine_pool: An attribution method whose ranking the selection also draws from
-            (its best ``n_keep`` edges join the elimination's pool, its complete-path
-            circuit is a candidate), besides the search's and the warm start's, or
-            ``"none"``. EAP-IG (the default) scores edges that matter only together,
-            which single-edge ablation scores 0. Skipped when it is the warm start's method.
+        refine_pool: An attribution method whose ranking (on the first ``pool_traces``
+            training traces) the selection also draws from (its best ``n_keep`` edges
+            join the elimination's pool, its complete-path circuit is a candidate),
+            besides the search's and the warm start's, or ``"none"``. ``"auto"`` (the
+            default): exact single-edge ablation up to :data:`EXACT_WARM_MAX` countable
+            edges, EAP above. Skipped when it is the warm start's method.
     """
 
     sparsity: float = 0.95
@@ -150,22 +157,23 @@ class PruneConfig:
     normalize_loss: bool = True
     loss_scale: float = 1.0
     constraint: str = "budget"
-    steps: int = 200
+    steps: int = 50
     warmup: int | None = None
     lr: float = LR
     lambda_lr: float = LAMBDA_LR
     lambda_warmup: int | None = None
-    batch_size: int = 64
+    batch_size: int = 32
     init_mean: float = INIT_MEAN
     noise: str = "mixed"
     select: str = "refine"
     refine_extra: int = 16
     refine_traces: int = 128
+    pool_traces: int | None = 64
     min_effect: float = 1e-4
-    warm_start: str = "auto"
+    warm_start: str = "eap-ig"
     warm_steps: int = 5
     optimizer: str = "shared-adam"
-    refine_pool: str = "eap-ig"
+    refine_pool: str = "auto"
 
     def __post_init__(self) -> None:
         _unit("sparsity", self.sparsity)
@@ -190,6 +198,8 @@ class PruneConfig:
         _choice("select", self.select, SELECTIONS)
         _count("refine_extra", self.refine_extra, minimum=0)
         _count("refine_traces", self.refine_traces)
+        if self.pool_traces is not None:
+            _count("pool_traces", self.pool_traces)
         if _number("min_effect", self.min_effect) < 0:
             raise ValueError(f"min_effect must be >= 0, got {self.min_effect!r}")
         _choice("warm_start", self.warm_start, WARM_STARTS)
@@ -238,26 +248,31 @@ class PruneConfig:
 PROTOCOLS: dict[str, PruneConfig] = {
     "default": PruneConfig(),
     "uniform": PruneConfig(),
-    "fast": PruneConfig(warm_start="eap-ig", steps=50, batch_size=32),
+    "fast": PruneConfig(refine_pool="none"),
+    "thorough": PruneConfig(warm_start="auto", steps=200, batch_size=64, refine_pool="eap-ig", pool_traces=None),
     "study": PruneConfig(
         sparsity=0.99, node_sparsity=0.8, loss="truth", normalize_loss=False, loss_scale=1000.0,
         steps=3000, constraint="lagrangian", noise="independent", select="rank", warm_start="none",
+        batch_size=64,
     ),
 }
 """The named protocols' search settings. ``default`` and ``uniform``: mechlab's default
 search at 95% edge sparsity (they differ in their data: :data:`mechlab.pipelines.PRUNE_PROTOCOLS`);
-``fast``: the default warm-started from EAP-IG instead of exact single-edge ablation, 50
-steps of 32 traces (a few times EAP-IG's time where the exact warm start dominates; on the
-bundled checkpoint's 2-after below exact ablation's circuit on 4 of 5 seeds, docs/pruning.md);
+``fast``: the default without the second ranking (no exact scores at all: about 1.5x
+EAP-IG's time on the bundled checkpoint, below exact ablation's circuit on 2-after,
+docs/pruning.md); ``thorough``: the exact warm start (EAP-IG above
+:data:`EXACT_WARM_MAX` countable edges) and EAP-IG's ranking on every training trace in
+the pool, 200 steps of 64 traces (several times slower);
 ``study``: the recall study's Edge Pruning settings (99% edge sparsity, node masks at 80%,
-1000 x raw MSE to the ground truth, 3000 steps, the Lagrangian, independent mask noise,
+1000 x raw MSE to the ground truth, 3000 steps of 64 traces, the Lagrangian, independent mask noise,
 edges ranked by mask)."""
 
 
 JOINT_CONFIG = PruneConfig(steps=500, noise="shared+mixed", warm_start="none", batch_size=64,
-                           refine_traces=128)
+                           refine_traces=128, refine_pool="eap-ig", pool_traces=None)
 """:func:`~mechlab.prune.joint.joint_prune`'s base settings: two 500-step searches (shared and
-mixed noise) from a cold start, 64 traces a step, the selection on 128. A shared search
+mixed noise) from a cold start, 64 traces a step, the selection on 128 with EAP-IG's ranking
+(on every training trace) in its pool. A shared search
 (``share > 0``) is the sum of the targets' losses plus the sharing term, which one target's
 attribution ranking does not describe, so it starts cold. Its masks move by the shared-scale
 Adam as the default's do: with per-edge Adam the shared-noise search of

@@ -67,6 +67,7 @@ from mechlab.prune.setup import (  # re-exported: the engine's names before the 
     ablated_loss,
     check_prune_args,
     check_prune_data,
+    pool_method,
     prepare_search,
     warm_method,
     warm_start_scores,
@@ -150,7 +151,8 @@ def prune(
         result, selection = run.results[0], run.selections[0]
         settings_record = {"checkpoint_sha256": checkpoint_sha256, "seed": seed,
                            **search_record(config, setup.norms[0]), **run.record(0),
-                           "warm_start_method": warm_method(config, int(setup.countable[0].sum()))}  # fmt: skip
+                           "warm_start_method": warm_method(config, int(setup.countable[0].sum())),
+                           "refine_pool_method": pool_method(config, int(setup.countable[0].sum()))}  # fmt: skip
         circuit = finish_circuit(
             model, setup.graph, data, target, config.ablation, result, config.sparsity,
             config.node_sparsity, setup.countable[0], setup.scored[0], settings_record, started,

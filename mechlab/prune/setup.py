@@ -44,7 +44,8 @@ class SearchSetup:
 
     Attributes:
         graph: The graph pruned.
-        train: The training traces, on the model's device.
+        train: The training traces, on the model's device, cut after the last target
+            position where that changes nothing (:func:`cut_after_targets`).
         positions: Per target, ``[batch, pos]`` bool.
         reference: The full model's outputs (or the truth).
         ablated: The ablated writer outputs.
@@ -114,12 +115,12 @@ def prepare_search(
     n_keep = [check_sparsity(graph, config.ablation, config.sparsity, s) for s in scored]
     countable = [countable_edges(graph, config.ablation, s) for s in scored]
     device = next(model.parameters()).device
-    train = data.train.to(device)
+    whole = data.train.to(device)  # what the attribution rankings score (they cut it themselves)
+    train, positions = cut_after_targets(model, graph, whole, targets)
     compute = config.normalize_loss if ablated_losses is None else ablated_losses
     bar = tqdm(total=2 + (len(targets) if compute else 0), disable=not progress, unit="pass",
                desc=f"references: {config.ablation} ablation, full outputs, ablated loss")  # fmt: skip
     with frozen_eval(model), torch.no_grad(), bar:
-        positions = [target_mask(t, train) for t in targets]
         ablated = make_ablation(model, config.ablation, train, graph=graph)
         bar.update()
         reference = train.truth if config.loss == "truth" else predict_in_chunks(model, train.inputs)
@@ -132,15 +133,35 @@ def prepare_search(
     warm = pool = None
     with frozen_eval(model):
         if config.warm_start != "none":
-            warm = [warm_start_scores(model, train, t, graph, config, progress) for t in targets]
+            warm = [warm_start_scores(model, whole, t, graph, config, progress) for t in targets]
         wanted = config.select == "refine" if pool_scores is None else pool_scores
         if wanted and config.refine_pool != "none":
-            pool = [None if warm_method(config, int(c.sum())) == config.refine_pool  # the warm start's
-                    else attribution_scores(model, train, t, graph, config, config.refine_pool, progress,
-                                            "selection pool")
-                    for t, c in zip(targets, countable, strict=True)]  # fmt: skip
+            first = whole if config.pool_traces is None or config.pool_traces >= len(whole) else \
+                whole.subset(torch.arange(config.pool_traces))
+            methods = [pool_method(config, int(c.sum())) for c in countable]
+            pool = [None if method is None  # the warm start's method: its scores are there
+                    else attribution_scores(model, first, t, graph, config, method, progress, "selection pool")
+                    for t, method in zip(targets, methods, strict=True)]  # fmt: skip
     return SearchSetup(graph, train, positions, reference, ablated, scored, countable, n_keep,
                        losses, norms, warm, pool)  # fmt: skip
+
+
+def cut_after_targets(
+    model: nn.Module, graph: EdgeGraph, traces: Traces, targets: Sequence[Target]
+) -> tuple[Traces, list[Tensor]]:  # fmt: skip
+    """The training traces the search runs on, and each target's ``[batch, pos]`` mask on them.
+
+    A causal model's outputs up to the last target position do not depend on the positions
+    after it, so the traces are cut there (as the attribution methods' objectives are,
+    :meth:`~mechlab.prune.objective.Objective.truncated`): every pass of the search, the
+    references and the selection then skip them. The traces of a windowed graph (whose
+    windows cover the whole trace) and of a model that is not causal are kept whole.
+    """
+    positions = [target_mask(t, traces) for t in targets]
+    last = max(int(p.any(0).nonzero().max()) + 1 for p in positions)
+    if graph.windows or not getattr(model.cfg, "causal", True) or last == traces.n_pos:
+        return traces, positions
+    return traces.upto(last), [p[:, :last] for p in positions]
 
 
 def warm_start_scores(
@@ -190,6 +211,16 @@ def warm_method(config: PruneConfig, n_countable: int) -> str | None:
     return config.warm_start
 
 
+def pool_method(config: PruneConfig, n_countable: int) -> str | None:
+    """The attribution method of the selection's second ranking (None: none, or the warm
+    start's own); ``"auto"``: ``"exact"`` up to :data:`~mechlab.prune.config.EXACT_WARM_MAX`
+    countable edges, else ``"eap"``."""
+    method = config.refine_pool
+    if method == "auto":
+        method = "exact" if n_countable <= EXACT_WARM_MAX else "eap"
+    return None if method == "none" or method == warm_method(config, n_countable) else method
+
+
 @torch.no_grad()
 def ablated_loss(
     model: nn.Module, graph: EdgeGraph, traces: Traces, positions: Tensor, reference: Tensor,
@@ -220,4 +251,4 @@ def ablated_loss(
 
 
 __all__ = ["SearchSetup", "ablated_loss", "attribution_scores", "check_prune_args", "check_prune_data", "prepare_search",
-           "warm_method", "warm_start_scores"]  # fmt: skip
+           "pool_method", "warm_method", "warm_start_scores"]  # fmt: skip

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 STAGES = [
     "loading torch, the model and its traces",
     "references: interchange ablation",
-    "warm start: exact single-edge ablation",
-    "selection pool: ",
+    "warm start: EAP-IG",
+    "selection pool: exact single-edge ablation",
     "pruning 1-after (seed 0)",
     "selection: eliminating from a pool of",
     "selection: scoring",

@@ -14,9 +14,10 @@ from mechlab.prune.engine import check_prune_args
 def test_defaults_are_the_documented_search():
     cfg = PruneConfig()
     assert (cfg.sparsity, cfg.constraint, cfg.select, cfg.noise) == (0.95, "budget", "refine", "mixed")
-    assert cfg.normalize_loss and cfg.loss_scale == 1.0 and cfg.warm_start == "auto" and cfg.refine_pool == "eap-ig"
-    assert cfg.optimizer == "shared-adam" and (cfg.batch_size, cfg.refine_traces, cfg.warm_steps) == (64, 128, 5)
-    assert cfg.steps == 200 and cfg.warmup_steps == 100 and cfg.lambda_warmup_steps == 20
+    assert cfg.normalize_loss and cfg.loss_scale == 1.0 and cfg.warm_start == "eap-ig" and cfg.refine_pool == "auto"
+    assert cfg.optimizer == "shared-adam" and (cfg.batch_size, cfg.refine_traces, cfg.warm_steps) == (32, 128, 5)
+    assert cfg.pool_traces == 64
+    assert cfg.steps == 50 and cfg.warmup_steps == 25 and cfg.lambda_warmup_steps == 5
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.steps = 3  # type: ignore[misc]
 
@@ -38,6 +39,8 @@ def test_defaults_are_the_documented_search():
     ("select", "best", "unknown select 'best'"),
     ("noise", "iid", "unknown noise 'iid'"),
     ("optimizer", "sgd", "unknown optimizer 'sgd'"),
+    ("pool_traces", 0, "pool_traces must be a positive integer"),
+    ("refine_pool", "acdc", "unknown refine_pool 'acdc'"),
     ("refine_extra", -1, "refine_extra must be an integer >= 0"),
     ("min_effect", -1e-3, "min_effect must be >= 0"),
     ("warm_start", "acdc", "unknown warm_start 'acdc'"),
@@ -72,7 +75,7 @@ def test_from_settings_and_overrides():
 def test_protocols_are_instances_and_the_pipelines_carry_their_data_separately():
     from mechlab.pipelines import PRUNE_PROTOCOLS
 
-    assert set(PROTOCOLS) == set(PRUNE_PROTOCOLS) == {"default", "uniform", "fast", "study"}
+    assert set(PROTOCOLS) == set(PRUNE_PROTOCOLS) == {"default", "uniform", "fast", "thorough", "study"}
     assert all(isinstance(c, PruneConfig) for c in PROTOCOLS.values())
     study = PROTOCOLS["study"]
     assert (study.sparsity, study.node_sparsity, study.loss, study.loss_scale, study.steps) == (

@@ -120,8 +120,9 @@ def test_share_zero_is_independent_pruning():
             alone = prune(model, data, target, sparsity, seed=seed, progress=False, config=JOINT_CONFIG)
             circuit = joint.circuits[name]
             assert set(circuit.edges) == set(alone.edges)
-            for edge, value in alone.log_alpha.items():
-                assert circuit.log_alpha[edge] == pytest.approx(value, abs=1e-4)
+            for edge, value in alone.log_alpha.items():  # alone, "even" runs on traces cut
+                # after its last target (one position fewer): the same search up to round-off
+                assert circuit.log_alpha[edge] == pytest.approx(value, rel=1e-4, abs=1e-4)
             meta = circuit.metadata
             assert meta["edge_effects"] == pytest.approx(alone.metadata["edge_effects"])
             assert meta["joint"] and meta["share"] == 0.0 and meta["partners"] == [

@@ -116,6 +116,43 @@ def test_auto_warm_start_is_exact_on_small_graphs_and_eap_ig_on_large():
     assert warm_method(PruneConfig(warm_start="eap"), 10) == "eap"
 
 
+def test_the_selection_pool_is_exact_on_small_graphs_eap_on_large_and_never_the_warm_starts():
+    from mechlab.prune.config import EXACT_WARM_MAX, PruneConfig
+    from mechlab.prune.engine import pool_method
+
+    default = PruneConfig()  # EAP-IG warm start, refine_pool "auto"
+    assert pool_method(default, EXACT_WARM_MAX) == "exact"
+    assert pool_method(default, EXACT_WARM_MAX + 1) == "eap"
+    assert pool_method(PruneConfig(refine_pool="eap-ig"), 10) is None  # the warm start's own
+    assert pool_method(PruneConfig(refine_pool="eap-ig", warm_start="auto"), 10) == "eap-ig"
+    assert pool_method(PruneConfig(refine_pool="auto", warm_start="exact"), 10) is None
+    assert pool_method(PruneConfig(refine_pool="none"), 10) is None
+
+
+def test_the_pool_ranking_is_scored_on_the_first_pool_traces(monkeypatch, planted):
+    """The default's exact ranking for the selection is scored on the first ``pool_traces``
+    training traces (64), the warm start on all of them."""
+    from mechlab.prune import setup as prepare
+    from mechlab.prune.config import PruneConfig
+
+    seen = []
+    real = prepare.attribution_scores
+
+    def spy(model, traces, target, graph, config, method, *args):
+        seen.append((method, len(traces)))
+        return real(model, traces, target, graph, config, method, *args)
+
+    monkeypatch.setattr(prepare, "attribution_scores", spy)
+    data = planted.data(0)
+    n = len(data.train)
+    assert n > 3
+    prepare.prepare_search(planted.model, data, ["all"], PruneConfig(sparsity=0.8, pool_traces=3))
+    assert seen == [(None, n), ("exact", 3)]  # None: the warm start's method (EAP-IG)
+    seen.clear()
+    prepare.prepare_search(planted.model, data, ["all"], PruneConfig(sparsity=0.8, pool_traces=None))
+    assert seen == [(None, n), ("exact", n)]
+
+
 def test_a_default_search_never_imports_torch_dynamo():
     """The first torch Optimizer of a process imports torch._dynamo (a second or more on
     one core); the default search's shared-scale Adam is no Optimizer and needs none."""
