@@ -124,7 +124,9 @@ def estimate_elements(cfg: ModelConfig) -> int:
         d_mlp = int(cfg.d_mlp)
         norm = {"LN": 2 * d, "RMS": d, "LNPre": 2 * d}.get(cfg.normalization, 0)
         per_layer = (2 * H + 2 * G) * d * dh + norm  # W_Q, W_O, W_K, W_V, ln1
-        per_layer += 2 * dh * bool(getattr(cfg, "qk_norm", False))  # q_norm, k_norm
+        qk = (H + G) * dh if getattr(cfg, "qk_norm_over", "head") == "all" else 2 * dh
+        per_layer += qk * bool(getattr(cfg, "qk_norm", False))  # q_norm, k_norm
+        per_layer += 2 * norm * bool(getattr(cfg, "post_norms", False))  # ln1_post, ln2_post
         per_layer += (H + 2 * G) * dh * bool(cfg.qkv_bias) + d * bool(cfg.attn_out_bias)
         if not cfg.attn_only:
             n_in = 2 if cfg.gated_mlp else 1
