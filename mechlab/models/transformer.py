@@ -156,12 +156,14 @@ class RMSNorm(nn.Module):
 class HeadsRMSNorm(RMSNorm):
     """An RMSNorm over all the heads of a ``[batch, pos, head, d_head]`` input together
     (OLMo 2's query/key norm over the whole projection): ``w`` is ``[head * d_head]``,
-    ``hook_scale`` ``[batch, pos, 1, 1]``, ``hook_normalized`` ``[batch, pos, head, d_head]``."""
+    ``hook_scale`` ``[batch, pos, head, 1]`` (the one root mean square, repeated per head, so
+    its axes are a per-head norm's), ``hook_normalized`` ``[batch, pos, head, d_head]``."""
 
     def forward(
         self, x: Float[Tensor, "batch pos head d_head"]
     ) -> Float[Tensor, "batch pos head d_head"]:
-        scale = self.hook_scale((x.pow(2).mean((-2, -1), keepdim=True) + self.eps).sqrt())
+        rms = (x.pow(2).mean((-2, -1), keepdim=True) + self.eps).sqrt()  # [batch, pos, 1, 1]
+        scale = self.hook_scale(rms.expand(*x.shape[:-1], 1))
         return self.hook_normalized(x / scale) * self.w.view(x.shape[-2:])
 
 
