@@ -674,7 +674,9 @@ class Transformer(MechModel):
         ``normalized`` the centred, scaled stream (what ``cache.apply_ln_to_stack``
         gives). So ``cache.logit_attrs(stack, k)`` summed over a complete decomposition
         is ``out[..., k]`` minus the constant ``ln_final.b @ W_U[:, k] + b_U[k]``
-        (TransformerLens gets the same by folding the LayerNorm into ``W_U``).
+        (TransformerLens gets the same by folding the LayerNorm into ``W_U``). With
+        ``final_softcap`` (Gemma 2) ``out`` here is the logit *before* the cap, which is
+        monotone in it.
 
         Args:
             tokens: An output index ``k`` (a continuous output dim or a token id), or a
