@@ -412,3 +412,14 @@ def test_an_imported_model_saves_and_loads_as_a_mechlab_checkpoint(name, tmp_pat
     assert loaded.cfg == model.cfg
     if model.cfg.tie_embeddings:
         assert loaded.read_out.proj.weight is loaded.read_in.embed.weight
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "olmo", "gptj", "olmo2", "gemma2", "gemma3"])
+def test_the_size_estimate_made_before_allocating_is_the_models_size(name):
+    """check_size estimates from the config alone; with post-norms, no pre-norms or norms over
+    every head it still counts every parameter and buffer the import allocates."""
+    from mechlab.models.registry import estimate_elements
+
+    model = from_pretrained(hf_model(name))
+    actual = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    assert estimate_elements(model.cfg) == actual
