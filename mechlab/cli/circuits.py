@@ -61,7 +61,7 @@ def prune(
     threads: int | None = typer.Option(None, min=1, help="Torch CPU threads (default: torch's)."),
     normalize_loss: bool | None = typer.Option(None, "--normalize-loss/--raw-loss", help="Divide each target's loss by its fully ablated loss (default: the recipe's, normalised for default, uniform, fast and thorough, raw for study; with --share, normalising weighs targets of different loss scales equally)."),
     share: list[str] = typer.Option([], help="Prune the targets jointly at this sharing weight (a number >= 0, or tied: one circuit for all); repeatable; include 0 for the cost of sharing. Writes joint/ under --out."),
-        model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Qwen3, OLMo, Phi-3, GPT-J, Mamba), pruned on --pairs."),
+        model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Qwen3, OLMo, OLMo 2, Phi-3, GPT-J, Gemma 2/3, Mamba), pruned on --pairs."),
     pairs: Path | None = typer.Option(None, help="JSONL clean/corrupted prompt pairs (text or token ids; docs/models.md) to prune --model (or a token --ckpt) on."),
     tokenizer: Path | None = typer.Option(None, help="With --pairs of text: the tokenizer folder (default: the --model folder)."),
     metric: str = typer.Option("logit-diff", help="With --pairs: logit-diff (answer minus wrong token, reported beside the KL faithfulness) or kl."),

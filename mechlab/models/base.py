@@ -99,11 +99,13 @@ class ModelConfig:
 
 
 class ReadIn(nn.Module):
-    """Continuous Linear read-in or token embedding, ``-> [batch, pos, d_model]``."""
+    """Continuous Linear read-in or token embedding, ``-> [batch, pos, d_model]``; a
+    config's ``embed_scale`` (Gemma's sqrt(d_model)) multiplies the token embedding."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.io = cfg.io
+        self.scale = getattr(cfg, "embed_scale", None)  # Gemma's sqrt(d_model)
         if cfg.io == "continuous":
             self.proj = nn.Linear(cfg.d_in, cfg.d_model)
         else:
@@ -121,25 +123,28 @@ class ReadIn(nn.Module):
             raise ValueError(
                 f"expected integer token ids of shape [batch, pos], got {x.dtype} {list(x.shape)}"
             )
-        return self.embed(x)
+        return self.embed(x) if self.scale is None else self.embed(x) * self.scale
 
 
 class ReadOut(nn.Module):
     """Linear read-out ``[batch, pos, d_model] -> [batch, pos, d_output]``.
 
     In tokens mode the bias starts at zero, as language-model heads have none (GPT-2's and
-    Mamba's ``lm_head``), so a fresh token model exports to Hugging Face as it is.
+    Mamba's ``lm_head``), so a fresh token model exports to Hugging Face as it is. A
+    config's ``final_softcap`` ``c`` soft-caps the output, ``c * tanh(out / c)`` (Gemma 2).
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.proj = nn.Linear(cfg.d_model, cfg.d_output)
+        self.softcap = getattr(cfg, "final_softcap", None)  # Gemma 2's c * tanh(out / c)
         if cfg.io == "tokens":
             with torch.no_grad():
                 self.proj.bias.zero_()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_output"]:
-        return self.proj(x)
+        out = self.proj(x)
+        return out if self.softcap is None else torch.tanh(out / self.softcap) * self.softcap
 
 
 @torch.no_grad()

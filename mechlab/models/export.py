@@ -95,7 +95,9 @@ def gpt2_config(model: Transformer) -> GPT2Config:
             d_model``, no LayerNorm, ReLU or non-causal attention, as loaded Tracr
             programs have, or the Llama/NeoX/Qwen3/OLMo options: rotary positions,
             RMSNorm or weightless LayerNorms, SiLU, gated MLPs, grouped key/value heads, a
-            parallel residual, no MLP, query/key norms, ``clip_qkv``). Biases that
+            parallel residual, no MLP, query/key norms, ``clip_qkv``, or Gemma's and OLMo
+            2's: norms after the sublayers, scaled embeddings and scores, soft-capping,
+            sliding windows). Biases that
             are off export as zeros.
     """
     _require_transformer(model, "gpt2_config")
@@ -113,6 +115,10 @@ def gpt2_config(model: Transformer) -> GPT2Config:
             (f"n_key_value_heads={cfg.n_key_value_heads}", cfg.n_key_value_heads != cfg.n_heads),
             ("qk_norm=True", cfg.qk_norm),
             (f"clip_qkv={cfg.clip_qkv}", cfg.clip_qkv is not None),
+            ("pre_norms=False", not cfg.pre_norms),
+            ("post_norms=True", cfg.post_norms),
+            *((f"{name}={getattr(cfg, name)!r}", getattr(cfg, name) is not None) for name in (
+                "embed_scale", "attn_scale", "attn_softcap", "final_softcap", "sliding_window")),
         )
         if differs
     ]

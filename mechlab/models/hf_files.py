@@ -326,6 +326,11 @@ _LLAMA_FIELDS = {
     "rms_norm_eps": _EPS, "use_sliding_window": _FLAG, "attention_bias": _FLAG, "mlp_bias": _FLAG,
     "tie_word_embeddings": _FLAG, "layer_types": _NAMES_OR_NONE, **_ROPE,
 }  # fmt: skip
+_GEMMA_FIELDS = {
+    **{k: v for k, v in _LLAMA_FIELDS.items() if k != "hidden_act"}, "hidden_activation": _NAME,
+    "query_pre_attn_scalar": _NUMBER, "attn_logit_softcapping": _NUMBER_OR_NONE,
+    "final_logit_softcapping": _NUMBER_OR_NONE, "use_bidirectional_attention": _FLAG,
+}  # fmt: skip
 CONFIG_FIELDS: dict[str, dict[str, str]] = {
     "GPT2LMHeadModel": {
         "vocab_size": _COUNT, "n_embd": _COUNT, "n_layer": _COUNT, "n_head": _COUNT, "n_positions": _COUNT,
@@ -344,6 +349,9 @@ CONFIG_FIELDS: dict[str, dict[str, str]] = {
     "Qwen3ForCausalLM": _LLAMA_FIELDS,
     "OlmoForCausalLM": {**_LLAMA_FIELDS, "clip_qkv": _NUMBER_OR_NONE},
     "Phi3ForCausalLM": {**_LLAMA_FIELDS, "original_max_position_embeddings": _COUNT_OR_NONE},
+    "Olmo2ForCausalLM": _LLAMA_FIELDS,
+    "Gemma2ForCausalLM": _GEMMA_FIELDS,
+    "Gemma3ForCausalLM": _GEMMA_FIELDS,
     "GPTJForCausalLM": {
         "vocab_size": _COUNT, "n_embd": _COUNT, "n_layer": _COUNT, "n_head": _COUNT, "n_positions": _COUNT,
         "n_inner": _COUNT_OR_NONE, "rotary_dim": _COUNT_OR_NONE, "activation_function": _NAME,

@@ -1,5 +1,6 @@
 """Import the models users bring: Hugging Face GPT-2, GPT-NeoX (Pythia), Llama (3.x
-included), Qwen2, Mistral, Qwen3, OLMo, Phi-3, GPT-J and Mamba checkpoints, and
+included), Qwen2, Mistral, Qwen3, OLMo, OLMo 2, Phi-3, GPT-J, Gemma 2, Gemma 3 and Mamba
+checkpoints, and
 TransformerLens ``TransformerBridge`` objects.
 
 One entry point, :func:`from_pretrained`, takes a model in memory or a local folder
@@ -35,6 +36,18 @@ What each architecture becomes (options of :class:`~mechlab.models.transformer.T
 * ``GPTJForCausalLM``: ``parallel_attn_mlp`` with its one LayerNorm ``ln_1`` copied into
   ``ln1`` and ``ln2``, ``rotary_adjacent_pairs`` on ``rotary_dim`` dimensions, no
   attention biases, the read-out's bias from ``lm_head.bias``.
+* ``Olmo2ForCausalLM``: as Llama, with ``pre_norms=False, post_norms=True`` (RMSNorms after
+  the attention and the MLP only) and ``qk_norm`` with ``qk_norm_over="all"`` (over the whole
+  query and key projections).
+* ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM`` (text only): as Llama with GeGLU (tanh GELU),
+  ``post_norms`` as well as pre-norms, ``embed_scale = sqrt(d_model)``, ``attn_scale =
+  sqrt(query_pre_attn_scalar)``, ``attn_softcap`` / ``final_softcap``, ``sliding_window``
+  on the layers ``layer_types`` names (the window applied, not a cap on ``n_ctx``); every
+  norm weight is stored as ``1 + w`` (float32, as Gemma computes it). Gemma 3: ``qk_norm``
+  per head, ``rotary_base_local`` from ``rope_parameters["sliding_attention"]`` (a scaled
+  local rotary embedding is refused) and the global layers' scaling from
+  ``["full_attention"]``; its ``attn_logit_softcapping``, which Hugging Face's Gemma 3 never
+  applies, is ignored as there.
 * ``MambaForCausalLM``: :class:`~mechlab.models.mamba.Mamba` (as
   :meth:`~mechlab.models.mamba.Mamba.from_hf`).
 * A ``TransformerBridge``: the Hugging Face model it wraps, if its weights are unprocessed
@@ -92,9 +105,14 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "OlmoForCausalLM": ("OlmoConfig", "model"),
     "Phi3ForCausalLM": ("Phi3Config", "model"),
     "GPTJForCausalLM": ("GPTJConfig", "transformer"),
+    "Olmo2ForCausalLM": ("Olmo2Config", "model"),
+    "Gemma2ForCausalLM": ("Gemma2Config", "model"),
+    "Gemma3ForCausalLM": ("Gemma3TextConfig", "model"),
 }
 _LLAMA_LIKE = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-               "OlmoForCausalLM", "Phi3ForCausalLM")  # fmt: skip
+               "OlmoForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM", "Gemma2ForCausalLM",
+               "Gemma3ForCausalLM")  # fmt: skip
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED = (*ARCHITECTURES, "TransformerBridge")
 """What :func:`from_pretrained` imports."""
 # config.json without "architectures": its model_type -> the class
@@ -102,6 +120,7 @@ _MODEL_TYPES = {
     "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM", "mamba": "MambaForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "olmo": "OlmoForCausalLM", "phi3": "Phi3ForCausalLM", "gptj": "GPTJForCausalLM",
+    "olmo2": "Olmo2ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
 }  # fmt: skip
 # Hugging Face activation names -> mechlab's act_fn
 _ACTIVATIONS = {
@@ -216,15 +235,17 @@ ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
 """The ``rope_type`` values :func:`from_pretrained` imports."""
 
 
-def _rope(hf: Any, arch: str) -> tuple[float, float, dict | None]:
-    """``(rope_theta, partial_rotary_factor, rotary_scaling)`` of a config: its rotary
-    scaling as :class:`~mechlab.models.transformer.TransformerConfig`'s ``rotary_scaling``
-    (None for the default and for ``dynamic``, whose frequencies are the default ones up to
+def _rope(hf: Any, arch: str, params: dict | None = None) -> tuple[float, float, dict | None]:
+    """``(rope_theta, partial_rotary_factor, rotary_scaling)`` of a config (or of its
+    ``params``, one layer type's rotary parameters): its rotary scaling as
+    :class:`~mechlab.models.transformer.TransformerConfig`'s ``rotary_scaling`` (None for
+    the default and for ``dynamic``, whose frequencies are the default ones up to
     ``max_position_embeddings``, the longest sequence mechlab accepts)."""
-    params = dict(getattr(hf, "rope_parameters", None) or {})
-    scaling = getattr(hf, "rope_scaling", None)
-    if isinstance(scaling, dict) and not params:
-        params = dict(scaling)
+    if params is None:
+        params = dict(getattr(hf, "rope_parameters", None) or {})
+        scaling = getattr(hf, "rope_scaling", None)
+        if isinstance(scaling, dict) and not params:
+            params = dict(scaling)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ImportProblem(
@@ -347,7 +368,10 @@ def _window_limit(hf: Any, arch: str) -> int:
 def _llama_config(hf: Any, n_ctx: int | None, arch: str) -> dict[str, Any]:
     """Llama's layout, and the architectures that share it (Qwen2, Mistral, Qwen3, OLMo,
     Phi-3), each with its own options."""
-    theta, factor, scaling = _rope(hf, arch)
+    if arch == "Gemma3ForCausalLM":
+        theta, factor, scaling = _rope(hf, arch, dict(hf.rope_parameters["full_attention"]))
+    else:
+        theta, factor, scaling = _rope(hf, arch)
     d_head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     if arch == "Qwen2ForCausalLM":
         qkv_bias, out_bias, mlp_bias = True, False, False
@@ -356,12 +380,15 @@ def _llama_config(hf: Any, n_ctx: int | None, arch: str) -> dict[str, Any]:
     else:
         qkv_bias = out_bias = bool(getattr(hf, "attention_bias", False))
         mlp_bias = bool(getattr(hf, "mlp_bias", False))
+    gemma = arch in _GEMMA
+    act = hf.hidden_activation if gemma else hf.hidden_act
+    limit = hf.max_position_embeddings if gemma else _window_limit(hf, arch)
     fields = dict(
         d_model=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads,
         d_head=d_head, n_key_value_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-        d_mlp=hf.intermediate_size, act_fn=_act(hf.hidden_act, arch), normalization="RMS",
+        d_mlp=hf.intermediate_size, act_fn=_act(act, arch), normalization="RMS",
         layer_norm_eps=getattr(hf, "rms_norm_eps", 1e-5), d_vocab=hf.vocab_size,
-        n_ctx=_n_ctx(_window_limit(hf, arch), n_ctx, arch), positional="rotary",
+        n_ctx=_n_ctx(limit, n_ctx, arch), positional="rotary",
         rotary_dim=int(d_head * factor), rotary_base=theta, rotary_scaling=scaling, gated_mlp=True,
         qkv_bias=qkv_bias, attn_out_bias=out_bias, mlp_bias=mlp_bias,
         tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
@@ -370,6 +397,40 @@ def _llama_config(hf: Any, n_ctx: int | None, arch: str) -> dict[str, Any]:
         fields["qk_norm"] = True
     if arch == "OlmoForCausalLM":  # weightless LayerNorms, eps fixed at 1e-5 (OlmoLayerNorm)
         fields |= dict(normalization="LNPre", layer_norm_eps=1e-5, clip_qkv=_clip(hf))
+    if arch == "Olmo2ForCausalLM":  # norms after the sublayers only, q/k norms over every head
+        fields |= dict(pre_norms=False, post_norms=True, qk_norm=True, qk_norm_over="all")
+    if gemma:
+        fields |= _gemma_fields(hf, arch)
+    return fields
+
+
+def _gemma_fields(hf: Any, arch: str) -> dict[str, Any]:
+    """Gemma 2/3's options: pre- and post-norms, the embedding times sqrt(d_model), the
+    scores over sqrt(query_pre_attn_scalar), soft-capping, sliding-window layers (Gemma 3:
+    query/key norms and the local layers' own rotary base)."""
+    if getattr(hf, "use_bidirectional_attention", False):
+        raise ImportProblem(
+            f"this {arch} has use_bidirectional_attention=True; mechlab imports causal Gemma models"
+        )
+    types = list(getattr(hf, "layer_types", None) or [])
+    sliding = "sliding_attention" in types
+    fields = dict(
+        post_norms=True, embed_scale=math.sqrt(hf.hidden_size),
+        attn_scale=math.sqrt(hf.query_pre_attn_scalar), attn_softcap=hf.attn_logit_softcapping,
+        final_softcap=hf.final_logit_softcapping, layer_types=types or None,
+        sliding_window=int(hf.sliding_window) if sliding else None,
+    )  # fmt: skip
+    if arch == "Gemma3ForCausalLM":  # (Hugging Face's Gemma 3 never applies attn_logit_softcapping)
+        fields |= dict(qk_norm=True, attn_softcap=None)
+        local = dict(hf.rope_parameters.get("sliding_attention") or {})
+        kind = local.get("rope_type", "default")
+        if kind != "default":
+            raise ImportProblem(
+                f"this Gemma 3 scales its sliding-window layers' rotary embedding "
+                f"(rope_type={kind!r}); mechlab supports rope_type 'default' there"
+            )
+        if sliding:
+            fields["rotary_base_local"] = float(local.get("rope_theta", 10000.0))
     return fields
 
 
@@ -464,9 +525,14 @@ def _mechlab_config(arch: str, hf_config: Any, n_ctx: int | None):
 # ---------------------------------------------------------------------------------------
 
 
-def _put_norm(norm: nn.Module, weights: Weights, name: str) -> None:
-    """A LayerNorm's ``weight`` and ``bias``, or an RMSNorm's ``weight``, from ``name.*``."""
-    _put(norm.w, weights(name + ".weight"), name)
+def _put_norm(norm: nn.Module, weights: Weights, name: str, offset: float = 0.0) -> None:
+    """A LayerNorm's ``weight`` and ``bias``, or an RMSNorm's ``weight``, from ``name.*``;
+    ``offset``: the weight stored is ``offset + weight`` in float32 (Gemma's norms scale by
+    ``1 + weight``, computed in float32 as Gemma computes it)."""
+    value = weights(name + ".weight")
+    if offset and value.is_floating_point():
+        value = offset + value.float()
+    _put(norm.w, value, name)
     if hasattr(norm, "b"):
         _put(norm.b, weights(name + ".bias"), name)
 
@@ -546,13 +612,14 @@ def _load_llama(model: MechModel, w: Weights) -> None:
     (``[q | k | v]`` rows) and ``gate_up_proj`` (``[gate | up]`` rows) are split here."""
     H, G = model.cfg.n_heads, model.cfg.n_key_value_heads
     d_head = model.cfg.d_head
+    offset = 1.0 if model.cfg.embed_scale is not None else 0.0  # Gemma's norms scale by 1 + w
     _put(model.read_in.embed.weight, w("model.embed_tokens.weight"), "embed_tokens")
     for i, block in enumerate(model.blocks):
         p = f"model.layers.{i}."
         attn, mlp = block.attn, block.mlp
-        for norm, name in ((block.ln1, "input_layernorm"), (block.ln2, "post_attention_layernorm")):
-            if isinstance(norm.w, nn.Parameter):  # OLMo's norms have no weights
-                _put_norm(norm, w, p + name)
+        for norm, name in _block_norms(model.cfg, block):
+            if isinstance(getattr(norm, "w", None), nn.Parameter):  # OLMo's norms have no weights
+                _put_norm(norm, w, p + name, offset)
         fused = p + "self_attn.qkv_proj.weight"
         if fused in w:  # Phi-3
             qkv = w(fused).split([H * d_head, G * d_head, G * d_head])
@@ -566,9 +633,9 @@ def _load_llama(model: MechModel, w: Weights) -> None:
                 _put(param, _heads(w(name + ".weight"), n), name + ".weight")
             if bias is not None:
                 _put(bias, w(name + ".bias").view(n, -1), name + ".bias")
-        if attn.q_norm is not None:  # Qwen3
-            _put_norm(attn.q_norm, w, p + "self_attn.q_norm")
-            _put_norm(attn.k_norm, w, p + "self_attn.k_norm")
+        if attn.q_norm is not None:  # Qwen3, OLMo 2, Gemma 3
+            _put_norm(attn.q_norm, w, p + "self_attn.q_norm", offset)
+            _put_norm(attn.k_norm, w, p + "self_attn.k_norm", offset)
         o_proj = p + "self_attn.o_proj"
         _put(attn.W_O, _out_heads(w(o_proj + ".weight"), H), o_proj + ".weight")
         if attn.b_O is not None:
@@ -587,8 +654,19 @@ def _load_llama(model: MechModel, w: Weights) -> None:
         if mlp.b_out is not None:
             _put(mlp.b_out, w(p + "mlp.down_proj.bias"), p + "mlp.down_proj.bias")
     if isinstance(model.ln_final.w, nn.Parameter):
-        _put_norm(model.ln_final, w, "model.norm")
+        _put_norm(model.ln_final, w, "model.norm", offset)
     _read_out(model, w, "lm_head.weight")
+
+
+def _block_norms(cfg: Any, block: nn.Module) -> list[tuple[nn.Module, str]]:
+    """A Llama-like block's norms and their Hugging Face names: Llama's two pre-norms,
+    OLMo 2's two post-norms, or Gemma's four."""
+    if not cfg.post_norms:
+        return [(block.ln1, "input_layernorm"), (block.ln2, "post_attention_layernorm")]
+    post = [(block.ln1_post, "post_attention_layernorm"), (block.ln2_post, "post_feedforward_layernorm")]
+    if not cfg.pre_norms:
+        return post
+    return [(block.ln1, "input_layernorm"), (block.ln2, "pre_feedforward_layernorm"), *post]
 
 
 def _load_gptj(model: MechModel, w: Weights) -> None:
@@ -637,6 +715,9 @@ _LOADERS: dict[str, Callable[[MechModel, Weights], None]] = {
     "OlmoForCausalLM": _load_llama,
     "Phi3ForCausalLM": _load_llama,
     "GPTJForCausalLM": _load_gptj,
+    "Olmo2ForCausalLM": _load_llama,
+    "Gemma2ForCausalLM": _load_llama,
+    "Gemma3ForCausalLM": _load_llama,
 }
 
 
@@ -742,8 +823,9 @@ def from_pretrained(
     Args:
         model_or_folder: A ``GPT2LMHeadModel``, ``GPTNeoXForCausalLM``,
             ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``,
-            ``Qwen3ForCausalLM``, ``OlmoForCausalLM``, ``Phi3ForCausalLM``,
-            ``GPTJForCausalLM`` or ``MambaForCausalLM`` (or a subclass), a TransformerLens ``TransformerBridge``
+            ``Qwen3ForCausalLM``, ``OlmoForCausalLM``, ``Olmo2ForCausalLM``,
+            ``Phi3ForCausalLM``, ``GPTJForCausalLM``, ``Gemma2ForCausalLM``,
+            ``Gemma3ForCausalLM`` or ``MambaForCausalLM`` (or a subclass), a TransformerLens ``TransformerBridge``
             around one, or the path of a local folder one was saved to. Nothing is
             downloaded.
         n_ctx: Longest sequence the imported model accepts (default: the checkpoint's

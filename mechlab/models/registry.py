@@ -123,12 +123,16 @@ def estimate_elements(cfg: ModelConfig) -> int:
         H, G, dh = int(cfg.n_heads), int(cfg.n_key_value_heads or cfg.n_heads), int(cfg.d_head)
         d_mlp = int(cfg.d_mlp)
         norm = {"LN": 2 * d, "RMS": d, "LNPre": 2 * d}.get(cfg.normalization, 0)
-        per_layer = (2 * H + 2 * G) * d * dh + norm  # W_Q, W_O, W_K, W_V, ln1
-        per_layer += 2 * dh * bool(getattr(cfg, "qk_norm", False))  # q_norm, k_norm
+        pre = norm if getattr(cfg, "pre_norms", True) else 0  # OLMo 2: ln1, ln2 are the identity
+        per_layer = (2 * H + 2 * G) * d * dh + pre  # W_Q, W_O, W_K, W_V, ln1
+        qk = (H + G) * dh if getattr(cfg, "qk_norm_over", "head") == "all" else 2 * dh
+        per_layer += qk * bool(getattr(cfg, "qk_norm", False))  # q_norm, k_norm
+        post = norm * bool(getattr(cfg, "post_norms", False))
+        per_layer += post * (1 if cfg.attn_only else 2)  # ln1_post, ln2_post
         per_layer += (H + 2 * G) * dh * bool(cfg.qkv_bias) + d * bool(cfg.attn_out_bias)
         if not cfg.attn_only:
             n_in = 2 if cfg.gated_mlp else 1
-            per_layer += (n_in + 1) * d * d_mlp + norm  # W_in (W_gate), W_out, ln2
+            per_layer += (n_in + 1) * d * d_mlp + pre  # W_in (W_gate), W_out, ln2
             per_layer += (n_in * d_mlp + d) * bool(cfg.mlp_bias)
         if cfg.positional == "rotary":
             per_layer += int(cfg.rotary_dim) // 2  # inv_freq

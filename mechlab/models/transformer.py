@@ -1,5 +1,6 @@
 """A decoder-only transformer with TransformerLens hook points: GPT-2 by default, and the
-options that GPT-NeoX (Pythia), Llama, Qwen2, Mistral, Qwen3, OLMo, Phi-3 and GPT-J need.
+options that GPT-NeoX (Pythia), Llama, Qwen2, Mistral, Qwen3, OLMo, OLMo 2, Phi-3, GPT-J,
+Gemma 2 and Gemma 3 need.
 
 The default is GPT-2's layout: pre-LayerNorm blocks, a learned position table of
 ``n_ctx`` rows, causal softmax attention, a GELU MLP, a final LayerNorm, biases
@@ -36,6 +37,14 @@ and the presets live in :mod:`mechlab.models.transformer_config` and are re-expo
   projections, of the attention output and of the MLP; a bias that is off is no
   parameter (``attn.b_Q is None``).
 * ``tie_embeddings=True``: the token read-out shares its weight with the embedding.
+* ``post_norms=True``: norms of the attention and MLP outputs before they are added
+  (``ln1_post`` / ``ln2_post``; Gemma 2/3, and OLMo 2 with ``pre_norms=False``, which
+  makes ``ln1`` / ``ln2`` the identity); ``qk_norm_over="all"``: the query/key RMSNorm
+  over every head together (OLMo 2).
+* ``embed_scale`` (the embedding times sqrt(d_model)), ``attn_scale`` (scores over
+  sqrt(query_pre_attn_scalar)), ``attn_softcap`` / ``final_softcap`` (``c tanh(x / c)`` of
+  the scores and of the read-out), ``sliding_window`` with ``layer_types`` (local and
+  global layers) and ``rotary_base_local`` (the local layers' rotary base): Gemma 2/3.
 * ``causal=False``: bidirectional attention (Tracr).
 
 Parameters use TransformerLens' names and layouts (``W_Q`` is ``[head, d_model,
@@ -55,7 +64,8 @@ whether or not anything is hooked (a fused ``z @ W_O`` would save about 1% of a
 training step of the ``tiny`` preset).
 
 :func:`mechlab.models.importers.from_pretrained` fills these models from Hugging Face
-GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Qwen3, OLMo, Phi-3 and GPT-J checkpoints.
+GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Qwen3, OLMo, OLMo 2, Phi-3, GPT-J, Gemma 2 and
+Gemma 3 checkpoints.
 """
 
 from __future__ import annotations
@@ -73,9 +83,11 @@ from mechlab.models.base import MechModel, ReadIn, ReadOut
 from mechlab.models.buffers import cache_buffer
 from mechlab.models.transformer_config import (
     ACT_FNS,
+    LAYER_TYPES,
     NORMALIZATIONS,
     POSITIONALS,
     PRESETS,
+    QK_NORM_OVER,
     ROPE_SCALINGS,
     TransformerConfig,
 )
@@ -84,12 +96,15 @@ from mechlab.models.transformer_config import (
 # here, where the registry (mechlab.models.registry.FAMILIES) and users import them.
 __all__ = [
     "ACT_FNS",
+    "LAYER_TYPES",
     "MLP",
     "NORMALIZATIONS",
     "POSITIONALS",
     "PRESETS",
+    "QK_NORM_OVER",
     "ROPE_SCALINGS",
     "Attention",
+    "HeadsRMSNorm",
     "LayerNorm",
     "LayerNormPre",
     "NoNorm",
@@ -136,6 +151,20 @@ class RMSNorm(nn.Module):
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale) * self.w
+
+
+class HeadsRMSNorm(RMSNorm):
+    """An RMSNorm over all the heads of a ``[batch, pos, head, d_head]`` input together
+    (OLMo 2's query/key norm over the whole projection): ``w`` is ``[head * d_head]``,
+    ``hook_scale`` ``[batch, pos, head, 1]`` (the one root mean square, repeated per head, so
+    its axes are a per-head norm's), ``hook_normalized`` ``[batch, pos, head, d_head]``."""
+
+    def forward(
+        self, x: Float[Tensor, "batch pos head d_head"]
+    ) -> Float[Tensor, "batch pos head d_head"]:
+        rms = (x.pow(2).mean((-2, -1), keepdim=True) + self.eps).sqrt()  # [batch, pos, 1, 1]
+        scale = self.hook_scale(rms.expand(*x.shape[:-1], 1))
+        return self.hook_normalized(x / scale) * self.w.view(x.shape[-2:])
 
 
 class LayerNormPre(LayerNorm):
@@ -280,9 +309,13 @@ class Rotary(nn.Module):
         return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
 
-def causal_mask(n_pos: int, device: torch.device) -> Tensor:
-    """``[pos, pos]`` bool, True where a query may *not* attend (a key after it)."""
-    return torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).triu_(1)
+def causal_mask(n_pos: int, device: torch.device, window: int | None = None) -> Tensor:
+    """``[pos, pos]`` bool, True where a query may *not* attend (a key after it, or, with a
+    sliding ``window``, a key ``window`` or more positions before it)."""
+    mask = torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).triu_(1)
+    if window is not None:
+        mask |= torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril_(-window)
+    return mask
 
 
 class Attention(nn.Module):
@@ -290,7 +323,7 @@ class Attention(nn.Module):
     key/value heads with ``n_key_value_heads < n_heads``), per-head outputs summed into
     ``d_model``."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         h, g, d, m = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
         self.n_groups = cfg.n_groups
@@ -303,15 +336,23 @@ class Attention(nn.Module):
         self.b_V = _bias(cfg.qkv_bias, g, d)
         self.b_O = _bias(cfg.attn_out_bias, m)
         self.causal = cfg.causal
-        self.scale = math.sqrt(d)
+        self.scale = math.sqrt(d) if cfg.attn_scale is None else float(cfg.attn_scale)
+        self.softcap = cfg.attn_softcap
+        self.window = cfg.sliding_window if cfg.sliding(layer) else None
+        base, scaling = cfg.rotary_base, cfg.rotary_scaling
+        if self.window is not None and cfg.rotary_base_local is not None:  # Gemma 3's local layers
+            base, scaling = cfg.rotary_base_local, None
         self.rotary = (
-            Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rotary_scaling, cfg.rotary_adjacent_pairs)
+            Rotary(cfg.rotary_dim, base, scaling, cfg.rotary_adjacent_pairs)
             if cfg.positional == "rotary"
             else None
         )
         self.clip_qkv = cfg.clip_qkv
         self.q_norm = self.k_norm = None
-        if cfg.qk_norm:  # per head, over d_head: [batch, pos, head, d_head] as a [..., d] input
+        if cfg.qk_norm and cfg.qk_norm_over == "all":  # over every head together (OLMo 2)
+            self.q_norm = HeadsRMSNorm(h * d, cfg.layer_norm_eps)
+            self.k_norm = HeadsRMSNorm(g * d, cfg.layer_norm_eps)
+        elif cfg.qk_norm:  # per head, over d_head: [batch, pos, head, d_head] as a [..., d] input
             self.q_norm = RMSNorm(d, cfg.layer_norm_eps)
             self.k_norm = RMSNorm(d, cfg.layer_norm_eps)
 
@@ -367,9 +408,11 @@ class Attention(nn.Module):
         k: Float[Tensor, "batch pos kv_head d_head"],
         out: Tensor | None = None,
     ) -> Float[Tensor, "batch head query_pos key_pos"]:
-        """Masked attention scores of (rotated) queries and keys; each key/value head
-        serves ``n_groups`` consecutive query heads. ``out``: memory to write them into
-        (``[batch, head, query_pos, key_pos]``, no autograd), e.g. a cache buffer."""
+        """Masked attention scores of (rotated) queries and keys, ``q . k / scale``,
+        soft-capped with ``attn_softcap``; each key/value head serves ``n_groups``
+        consecutive query heads; a sliding-window layer masks the keys ``window`` or more
+        positions back. ``out``: memory to write them into (``[batch, head, query_pos,
+        key_pos]``, no autograd), e.g. a cache buffer."""
         if self.n_groups > 1:
             k = k.repeat_interleave(self.n_groups, dim=2)  # [batch, pos, head, d_head]
         batch, n_q, n_heads, d_head = q.shape
@@ -380,8 +423,13 @@ class Attention(nn.Module):
         k_bh = k.permute(0, 2, 3, 1).reshape(batch * n_heads, d_head, n_k)
         flat = None if out is None else out.view(batch * n_heads, n_q, n_k)
         scores = torch.bmm(q_bh, k_bh, out=flat).view(batch, n_heads, n_q, n_k)
+        if self.softcap is not None:
+            if scores.requires_grad:  # (tanh_ saves its output, which mul_ would overwrite)
+                scores = torch.tanh(scores / self.softcap) * self.softcap
+            else:
+                scores.div_(self.softcap).tanh_().mul_(self.softcap)
         if self.causal:
-            scores.masked_fill_(causal_mask(n_q, q.device), float("-inf"))
+            scores.masked_fill_(causal_mask(n_q, q.device, self.window), float("-inf"))
         return scores
 
     def mix_values(
@@ -462,19 +510,24 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm block: ``resid += attn(ln1(resid)); resid += mlp(ln2(resid))``; with
     ``parallel_attn_mlp`` ``resid += attn(ln1(resid)) + mlp(ln2(resid))``; with
-    ``attn_only`` the attention alone."""
+    ``attn_only`` the attention alone. With ``post_norms`` the attention and MLP outputs
+    pass through ``ln1_post`` / ``ln2_post`` before they are added (``hook_attn_out`` /
+    ``hook_mlp_out`` are the normed outputs, as in TransformerLens' Gemma 2); without
+    ``pre_norms`` ``ln1`` / ``ln2`` are the identity (:class:`NoNorm`)."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         self.parallel = cfg.parallel_attn_mlp
-        self.ln1 = make_norm(cfg)
-        self.attn = Attention(cfg)
+        self.ln1 = make_norm(cfg) if cfg.pre_norms else NoNorm()
+        self.attn = Attention(cfg, layer)
+        self.ln1_post = make_norm(cfg) if cfg.post_norms else None
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
-        self.ln2 = self.mlp = None
+        self.ln2 = self.mlp = self.ln2_post = None
         if not cfg.attn_only:
-            self.ln2 = make_norm(cfg)
+            self.ln2 = make_norm(cfg) if cfg.pre_norms else NoNorm()
             self.mlp = MLP(cfg)
+            self.ln2_post = make_norm(cfg) if cfg.post_norms else None
             if not self.parallel:
                 self.hook_resid_mid = HookPoint()
             self.hook_mlp_out = HookPoint()
@@ -484,15 +537,19 @@ class TransformerBlock(nn.Module):
         self, resid: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid)))
+        attn_out = self.hook_attn_out(self._post(self.ln1_post, self.attn(self.ln1(resid))))
         if self.mlp is None:
             return self.hook_resid_post(resid + attn_out)
         if self.parallel:
-            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid)))
+            mlp_out = self.hook_mlp_out(self._post(self.ln2_post, self.mlp(self.ln2(resid))))
             return self.hook_resid_post(resid + attn_out + mlp_out)
         resid = self.hook_resid_mid(resid + attn_out)
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid)))
+        mlp_out = self.hook_mlp_out(self._post(self.ln2_post, self.mlp(self.ln2(resid))))
         return self.hook_resid_post(resid + mlp_out)
+
+    @staticmethod
+    def _post(norm: nn.Module | None, x: Tensor) -> Tensor:
+        return x if norm is None else norm(x)
 
 
 def _reset_norm(norm: nn.Module | None) -> None:
@@ -535,6 +592,8 @@ class Transformer(MechModel):
         "blocks.*.attn.hook_pattern": _ATTN,
         "blocks.*.attn.hook_z": _HEADS,
         "blocks.*.attn.hook_result": ("batch", "pos", "head", "d_model"),
+        "blocks.*.ln1_post.hook_scale": _SCALE,
+        "blocks.*.ln1_post.hook_normalized": _D,
         "blocks.*.hook_attn_out": _D,
         "blocks.*.hook_resid_mid": _D,
         "blocks.*.ln2.hook_scale": _SCALE,
@@ -542,6 +601,8 @@ class Transformer(MechModel):
         "blocks.*.mlp.hook_pre": ("batch", "pos", "d_mlp"),
         "blocks.*.mlp.hook_pre_linear": ("batch", "pos", "d_mlp"),
         "blocks.*.mlp.hook_post": ("batch", "pos", "d_mlp"),
+        "blocks.*.ln2_post.hook_scale": _SCALE,
+        "blocks.*.ln2_post.hook_normalized": _D,
         "blocks.*.hook_mlp_out": _D,
         "ln_final.hook_scale": _SCALE,
         "ln_final.hook_normalized": _D,
@@ -556,7 +617,7 @@ class Transformer(MechModel):
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         else:
             self.W_pos = None
-        self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(TransformerBlock(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg)
         self.read_out = ReadOut(cfg)
         if cfg.tie_embeddings:
@@ -574,7 +635,7 @@ class Transformer(MechModel):
         if self.W_pos is not None:
             nn.init.normal_(self.W_pos, std=std)
         for block in self.blocks:
-            for ln in (block.ln1, block.ln2):
+            for ln in (block.ln1, block.ln2, block.ln1_post, block.ln2_post):
                 _reset_norm(ln)
             attn, mlp = block.attn, block.mlp
             _reset_norm(attn.q_norm)
@@ -613,7 +674,9 @@ class Transformer(MechModel):
         ``normalized`` the centred, scaled stream (what ``cache.apply_ln_to_stack``
         gives). So ``cache.logit_attrs(stack, k)`` summed over a complete decomposition
         is ``out[..., k]`` minus the constant ``ln_final.b @ W_U[:, k] + b_U[k]``
-        (TransformerLens gets the same by folding the LayerNorm into ``W_U``).
+        (TransformerLens gets the same by folding the LayerNorm into ``W_U``). With
+        ``final_softcap`` (Gemma 2) ``out`` here is the logit *before* the cap, which is
+        monotone in it.
 
         Args:
             tokens: An output index ``k`` (a continuous output dim or a token id), or a

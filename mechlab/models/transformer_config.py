@@ -24,6 +24,8 @@ _ROPE_KEYS = {
              "truncate"),
 }  # fmt: skip
 POSITIONALS = ("learned", "rotary")
+QK_NORM_OVER = ("head", "all")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # The recall study's models (Daniels et al. 2025): 57-dim tokens in, 5-dim states
 # out, 251 positions. Parameter counts: 212,189 / 701,381 / 2,419,717 / 10,737,413.
@@ -47,6 +49,14 @@ def _check_bool(cfg: object, *names: str) -> None:
     for name in names:
         if not isinstance(getattr(cfg, name), bool):
             raise ValueError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+
+
+def _check_positive(cfg: object, name: str) -> None:
+    value = getattr(cfg, name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf")
+    ):
+        raise ValueError(f"{name} must be a positive number or None, got {value!r}")
 
 
 def _check_rotary_scaling(scaling: object) -> None:
@@ -123,6 +133,10 @@ class TransformerConfig(ModelConfig):
         qk_norm: An RMSNorm over ``d_head`` (weights per dimension, shared by the heads)
             of every query and key head before the rotary embedding (Qwen3's
             ``q_norm`` / ``k_norm``), with ``layer_norm_eps``.
+        qk_norm_over: ``"head"``: the query/key RMSNorm is over each head's ``d_head``
+            dimensions (Qwen3, Gemma 3); ``"all"``: over all the heads' dimensions together,
+            ``n_heads * d_head`` for queries and ``n_key_value_heads * d_head`` for keys, with
+            a weight per dimension (OLMo 2). Only with ``qk_norm``.
         clip_qkv: Clamp the query, key and value projections (biases included) to
             ``[-clip_qkv, clip_qkv]`` (OLMo); None: no clamp.
         n_key_value_heads: Key/value heads per block (dividing ``n_heads``); defaults
@@ -136,6 +150,25 @@ class TransformerConfig(ModelConfig):
         mlp_bias: The MLP biases ``b_in`` (and ``b_gate``), ``b_out``.
         tie_embeddings: The read-out's weight *is* the token embedding (tokens mode,
             ``d_vocab_out == d_vocab``).
+        pre_norms: A norm before the attention and the MLP (``ln1``, ``ln2``); False: they
+            read the residual stream as is (``ln1`` / ``ln2`` are the identity, OLMo 2).
+        post_norms: A norm (of ``normalization``'s kind) of the attention output and of the
+            MLP output before each is added to the residual stream (``ln1_post``,
+            ``ln2_post``; Gemma 2/3 and OLMo 2).
+        embed_scale: The token embedding times this number (Gemma: ``sqrt(d_model)``);
+            None: unscaled.
+        attn_scale: The attention scores are ``q . k / attn_scale``; None:
+            ``sqrt(d_head)`` (Gemma: ``sqrt(query_pre_attn_scalar)``).
+        attn_softcap: Soft-capped attention scores ``c * tanh(scores / c)`` before the
+            mask (Gemma 2); None: none.
+        final_softcap: Soft-capped read-out ``c * tanh(out / c)`` (Gemma 2); None: none.
+        sliding_window: Sliding-window attention: a query at position ``t`` attends to the
+            keys ``t - sliding_window < s <= t`` in the layers ``layer_types`` names
+            ``"sliding_attention"`` (every layer when ``layer_types`` is None); None: none.
+        layer_types: ``"full_attention"`` or ``"sliding_attention"`` per layer (Hugging
+            Face's name), or None. Needs ``sliding_window`` for a sliding layer.
+        rotary_base_local: The rotary base of the sliding-window layers, unscaled (Gemma 3's
+            local layers); None: every layer uses ``rotary_base`` and ``rotary_scaling``.
     """
 
     arch: ClassVar[str] = "transformer"
@@ -163,6 +196,16 @@ class TransformerConfig(ModelConfig):
     attn_out_bias: bool = True
     mlp_bias: bool = True
     tie_embeddings: bool = False
+    qk_norm_over: str = "head"
+    pre_norms: bool = True
+    post_norms: bool = False
+    embed_scale: float | None = None
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
+    rotary_base_local: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -199,7 +242,15 @@ class TransformerConfig(ModelConfig):
         _check_bool(
             self, "causal", "gated_mlp", "parallel_attn_mlp", "attn_only", "qkv_bias",
             "attn_out_bias", "mlp_bias", "tie_embeddings", "rotary_adjacent_pairs", "qk_norm",
+            "pre_norms", "post_norms",
         )  # fmt: skip
+        for name in ("embed_scale", "attn_scale", "attn_softcap", "final_softcap", "rotary_base_local"):
+            _check_positive(self, name)
+        if self.qk_norm_over not in QK_NORM_OVER:
+            raise ValueError(f"qk_norm_over must be one of {QK_NORM_OVER}, got {self.qk_norm_over!r}")
+        if self.qk_norm_over != "head" and not self.qk_norm:
+            raise ValueError("qk_norm_over needs qk_norm=True")
+        self._check_layers()
         if self.clip_qkv is not None and (
             isinstance(self.clip_qkv, bool)
             or not isinstance(self.clip_qkv, (int, float))
@@ -238,6 +289,32 @@ class TransformerConfig(ModelConfig):
                 "tie_embeddings needs io='tokens' and d_vocab_out == d_vocab (the read-out "
                 "reuses the embedding table)"
             )
+
+    def _check_layers(self) -> None:
+        window = self.sliding_window
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
+            raise ValueError(f"sliding_window must be a positive integer or None, got {window!r}")
+        if self.layer_types is not None:
+            types = self.layer_types
+            if (
+                not isinstance(types, list)
+                or len(types) != self.n_layers
+                or any(t not in LAYER_TYPES for t in types)
+            ):
+                raise ValueError(
+                    f"layer_types must be None or a list of n_layers={self.n_layers} names from "
+                    f"{LAYER_TYPES}, got {types!r}"
+                )
+            if "sliding_attention" in types and window is None:
+                raise ValueError("layer_types names a sliding_attention layer: set sliding_window")
+        if self.rotary_base_local is not None and (self.positional != "rotary" or window is None):
+            raise ValueError("rotary_base_local needs positional='rotary' and a sliding_window")
+
+    def sliding(self, layer: int) -> bool:
+        """Whether layer ``layer`` attends within ``sliding_window`` only."""
+        if self.sliding_window is None:
+            return False
+        return self.layer_types is None or self.layer_types[layer] == "sliding_attention"
 
     @property
     def n_groups(self) -> int:

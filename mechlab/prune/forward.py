@@ -19,7 +19,18 @@ too: RMSNorms, weightless LayerNorms, ``clip_qkv``, query/key norms and rotary
 embeddings (either pair layout, scaled or not) of each head's queries and keys, grouped key/value
 heads (one k and one v reader per group, whose keys and values serve the group's query
 heads), gated MLPs, a parallel residual (an MLP reads its input before its layer's heads
-are added), attention-only blocks, biases that are off.
+are added), attention-only blocks, biases that are off, sliding windows, soft-capping and
+scaled embeddings (the model's own ``attn.scores``, ``read_in`` and ``read_out``).
+
+Norms after the sublayers (``post_norms``: Gemma 2/3, OLMo 2; RMSNorms). The MLP writes
+``ln2_post(mlp(...))``, as in the model. A head writes its share of the normed attention
+output, ``w * result_h / s``, where ``w`` is ``ln1_post``'s weight and ``s`` the RMS of the
+layer's whole attention output ``sum_h result_h`` *in the pass the value comes from*: this
+masked pass for ``X_w``, the ablation run for ``X~_w`` (:func:`writer_outputs`). The heads'
+shares sum to ``ln1_post``'s output, so every mask open gives the plain forward and every
+mask closed the ablation run; in between, the scale is shared by a layer's heads, as in
+the model, so what head ``h`` writes depends on the other heads of its layer in the same
+pass (an edge into one head of a layer changes ``s``, and with it every head's output).
 
 Windowed recurrent graphs (:func:`~mechlab.prune.graph.windowed_recurrent_graph`).
 The sequence is run window by window; in window ``w`` each reader mixes, as above, the
@@ -82,6 +93,8 @@ def _writer_hooks(model: nn.Module) -> list[str]:
     if cfg.arch == "transformer":
         names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "learned" else [])
         for layer in range(cfg.n_layers):
+            if getattr(cfg, "post_norms", False):  # read by writer_outputs, no writer
+                names.append(f"blocks.{layer}.ln1_post.hook_scale")
             names.append(f"blocks.{layer}.attn.hook_result")
             if not cfg.attn_only:
                 names.append(f"blocks.{layer}.hook_mlp_out")
@@ -103,7 +116,9 @@ def writer_outputs(
     Returns:
         ``[n_writers, batch, pos, d_model]`` in the graph's writer order (for a
         transformer: embed, pos (with a learned position table), then per layer its
-        heads' ``hook_result`` and its MLP (unless attention-only)).
+        heads' ``hook_result`` and its MLP (unless attention-only); with ``post_norms``
+        each head's share of the normed attention output, ``ln1_post.w * result_h / s``
+        (module docstring), and the normed MLP output).
     """
     names = _writer_hooks(model)
     chunks = []
@@ -112,7 +127,13 @@ def writer_outputs(
         parts = []
         for name in names:
             act = cache[name]
+            if name.endswith("ln1_post.hook_scale"):
+                continue
             if name.endswith("hook_result"):  # [batch, pos, head, d_model] -> [head, batch, pos, d]
+                post = name.replace("attn.hook_result", "ln1_post")
+                if post + ".hook_scale" in cache:
+                    w = model.get_submodule(post).w
+                    act = act / cache[post + ".hook_scale"].unsqueeze(2) * w
                 parts.extend(act.permute(2, 0, 1, 3).unbind(0))
             else:
                 parts.append(act)
@@ -378,6 +399,19 @@ def _layer_norm(ln: nn.Module, x: Tensor) -> Tensor:
     return F.layer_norm(x, (x.shape[-1],), ln.w, ln.b, ln.eps)
 
 
+def _post_heads(norm: nn.Module | None, heads: Float[Tensor, "head batch pos d"]) -> Tensor:
+    """Each head's share ``w * result_h / s`` of a post-norm's output, ``s`` the RMS of the
+    heads' sum (the module docstring); the heads themselves without a post-norm."""
+    if norm is None:
+        return heads
+    scale = (heads.sum(0).pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # [batch, pos, 1]
+    return heads / scale * norm.w
+
+
+def _post(norm: nn.Module | None, out: Tensor) -> Tensor:
+    return out if norm is None else norm(out)
+
+
 def _embeddings(model: nn.Module, x: Tensor) -> Float[Tensor, "embed batch pos d"]:
     """The embedding writers' outputs: the read-in and, with a learned table, the positions."""
     embed = model.read_in(x)  # [batch, pos, d]
@@ -421,13 +455,13 @@ def _transformer_forward_fast_body(
         mlp_block = None if block.mlp is None else _edge_block(z, graph, f"m{layer}.in", 1)
         if mlp_block is not None and block.parallel:  # reads what the heads read
             mlp_in = stream.read_norm(mlp_block, block.ln2)
-        stream.add(_attention(block.attn, x_in, sizes))  # [H, batch, pos, d]
+        stream.add(_post_heads(block.ln1_post, _attention(block.attn, x_in, sizes)))  # [H, batch, pos, d]
         if block.attn.b_O is not None:
             stream.add_constant(block.attn.b_O)
         if mlp_block is not None:
             if not block.parallel:
                 mlp_in = stream.read_norm(mlp_block, block.ln2)
-            stream.add(block.mlp(mlp_in.squeeze(0)).unsqueeze(0))  # [1, batch, pos, d]
+            stream.add(_post(block.ln2_post, block.mlp(mlp_in.squeeze(0))).unsqueeze(0))  # [1, batch, pos, d]
     if on_layer is not None:
         on_layer(len(model.blocks), stream)
     resid = stream.read_norm(_edge_block(z, graph, "out", 1), model.ln_final).squeeze(0)
@@ -444,13 +478,13 @@ def _transformer_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
         z_mlp = None if block.mlp is None else _edge_block(z, graph, f"m{layer}.in", 1)  # [1, n_up]
         if z_mlp is not None and block.parallel:  # reads what the heads read
             mlp_in = _layer_norm(block.ln2, stream.read(z_mlp).squeeze(0))
-        stream.add(_attention(block.attn, x_in, sizes))  # [H, batch, pos, d]
+        stream.add(_post_heads(block.ln1_post, _attention(block.attn, x_in, sizes)))  # [H, batch, pos, d]
         if block.attn.b_O is not None:
             stream.add_constant(block.attn.b_O)
         if z_mlp is not None:
             if not block.parallel:
                 mlp_in = _layer_norm(block.ln2, stream.read(z_mlp).squeeze(0))
-            stream.add(block.mlp(mlp_in).unsqueeze(0))  # [1, batch, pos, d]
+            stream.add(_post(block.ln2_post, block.mlp(mlp_in)).unsqueeze(0))  # [1, batch, pos, d]
     resid = stream.read(_edge_block(z, graph, "out", 1)).squeeze(0)
     return model.read_out(_layer_norm(model.ln_final, resid))
 

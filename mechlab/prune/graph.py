@@ -103,7 +103,20 @@ def _arch_sizes(model_or_cfg: Any) -> tuple[str, int, int]:
 
 
 def transformer_layout(cfg: ModelConfig) -> dict[str, Any]:
-    """The graph options of a transformer config (:func:`transformer_graph`'s keywords)."""
+    """The graph options of a transformer config (:func:`transformer_graph`'s keywords).
+
+    Raises:
+        ValueError: Post-sublayer norms that are not RMSNorms, or with an attention output
+            bias: a head's edge is its share ``w * result_h / s`` of the RMSNorm's output
+            (:mod:`mechlab.prune.forward`), which a LayerNorm's centring or a bias's
+            ``w * b_O / s`` (no head's, and no constant) would not be.
+    """
+    if getattr(cfg, "post_norms", False) and (cfg.normalization != "RMS" or cfg.attn_out_bias):
+        raise ValueError(
+            "edge graphs of norms after the sublayers need RMSNorms without an attention output "
+            f"bias (a head's edge is its share w * result_h / rms of the normed output); this model "
+            f"has normalization={cfg.normalization!r}, attn_out_bias={cfg.attn_out_bias}"
+        )
     return {
         "n_key_value_heads": getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
         "positions": getattr(cfg, "positional", "learned") == "learned",

@@ -166,7 +166,7 @@ def test_a_checkpoint_saved_from_the_accelerator_loads_on_the_cpu(accel, tmp_pat
 
 
 IMPORTED = ["gpt2", "neox", "llama", "qwen2", "mamba",
-            "llama-llama3", "llama-yarn", "qwen3", "olmo", "phi3", "gptj"]  # fmt: skip
+            "llama-llama3", "llama-yarn", "qwen3", "olmo", "phi3", "gptj", "olmo2", "gemma2", "gemma3"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", IMPORTED)

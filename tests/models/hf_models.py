@@ -75,6 +75,30 @@ CONFIGS |= {
         vocab_size=V, n_embd=36, n_layer=2, n_head=4, n_positions=N_POS, rotary_dim=4, n_inner=40, **_IDS)),
 }  # fmt: skip
 
+# Norms after the sublayers (OLMo 2, Gemma 2/3), on hard configs: 10-dimensional heads that
+# are not d_model / n_heads (Gemma), 2 key/value heads, a sliding window of 5 under LONG-token
+# prompts, query_pre_attn_scalar 7 (not d_head), soft-capping that bites (caps below the
+# scores' and logits' largest values), Gemma 3's two rotary bases with a linear scaling on
+# its global layers.
+_GEMMA = {**_LLAMA, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 10,
+          "max_position_embeddings": 48, "query_pre_attn_scalar": 7, "sliding_window": 5}  # fmt: skip
+CONFIGS |= {
+    "olmo2": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(
+        **{**_LLAMA, "hidden_size": 40, "max_position_embeddings": 48}, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
+        **_GEMMA, attn_logit_softcapping=0.5, final_logit_softcapping=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
+    "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+        **_GEMMA, attn_logit_softcapping=0.6, final_logit_softcapping=0.5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "rope_theta": 100.0, "factor": 2.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}})),
+}  # fmt: skip
+# weights scaled after the perturbation, so that Gemma 2's attention cap bites (most scores
+# of random weights are far below any cap)
+_BOOSTED = {"gemma2": ("q_proj", 6.0)}
+
 
 def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
     """A random ``name`` model in eval mode, every weight (biases, norms) perturbed so none
@@ -84,6 +108,11 @@ def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+        if name in _BOOSTED:
+            part, factor = _BOOSTED[name]
+            for key, p in model.named_parameters():
+                if part in key:
+                    p.mul_(factor)
     return model
 
 

@@ -32,6 +32,18 @@ CONFIGS = {
         "arch": "transformer", "d_model": 8, "n_heads": 2, "normalization": "LNPre", "clip_qkv": 1.0,
         "positional": "rotary", "rotary_dim": 2, "rotary_adjacent_pairs": True,
     },  # fmt: skip
+    # OLMo 2's post-norms without pre-norms and query/key norms over every head; Gemma's
+    # pre- and post-norms, soft-caps, sliding layer and per-head query/key norms
+    "transformer-olmo2": {
+        "arch": "transformer", "d_model": 8, "n_heads": 4, "n_key_value_heads": 2, "d_head": 6,
+        "positional": "rotary", "normalization": "RMS", "qk_norm": True, "qk_norm_over": "all",
+        "pre_norms": False, "post_norms": True,
+    },  # fmt: skip
+    "transformer-gemma": {
+        "arch": "transformer", "d_model": 8, "n_heads": 2, "positional": "rotary", "normalization": "RMS",
+        "qk_norm": True, "post_norms": True, "attn_softcap": 5.0, "final_softcap": 5.0, "sliding_window": 3,
+        "layer_types": ["sliding_attention", "full_attention"], "rotary_base_local": 10.0,
+    },  # fmt: skip
 }
 IO = {"n_layers": 2, "d_in": 7, "d_out": 3, "n_ctx": 10}
 

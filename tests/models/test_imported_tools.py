@@ -11,8 +11,9 @@ from tests.models.hf_models import hf_model, tokens
 
 torch.set_num_threads(1)
 # learned / rotary+parallel / RMS+SwiGLU+GQA / SSM / query-key norms / weightless LN+clip /
-# interleaved rotary on a shared LayerNorm
-FAMILIES = ("gpt2", "neox", "llama", "mamba", "qwen3", "olmo", "gptj")
+# interleaved rotary on a shared LayerNorm / post-sublayer norms (OLMo 2), with pre-norms,
+# soft-capping and sliding windows (Gemma 2/3)
+FAMILIES = ("gpt2", "neox", "llama", "mamba", "qwen3", "olmo", "gptj", "olmo2", "gemma2", "gemma3")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -31,9 +32,13 @@ def test_cache_holds_every_hook_and_agrees_with_the_output(imported):
     if name == "llama":  # grouped key/value heads: 2 key heads serve 4 query heads
         assert cache["blocks.0.attn.hook_k"].shape[2] == 2 and cache["blocks.0.attn.hook_q"].shape[2] == 4
         assert model.hook_axes("blocks.0.attn.hook_rot_k")[2] == "kv_head"
-    if name in ("gpt2", "neox", "llama"):  # attention output = sum of the heads' results (+ b_O)
-        b_O = model.blocks[1].attn.b_O
+    if name in ("gpt2", "neox", "llama", "olmo2", "gemma2"):  # attention output = the heads'
+        b_O = model.blocks[1].attn.b_O  # results summed (+ b_O), through the post norm if any
         summed = cache["blocks.1.attn.hook_result"].sum(2) + (0 if b_O is None else b_O)
+        if model.blocks[1].ln1_post is not None:
+            summed = model.blocks[1].ln1_post(summed)
+            normalized = cache["blocks.1.attn.hook_result"].sum(2) / cache["blocks.1.ln1_post.hook_scale"]
+            torch.testing.assert_close(cache["blocks.1.ln1_post.hook_normalized"], normalized)
         torch.testing.assert_close(summed, cache["blocks.1.hook_attn_out"])
         pattern = cache["blocks.0.attn.hook_pattern"]
         assert torch.allclose(pattern.sum(-1), torch.ones(()))

@@ -39,7 +39,8 @@ def test_logits_match_hugging_face_in_memory_and_after_a_saved_folder_round_trip
 # config allows: LONG (40) tokens, past original_max_position_embeddings where there is one
 # (dynamic: all 48 positions, where Hugging Face's dynamic rescaling would start)
 NEW = {"llama-llama3": LONG, "llama-linear": LONG, "llama-yarn": LONG, "llama-dynamic": 48,
-       "neox-yarn": LONG, "qwen3": 24, "qwen3-bias-yarn": LONG, "olmo": 24, "phi3": 24, "gptj": 24}  # fmt: skip
+       "neox-yarn": LONG, "qwen3": 24, "qwen3-bias-yarn": LONG, "olmo": 24, "phi3": 24, "gptj": 24,
+       "olmo2": LONG, "gemma2": LONG, "gemma3": LONG}  # fmt: skip
 
 
 def residual_diffs(model, hf, x) -> list[float]:
@@ -153,6 +154,96 @@ def test_the_new_architectures_options():
     assert torch.equal(gptj.blocks[0].ln1.w, gptj.blocks[0].ln2.w)  # one LayerNorm, copied
 
 
+def test_olmo2s_post_norms_and_query_key_norms_over_the_whole_projection():
+    hf = hf_model("olmo2")
+    model = from_pretrained(hf)
+    cfg = model.cfg
+    assert (cfg.pre_norms, cfg.post_norms, cfg.qk_norm, cfg.qk_norm_over) == (False, True, True, "all")
+    x = tokens()
+    _, cache = model.run_with_cache(x)
+    attn, block = model.blocks[1].attn, model.blocks[1]
+    q = cache["blocks.1.attn.hook_q"]  # [batch, pos, 4, 10]: one RMSNorm over all 40 dims
+    flat = q.flatten(-2)
+    normed = flat / (flat.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps).sqrt() * attn.q_norm.w
+    torch.testing.assert_close(cache["blocks.1.attn.hook_q_normed"], normed.view(q.shape))
+    assert torch.equal(attn.k_norm.w, hf.model.layers[1].self_attn.k_norm.weight)  # [2 * 10]
+    torch.testing.assert_close(cache["blocks.1.ln1.hook_normalized"], cache["blocks.1.hook_resid_pre"])
+    attn_sum = cache["blocks.1.attn.hook_result"].sum(2)  # the heads, before the post norm
+    torch.testing.assert_close(cache["blocks.1.hook_attn_out"], block.ln1_post(attn_sum))
+    rms = (attn_sum.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps).sqrt()
+    torch.testing.assert_close(cache["blocks.1.ln1_post.hook_scale"], rms)
+    torch.testing.assert_close(
+        cache["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_mid"] + cache["blocks.1.hook_mlp_out"]
+    )
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_gemmas_options_each_bite(name):
+    """Each Gemma option changes the output, so the parity test checks it: the window (a
+    prompt of 40 tokens, a window of 5), the soft-capping, query_pre_attn_scalar, the
+    embedding scale and the (1 + w) norms."""
+    hf = hf_model(name)
+    model = from_pretrained(hf)
+    cfg = model.cfg
+    assert cfg.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert (cfg.sliding_window, cfg.attn_scale, cfg.embed_scale) == (5, 7**0.5, 32**0.5)
+    assert cfg.pre_norms and cfg.post_norms and cfg.tie_embeddings and cfg.act_fn == "gelu_new"
+    layer = hf.model.layers[0]
+    assert torch.equal(model.blocks[0].ln2.w, 1 + layer.pre_feedforward_layernorm.weight)
+    assert torch.equal(model.blocks[0].ln2_post.w, 1 + layer.post_feedforward_layernorm.weight)
+    x = tokens(n=2, n_pos=LONG)
+    out, cache = model.run_with_cache(x)
+    torch.testing.assert_close(cache["hook_embed"], model.read_in.embed(x) * 32**0.5)
+    for i, sliding in enumerate((True, False, True)):  # keys 5 or more positions back: 0 weight
+        far = cache[f"blocks.{i}.attn.hook_pattern"].tril(-5)
+        assert (far.abs().max() == 0) == sliding and far.abs().max() < 1
+    with torch.no_grad():
+        raw_logits = model.read_out.proj(model.ln_final(cache["blocks.2.hook_resid_post"]))
+    assert raw_logits.abs().max() > 0.6 > 0.5 == cfg.final_softcap  # the final cap bites
+    torch.testing.assert_close(out, 0.5 * torch.tanh(raw_logits / 0.5))
+    if name == "gemma2":
+        q, k = cache["blocks.1.attn.hook_rot_q"], cache["blocks.1.attn.hook_rot_k"]
+        raw = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(2, dim=2)) / 7**0.5
+        assert cfg.attn_softcap == 0.5 and (raw.abs() > 0.5).float().mean() > 0.3  # it bites
+        assert cache["blocks.1.attn.hook_attn_scores"].nan_to_num(neginf=0).abs().max() < 0.5
+    else:  # two rotary bases: 10 on the local layers, 100 scaled linearly by 2.5 on the global one
+        assert cfg.attn_softcap is None  # (Hugging Face's Gemma 3 does not apply it)
+        assert torch.equal(model.blocks[0].attn.rotary.inv_freq, rotary_inv_freq(10, 10.0))
+        assert torch.equal(model.blocks[1].attn.rotary.inv_freq, rotary_inv_freq(10, 100.0) / 2.5)
+        assert torch.equal(model.blocks[1].attn.q_norm.w, 1 + hf.model.layers[1].self_attn.q_norm.weight)
+    changed = {
+        "sliding_window": lambda m: [setattr(b.attn, "window", None) for b in m.blocks],
+        "attn_scale": lambda m: [setattr(b.attn, "scale", 10**0.5) for b in m.blocks],
+        "embed_scale": lambda m: setattr(m.read_in, "scale", None),
+        "final_softcap": lambda m: setattr(m.read_out, "softcap", None),
+        **({"attn_softcap": lambda m: [setattr(b.attn, "softcap", None) for b in m.blocks]}
+           if name == "gemma2" else {}),
+    }  # fmt: skip
+    for option, change in changed.items():
+        other = from_pretrained(hf)
+        change(other)
+        with torch.no_grad():
+            assert (other(x) - out).abs().max() > 1e-3, option
+            if option == "sliding_window":  # within the window, the window changes nothing
+                assert (other(x[:, :5]) - out[:, :5]).abs().max() < 1e-6
+
+
+def test_gemma_settings_mechlab_does_not_reproduce_are_refused():
+    hf = hf_model("gemma3")
+    hf.config.rope_parameters["sliding_attention"] = {"rope_type": "linear", "rope_theta": 10.0, "factor": 2.0}
+    with pytest.raises(ImportProblem, match="scales its sliding-window layers' rotary embedding "
+                       r"\(rope_type='linear'\); mechlab supports rope_type 'default' there"):  # fmt: skip
+        from_pretrained(hf)
+    hf = hf_model("gemma2")
+    hf.config.use_bidirectional_attention = True
+    with pytest.raises(ImportProblem, match="use_bidirectional_attention=True; mechlab imports causal"):
+        from_pretrained(hf)
+    hf = hf_model("gemma2")
+    hf.config.layer_types = ["sliding_attention", "chunked_attention", "full_attention"]
+    with pytest.raises(ImportProblem, match="layer_types must be None or a list of n_layers=3 names"):
+        from_pretrained(hf)
+
+
 def test_phi3s_sliding_window_caps_n_ctx_and_its_long_context_rotary_is_refused(tmp_path):
     hf = hf_model("phi3")
     hf.save_pretrained(tmp_path)
@@ -197,10 +288,12 @@ def test_pytorch_bin_and_sharded_folders(tmp_path):
 
 BRIDGED = [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("llama-llama3", "LlamaForCausalLM"),
            ("qwen3", "Qwen3ForCausalLM"), ("olmo", "OlmoForCausalLM"), ("phi3", "Phi3ForCausalLM"),
-           ("gptj", "GPTJForCausalLM")]  # fmt: skip
+           ("gptj", "GPTJForCausalLM"), ("olmo2", "Olmo2ForCausalLM"), ("gemma2", "Gemma2ForCausalLM"),
+           ("gemma3", "Gemma3ForCausalLM")]  # fmt: skip
 
 
 @pytest.mark.filterwarnings("ignore:Phi3ArchitectureAdapter does not support fold_ln")  # processed
+@pytest.mark.filterwarnings("ignore:Olmo2ArchitectureAdapter does not support fold_ln")
 @pytest.mark.parametrize("name,hf_class", BRIDGED)
 def test_transformer_bridge(name, hf_class):
     hf = hf_model(name)
@@ -222,7 +315,7 @@ def test_transformer_bridge(name, hf_class):
 
 def test_unsupported_architectures_get_one_line_listing_the_supported_ones(tmp_path):
     with pytest.raises(ImportProblem, match="cannot import a Linear: mechlab imports GPT2LMHeadModel, "
-                       "GPTNeoXForCausalLM, .*MambaForCausalLM, .*GPTJForCausalLM, TransformerBridge") as info:  # fmt: skip
+                       "GPTNeoXForCausalLM, .*MambaForCausalLM, .*GPTJForCausalLM, .*Gemma3ForCausalLM, TransformerBridge") as info:  # fmt: skip
         from_pretrained(torch.nn.Linear(2, 2))
     assert "\n" not in str(info.value)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
@@ -303,7 +396,7 @@ def test_settings_mechlab_cannot_reproduce_are_refused(tmp_path):
         from_pretrained(tmp_path)
 
 
-SAVED = ["gpt2", "llama-biases-tied", "neox", "llama-llama3", "qwen3", "olmo", "gptj"]
+SAVED = ["gpt2", "llama-biases-tied", "neox", "llama-llama3", "qwen3", "olmo", "gptj", "olmo2", "gemma3"]
 
 
 @pytest.mark.parametrize("name", SAVED)
@@ -319,3 +412,14 @@ def test_an_imported_model_saves_and_loads_as_a_mechlab_checkpoint(name, tmp_pat
     assert loaded.cfg == model.cfg
     if model.cfg.tie_embeddings:
         assert loaded.read_out.proj.weight is loaded.read_in.embed.weight
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "olmo", "gptj", "olmo2", "gemma2", "gemma3"])
+def test_the_size_estimate_made_before_allocating_is_the_models_size(name):
+    """check_size estimates from the config alone; with post-norms, no pre-norms or norms over
+    every head it still counts every parameter and buffer the import allocates."""
+    from mechlab.models.registry import estimate_elements
+
+    model = from_pretrained(hf_model(name))
+    actual = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    assert estimate_elements(model.cfg) == actual

@@ -45,9 +45,11 @@ def test_transformer_all_lists_exactly_its_public_names_and_the_configs():
     )
     assert _defined_names(transformer_config) == {
         "ACT_FNS",
+        "LAYER_TYPES",
         "NORMALIZATIONS",
         "POSITIONALS",
         "PRESETS",
+        "QK_NORM_OVER",
         "ROPE_SCALINGS",
         "TransformerConfig",
     }
@@ -89,3 +91,32 @@ def test_the_imported_architectures_options_are_checked():
     cfg = TC(**rotary, rotary_scaling={"rope_type": "linear", "factor": 2.0}, qk_norm=True,
              rotary_adjacent_pairs=True, clip_qkv=3.0, normalization="LNPre")  # fmt: skip
     assert type(cfg).from_dict(cfg.to_dict()) == cfg  # what a checkpoint stores
+
+
+def test_the_post_norm_architectures_options_are_checked():
+    """OLMo 2's and Gemma's options: each bad value named in one line; a checkpoint keeps them."""
+    TC = transformer_config.TransformerConfig
+    rotary = {"positional": "rotary", "d_model": 8, "n_heads": 2, "n_layers": 2}
+    for name in ("embed_scale", "attn_scale", "attn_softcap", "final_softcap"):
+        with pytest.raises(ValueError, match=f"{name} must be a positive number or None, got -1"):
+            TC(**{name: -1})
+    with pytest.raises(ValueError, match="sliding_window must be a positive integer or None, got 2.5"):
+        TC(sliding_window=2.5)
+    with pytest.raises(ValueError, match="layer_types must be None or a list of n_layers=2 names"):
+        TC(**rotary, sliding_window=4, layer_types=["sliding_attention"])
+    with pytest.raises(ValueError, match="names a sliding_attention layer: set sliding_window"):
+        TC(**rotary, layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(ValueError, match="rotary_base_local needs positional='rotary' and a sliding_window"):
+        TC(**rotary, rotary_base_local=10.0)
+    with pytest.raises(ValueError, match="qk_norm_over needs qk_norm=True"):
+        TC(qk_norm_over="all")
+    with pytest.raises(ValueError, match=r"qk_norm_over must be one of \('head', 'all'\)"):
+        TC(qk_norm=True, qk_norm_over="group")
+    with pytest.raises(ValueError, match="post_norms must be True or False"):
+        TC(post_norms=None)
+    cfg = TC(**rotary, normalization="RMS", pre_norms=False, post_norms=True, qk_norm=True,
+             qk_norm_over="all", embed_scale=2.0, attn_scale=3.0, attn_softcap=5.0, final_softcap=9.0,
+             sliding_window=3, layer_types=["sliding_attention", "full_attention"],
+             rotary_base_local=10.0)  # fmt: skip
+    assert type(cfg).from_dict(cfg.to_dict()) == cfg
+    assert [cfg.sliding(i) for i in range(2)] == [True, False]

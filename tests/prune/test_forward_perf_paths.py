@@ -26,11 +26,23 @@ VARIANTS = {
     "qk_norm_clip": {"normalization": "LNPre", "positional": "rotary", "qk_norm": True, "clip_qkv": 0.03,
                      "rotary_adjacent_pairs": True, "rotary_scaling": {"rope_type": "linear", "factor": 2.0},
                      "parallel_attn_mlp": True, "n_heads": 4, "d_head": 4, "n_key_value_heads": 2},
+    # norms after the sublayers: OLMo 2's (no pre-norms, query/key norms over every head) and
+    # Gemma's (pre- and post-norms, soft-capping that bites, a window of 3 under 7 positions,
+    # local and global rotary bases, scores over sqrt(3))
+    "olmo2": {"normalization": "RMS", "positional": "rotary", "pre_norms": False, "post_norms": True,
+              "qk_norm": True, "qk_norm_over": "all", "gated_mlp": True, "act_fn": "silu", "n_heads": 4,
+              "d_head": 4, "n_key_value_heads": 2, "attn_out_bias": False},
+    "gemma": {"normalization": "RMS", "positional": "rotary", "post_norms": True, "qk_norm": True,
+              "attn_scale": 3**0.5, "attn_softcap": 0.5, "final_softcap": 0.5, "sliding_window": 3,
+              "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+              "rotary_base_local": 10.0, "gated_mlp": True, "n_heads": 4, "d_head": 4,
+              "n_key_value_heads": 2, "qkv_bias": False, "attn_out_bias": False, "mlp_bias": False},
 }
 # every ablation and node-mask setting on the first two, one setting each on the options
 CASES = [(v, a, n) for v in list(VARIANTS)[:2] for a in ("interchange", "mean") for n in (False, True)]
 CASES += [("llama", "interchange", True), ("neox", "mean", True), ("attn_only", "interchange", False),
-          ("qk_norm_clip", "interchange", True)]  # fmt: skip
+          ("qk_norm_clip", "interchange", True), ("olmo2", "interchange", True), ("gemma", "mean", True),
+          ("gemma", "interchange", False)]  # fmt: skip
 
 
 def transformer(seed: int = 0, **fields):
