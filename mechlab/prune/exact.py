@@ -161,9 +161,10 @@ def transformer_single_edge_outputs(
 
 def _replayable(obj: Objective) -> bool:
     """Whether the replay applies: a transformer of GPT-2's layout (learned positions, one
-    key/value head per query head, sequential attention and MLP, q/k/v biases), on its plain
-    graph. Other layouts (rotary, grouped heads, parallel or attention-only blocks, as
-    imported models have them) take the loop of masked forwards."""
+    key/value head per query head, sequential attention and MLP, q/k/v biases, norms before
+    the sublayers, no soft-capping, window or rescaling), on its plain graph. Other layouts
+    (rotary, grouped heads, parallel or attention-only blocks, post-norms, as imported models
+    have them) take the loop of masked forwards."""
     cfg = obj.model.cfg
     if cfg.arch != "transformer" or obj.graph.windows:
         return False
@@ -175,7 +176,11 @@ def _replayable(obj: Objective) -> bool:
         and getattr(cfg, "qkv_bias", True)
         and not getattr(cfg, "qk_norm", False)
         and getattr(cfg, "clip_qkv", None) is None
-    )
+        and not getattr(cfg, "post_norms", False)
+        and getattr(cfg, "pre_norms", True)
+        and all(getattr(cfg, name, None) is None for name in (
+            "attn_softcap", "sliding_window", "attn_scale", "embed_scale", "final_softcap"))
+    )  # fmt: skip
 
 
 @torch.no_grad()

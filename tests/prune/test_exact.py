@@ -106,10 +106,16 @@ def test_recurrent_and_windowed_graphs_equal_the_loop(arch):
     {"positional": "rotary", "n_key_value_heads": 1, "normalization": "RMS", "gated_mlp": True},
     {"attn_only": True},
     {"parallel_attn_mlp": True, "positional": "rotary", "rotary_dim": 2},
+    # learned positions with the options of imported models the replay does not reproduce
+    {"post_norms": True, "normalization": "RMS", "attn_out_bias": False},
+    {"attn_softcap": 0.5},
+    {"sliding_window": 2},
+    {"attn_scale": 1.5, "embed_scale": 2.0, "final_softcap": 0.3},
 ])  # fmt: skip
 def test_imported_layouts_are_scored_exactly_by_the_loop(options):
     """Layouts the replay does not cover (rotary, grouped heads, attention-only, parallel
-    blocks: imported models) still get exact single-edge effects."""
+    blocks, post-norms, soft-capping, windows, rescaling: imported models) still get exact
+    single-edge effects."""
     torch.manual_seed(2)
     cfg = TransformerConfig(d_model=12, n_layers=2, n_heads=2, d_head=4, d_mlp=8, n_ctx=7,
                             d_in=3, d_out=2, **options)  # fmt: skip
