@@ -78,7 +78,7 @@ def curve_checkpoint(
         rank: ``log_alpha`` (one pruning run ranks the edges) or ``reprune``.
         sparsity: Sparsity of the ranking run.
         steps: Optimiser steps of each pruning run (None: the search's default,
-            :class:`~mechlab.prune.config.PruneConfig`'s 200).
+            :class:`~mechlab.prune.config.PruneConfig`'s 50).
         seed: Pruning seed.
         corruption: Corrupted traces of an interchange ablation.
         n_train: Training traces.
