@@ -17,28 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.pipelines import outputs, stops
-from mechlab.pipelines.checkpoints import (
-    Source,
-    lds_config,
-    open_checkpoint,
-    refuse_length,
-    source_path,
-)
-from mechlab.pipelines.data import (
-    check_targets,
-    haystack,
-    induction_data,
-    nih_data,
-    sample_data,
-    state_tracking_data,
-)
+from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
+from mechlab.pipelines.data import check_targets, sample_data, task_data, task_haystack
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.consensus import attach_consensus, nearby_sparsities
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.stability import bootstrap_stability
-from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
+from mechlab.tasks.registry import DEFAULT_CORRUPTION, get_task
 from mechlab.traces import PruneData, Target, check_target, target_name
 
 NIH_OF_RECIPE = {"default": "study", "uniform": "uniform", "fast": "study", "study": "study"}
@@ -120,15 +107,16 @@ def prune_settings(
     sparsity = settings.pop("sparsity")
     data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
                             "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
-    if ckpt.task == "state_tracking":
-        name = _state_tracking_name(ckpt, target, length, corruption)
-        data["length"] = length
-    elif ckpt.task == "induction":
-        name = target_name(target)
+    task = get_task(ckpt.task)
+    if task.resolves_targets:  # named on its traces (state tracking: <target>_n<length>)
+        _, resolved = task_data(ckpt, target, length=length, n_train=1, n_test=1, corruption=corruption)
+        name = target_name(resolved)
     else:
         name = target_name(target)
-        n, s = haystack(ckpt, n_haystack, seg_len)
-        data.update(nih=nih, n_haystack=n, seg_len=s)
+    if task.takes_length:
+        data["length"] = length
+    if task.haystack is not None:
+        data.update(nih=nih, **task_haystack(task, ckpt, n_haystack, seg_len))
     return {"analysis": "prune", "checkpoint_sha256": ckpt.sha256, "target": name, "recipe": recipe,
             "sparsity": sparsity, **data, **settings}  # fmt: skip
 
@@ -137,14 +125,6 @@ def _run_defaults(fn: Any, settings: dict[str, Any]) -> dict[str, Any]:
     """``fn``'s run arguments (seed, ...), its defaults filled in, without ``config``."""
     run = outputs.with_defaults(fn, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
     return {k: v for k, v in run.items() if k != "config"}
-
-
-def _state_tracking_name(ckpt: Any, target: Target, length: int | None, corruption: str) -> str:
-    """The name of a state-tracking target on its traces (``<target>_n<length>``)."""
-    _, resolved = state_tracking_data(
-        ckpt, target, length, n_train=1, n_test=1, corruption=corruption
-    )
-    return target_name(resolved)
 
 
 def prune_checkpoint(
@@ -233,19 +213,8 @@ def prune_checkpoint(
         method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges
     )
     ckpt = open_checkpoint(source, device)
-    if ckpt.task == "state_tracking":
-        data, target = state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
-                                           corruption=corruption, data_seed=data_seed)  # fmt: skip
-    elif ckpt.task == "induction":
-        refuse_length(ckpt, length)
-        data = induction_data(ckpt, target, n_train=n_train, n_test=n_test, corruption=corruption,
-                              data_seed=data_seed)  # fmt: skip
-    else:
-        lds_config(ckpt, length)
-        data = nih_data(
-            ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-            corruption=corruption, data_seed=data_seed, protocol=nih,
-        )  # fmt: skip
+    data, target = task_data(ckpt, target, length=length, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
+                             seg_len=seg_len, nih=nih, corruption=corruption, data_seed=data_seed)  # fmt: skip
     check_target(target, data.train)
     record = prune_settings(ckpt, target, sparsity, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
                             seg_len=seg_len, corruption=corruption, data_seed=data_seed, recipe=recipe,
