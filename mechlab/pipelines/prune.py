@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import check_targets, sample_data, task_data, task_haystack
@@ -142,7 +143,7 @@ def prune_checkpoint(
     recipe: str = "default",
     loss_scale: float | None = None,
     length: int | None = None,
-    method: str = "prune",
+    method: str = DEFAULT_METHOD,
     n_edges: int | None = None,
     ig_steps: int | None = None,
     acdc_max_edges: int | None = None,
@@ -185,8 +186,9 @@ def prune_checkpoint(
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...);
             ``protocol`` is the old name of ``recipe``.
 
-    A state-tracking checkpoint (``metadata["task"] == "state_tracking"``) is pruned on
-    :func:`mechlab.tasks.state_tracking_prune.state_tracking_prune_data` traces instead
+    Every checkpoint is pruned on its own task's traces (its entry of
+    :mod:`mechlab.tasks.registry`). A state-tracking checkpoint is pruned on
+    :func:`mechlab.tasks.state_tracking_prune.state_tracking_prune_data` traces
     (targets ``final``, ``changed``, ``all``; ``corruption`` ``random`` (what the default
     means there) or ``x<k>``); the NiH settings are ignored. An induction checkpoint is
     pruned on :func:`mechlab.tasks.induction_prune.induction_prune_data` traces (target
@@ -274,8 +276,8 @@ def _with_method(
 ) -> dict[str, Any] | None:
     """A settings record with the method's settings when they are not edge pruning's
     defaults (so that a plain pruning run's record stays what it was)."""
-    method = method_settings.get("method") or "prune"
-    if record is None or (method == "prune" and method_settings.get("n_edges") is None):
+    method = method_settings.get("method") or DEFAULT_METHOD
+    if record is None or (is_edge_pruning(method) and method_settings.get("n_edges") is None):
         return record
     return {
         **record,
@@ -284,14 +286,14 @@ def _with_method(
     }
 
 
-def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = "prune",
+def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = DEFAULT_METHOD,
           n_edges: int | None = None, **settings: Any) -> Circuit:  # fmt: skip
     """Edge pruning as before, or another method (or a budget in edges) through
     :func:`mechlab.pipelines.methods.run_method`."""
-    if method == "prune" and n_edges is None:
+    if is_edge_pruning(method) and n_edges is None:
         circuit = prune(model, data, target, sparsity, **{k: v for k, v in settings.items()
                                                            if k not in ("ig_steps", "acdc_max_edges")})  # fmt: skip
-        circuit.metadata.setdefault("method", "prune")
+        circuit.metadata.setdefault("method", method)
         return check_finite(circuit)
     ablation = settings.get("ablation", "interchange")
     check_budget(model, data, target, method, sparsity, n_edges=n_edges, ablation=ablation,
@@ -398,7 +400,7 @@ def prune_targets(
         The :class:`PruneRun`.
     """
     device = settings.pop("device", None)
-    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _PRUNE_ONLY})
+    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _SEARCH_SETTINGS})
     check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
     run = PruneRun(
         Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
@@ -502,16 +504,15 @@ def plan_targets(
                   corruption=settings.get("corruption", DEFAULT_CORRUPTION),
                   protocol=prune_protocol(recipe)["nih"])  # fmt: skip
     chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
-    method = chosen_method["method"] or "prune"
-    if nearby_budgets and (method != "prune" or chosen_method["n_edges"] is not None):
+    method = chosen_method["method"] or DEFAULT_METHOD
+    by_method = not is_edge_pruning(method) or chosen_method["n_edges"] is not None
+    if nearby_budgets and by_method:
         raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
                          f"--method {method} or --edges)")  # fmt: skip
     stability = settings.get("stability", 0)
     check_stability(stability)
     plain = {k: v for k, v in settings.items() if k not in (*_METHOD_KEYS, "stability")}
-    if (
-        method != "prune" or chosen_method["n_edges"] is not None
-    ):  # refused before the first circuit
+    if by_method:  # refused before the first circuit
         data_keys = (
             "n_train",
             "n_test",
@@ -536,7 +537,7 @@ def plan_targets(
             record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
             record = _with_stability(_with_method(record, chosen_method), stability)
             record = _with_consensus(record, seeds, nearby_budgets)
-            tag = "" if method == "prune" else "_" + method
+            tag = method_tag(method)
             stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
             planned[stem] = (name, s, record)
     if len(planned) < len(targets) * len(seeds):
@@ -550,6 +551,7 @@ def plan_targets(
 # The settings of prune_targets that choose the method and its budget (not edge pruning's).
 _METHOD_KEYS = ("method", "n_edges", "ig_steps", "acdc_max_edges")
 
-# The settings of prune_targets that the recipe and the engine's check take (not the data's).
-_PRUNE_ONLY = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
+# The settings of prune_targets that the recipe and the engine's check take (not the data's,
+# nor the method's: edge pruning's own options are mechlab.circuit_methods.EDGE_PRUNING_OPTIONS).
+_SEARCH_SETTINGS = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
                "loss_scale", "normalize_loss")  # fmt: skip
