@@ -79,6 +79,11 @@ def test_the_task_registry_holds_the_built_in_tasks():
     from mechlab.tasks import TASK_CONFIGS, LDSConfig
 
     assert lds.config() is LDSConfig and TASK_CONFIGS["lds"] is LDSConfig
+    from mechlab.train.task import LDSTask, make_task
+
+    assert task_registry.get_task("lds").trainer is LDSTask  # attached by the training layer
+    with pytest.raises(ValueError, match=r"^unknown task 'nope'; choose one of \['induction', 'lds', 'state_tracking'\]$"):
+        make_task("nope", {})
 
 
 def test_an_unknown_task_is_refused_in_one_line():

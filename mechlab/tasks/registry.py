@@ -15,6 +15,7 @@ can read the targets. A new task is one :func:`register` call (``docs/architectu
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ class Task:
         target_weights: Training takes per-target loss weights (``target_weights``).
         wanted_refusal: The one-line message, with ``{path!r}``, when a command that takes
             this task is given a checkpoint of another (None: the generic line).
+        trainer: The class the trainer builds for the task (``trainer(overrides, **loss_options)``),
+            attached by :mod:`mechlab.train.task` (:func:`attach_trainer`); None: not trainable.
     """
 
     name: str
@@ -97,6 +100,7 @@ class Task:
     check_targets: Callable[..., None] | None = None
     target_weights: bool = False
     wanted_refusal: str | None = None
+    trainer: Callable[..., Any] | None = None
 
     def corruption(self, given: str) -> str:
         """The corruption to draw: the task's own default for the recall default."""
@@ -123,6 +127,11 @@ def register(task: Task, *, replace: bool = False) -> Task:
         raise ValueError(f"task {task.name!r} is registered already")
     TASKS[task.name] = task
     return task
+
+
+def attach_trainer(name: str, trainer: Callable[..., Any]) -> None:
+    """Give a registered task its trainer class (the training layer, above this one, calls this)."""
+    TASKS[name] = dataclasses.replace(TASKS[name], trainer=trainer)
 
 
 def unregister(name: str) -> None:
