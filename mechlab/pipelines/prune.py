@@ -19,14 +19,20 @@ from typing import Any
 from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
-from mechlab.pipelines.data import check_targets, sample_data, task_data, task_haystack
+from mechlab.pipelines.data import (
+    check_targets,
+    checkpoint_task,
+    sample_data,
+    task_data,
+    task_haystack,
+)
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.consensus import attach_consensus, nearby_sparsities
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.stability import bootstrap_stability
-from mechlab.tasks.registry import DEFAULT_CORRUPTION, get_task
+from mechlab.tasks.registry import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, check_target, target_name
 
 NIH_OF_RECIPE = {"default": "study", "uniform": "uniform", "fast": "study", "study": "study"}
@@ -108,7 +114,7 @@ def prune_settings(
     sparsity = settings.pop("sparsity")
     data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
                             "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
-    task = get_task(ckpt.task)
+    task = checkpoint_task(ckpt)
     if task.resolves_targets:  # named on its traces (state tracking: <target>_n<length>)
         _, resolved = task_data(ckpt, target, length=length, n_train=1, n_test=1, corruption=corruption)
         name = target_name(resolved)
@@ -554,4 +560,4 @@ _METHOD_KEYS = ("method", "n_edges", "ig_steps", "acdc_max_edges")
 # The settings of prune_targets that the recipe and the engine's check take (not the data's,
 # nor the method's: edge pruning's own options are mechlab.circuit_methods.EDGE_PRUNING_OPTIONS).
 _SEARCH_SETTINGS = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
-               "loss_scale", "normalize_loss")  # fmt: skip
+                    "loss_scale", "normalize_loss")  # fmt: skip

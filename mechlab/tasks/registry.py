@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DEFAULT_CORRUPTION = "misdirect_incorrect"
@@ -146,7 +147,7 @@ def get_task(name: str | None) -> Task:
     return TASKS[name]
 
 
-def task_config(metadata: dict[str, Any], path: Any = "checkpoint") -> Any:
+def task_config(metadata: dict[str, Any], path: str | Path = "checkpoint") -> Any:
     """The task config a checkpoint's metadata records.
 
     Args:
