@@ -15,8 +15,9 @@ the scoring functions of the built-in attribution methods are attached by
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("masks", "scores", "search")
@@ -27,6 +28,10 @@ ranked into the budget; ``search``, ACDC's greedy search (:mod:`mechlab.prune.ac
 EDGE_PRUNING_OPTIONS = ("steps", "lr", "lambda_lr", "node_sparsity", "normalize_loss", "share")
 """Options of edge pruning alone on the command line (its optimiser, node masks, joint
 pruning): any other method refuses them (``loss`` other than ``model`` too)."""
+
+SHARED_SETTINGS = ("ablation", "seed", "progress", "batch_size", "position_aware")
+"""Settings every method takes (``seed`` only seeds edge pruning; every seed draws its own
+traces); a method other than edge pruning refuses the others."""
 
 DEFAULT_METHOD = "prune"
 """The method a circuit without a recorded one was found by, and ``--method``'s default."""
@@ -109,7 +114,7 @@ def unregister(name: str) -> None:
 
 def attach_scorer(name: str, scorer: Callable[..., Any]) -> None:
     """Give a registered method its scoring function (the module that implements it calls this)."""
-    METHODS[name] = replace(METHODS[name], scorer=scorer)
+    METHODS[name] = dataclasses.replace(METHODS[name], scorer=scorer)
 
 
 def method_names() -> tuple[str, ...]:

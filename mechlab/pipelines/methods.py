@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from mechlab.circuit_methods import get_method, integrating_names
+from mechlab.circuit_methods import SHARED_SETTINGS, get_method, integrating_names
 from mechlab.limits import MAX_IG_STEPS, check_at_most
 from mechlab.prune.acdc import ACDC_MAX_EDGES, check_acdc_size
 from mechlab.prune.attribution import DEFAULT_STEPS, IG_STEPS_COST, check_attribution_args
@@ -35,8 +35,6 @@ IG_METHODS = integrating_names()
 """The built-in methods that integrate (``ig_steps`` points of the midpoint rule); the
 registry (:func:`mechlab.circuit_methods.integrating_names`) has every one."""
 
-SHARED_SETTINGS = ("ablation", "seed", "progress", "batch_size", "position_aware")
-"""Settings every method takes (``seed`` only seeds edge pruning; every seed draws its own traces)."""
 
 
 def check_method(
