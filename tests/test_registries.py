@@ -23,13 +23,13 @@ BUNDLED = ROOT / "examples" / "checkpoints"
 
 # A task name compared (``ckpt.task == "lds"``, ``task in (...)``, ``== "induction"``).
 TASK_TEST = re.compile(
-    r"\btask\s*(==|!=)|\btask\s+(not\s+)?in\s+\(|(==|!=)\s*['\"](lds|state_tracking|induction)['\"]"
+    r"\btask\s*(==|!=)|\btask\s+(not\s+)?in\s+[(\[{]|(==|!=)\s*['\"](lds|state_tracking|induction)['\"]"
     r"|['\"](lds|state_tracking|induction)['\"]\s*(==|!=)"
 )
 _NAMES = r"(prune|eap|eap-ig|eap-ig-inputs|exact|acdc)"
 # A circuit method's name compared, or a method tested against a tuple of names.
 METHOD_TEST = re.compile(
-    rf"method\w*\s*(==|!=)\s*['\"]|method\w*\s+(not\s+)?in\s+\(['\"]|['\"]{_NAMES}['\"]\s*(==|!=)"
+    rf"method\w*\s*(==|!=)\s*['\"]|method\w*\s+(not\s+)?in\s+[(\[{{]['\"]|['\"]{_NAMES}['\"]\s*(==|!=)"
     rf"|(==|!=)\s*['\"]{_NAMES}['\"]|method\w*\s+(not\s+)?in\s+(METHODS|IG_METHODS|ATTRIBUTION_METHODS)\b"
 )
 # Where a comparison is the registry itself, or another registry's (patching kinds are not circuit methods).
@@ -61,6 +61,8 @@ def test_the_patterns_find_what_they_look_for():
     assert METHOD_TEST.search('tag = "" if method == "prune" else "_" + method')
     assert METHOD_TEST.search("if ig_steps is not None and method not in IG_METHODS:")
     assert METHOD_TEST.search('scores if "acdc" == kind else scores.abs()')
+    assert METHOD_TEST.search('if method not in {"eap", "exact"}:')
+    assert TASK_TEST.search('if ckpt.task in ["lds", "induction"]:')
     assert not METHOD_TEST.search('if spec.kind == "search":')
 
 
