@@ -24,7 +24,7 @@ LAYERS: list[list[str]] = [
     ["prune", "patching", "probes", "evals", "label_vs_observation", "checkpoint"],
     ["tasks"],
     ["models", "traces"],
-    ["io", "devices", "progress", "limits", "schema", "_deprecated"],
+    ["io", "devices", "progress", "limits", "schema", "_deprecated", "circuit_methods"],
 ]
 """The layers, top first: a package may import the layers below its own, never one above;
 packages of one layer do not import each other."""

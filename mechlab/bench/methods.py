@@ -1,6 +1,6 @@
 """`mechlab bench methods`: circuit-finding methods side by side, the MIB way.
 
-For every method of :data:`mechlab.prune.methods.METHODS` (:func:`bench_methods`):
+For every registered method (:mod:`mechlab.circuit_methods`; :func:`bench_methods`):
 
 * on a model and its traces (the bundled checkpoint's NiH traces), per target: the
   circuit of :func:`~mechlab.prune.methods.find_circuit` at the default budget (sparsity
@@ -41,11 +41,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from mechlab.circuit_methods import get_method, is_edge_pruning, method_names
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.curves import MIB_BUDGETS, circuit_scores, faithfulness_curve
 from mechlab.prune.graph import pruning_graph
-from mechlab.prune.methods import METHODS, circuit_scores_of, find_circuit
+from mechlab.prune.methods import circuit_scores_of, find_circuit
 from mechlab.prune.stability import STABILITY_BAR, bootstrap_stability
 from mechlab.traces import PruneData, Target, target_name
 
@@ -232,10 +233,11 @@ class MethodsTable:
 
 
 def _ranking(circuit: Circuit, graph, method: str) -> torch.Tensor:
-    if method == "prune":
+    spec = get_method(method)
+    if spec.prunes:
         return circuit_scores(circuit, graph)
     scores = circuit_scores_of(circuit, graph)
-    return scores if method == "acdc" else scores.abs()
+    return scores if spec.signed else scores.abs()
 
 
 def _on_model(
@@ -287,7 +289,7 @@ def _recovery(cases: Sequence[PlantedCase], method: str, kwargs: dict[str, Any])
     for case in cases:
         out.n_cases += 1
         started = time.perf_counter()
-        seeded = {"seed": case.seed, **kwargs} if method == "prune" else kwargs
+        seeded = {"seed": case.seed, **kwargs} if is_edge_pruning(method) else kwargs
         try:
             circuit = find_circuit(case.model, case.data, case.target, method,
                                    n_edges=len(case.truth), ablation=case.ablation, **seeded)  # fmt: skip
@@ -306,7 +308,7 @@ def _recovery(cases: Sequence[PlantedCase], method: str, kwargs: dict[str, Any])
 def _redundant(cases: Sequence[RedundantCase], method: str, kwargs: dict[str, Any]) -> RedundantResult:
     out = RedundantResult()
     for case, budgets, goal in cases:
-        seeded = {"seed": case.seed, **kwargs} if method == "prune" else kwargs
+        seeded = {"seed": case.seed, **kwargs} if is_edge_pruning(method) else kwargs
         for name, n_edges in budgets.items():
             out.n_cases[name] = out.n_cases.get(name, 0) + 1
             out.found.setdefault(name, 0)
@@ -332,7 +334,7 @@ def bench_methods(
     model: nn.Module | None,
     data: PruneData | None,
     targets: Sequence[Target] = ("1-after", "2-after"),
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] | None = None,
     *,
     planted: Iterable[PlantedCase] = (),
     tracr: Iterable[PlantedCase] = (),
@@ -350,7 +352,7 @@ def bench_methods(
         model: The model (None: planted and Tracr cases only).
         data: Its traces (training: scored or pruned on; held-out: evaluated on).
         targets: Targets of the model.
-        methods: Methods (default: all of :data:`~mechlab.prune.methods.METHODS`).
+        methods: Methods (default: every one of :mod:`mechlab.circuit_methods`, the registry).
         planted: Planted cases (the generator is the caller's: see
             ``mechlab bench methods --planted`` and :func:`planted_cases`).
         tracr: Compiled-program cases (:func:`tracr_cases`).
@@ -369,9 +371,10 @@ def bench_methods(
     Returns:
         The :class:`MethodsTable`.
     """
-    unknown = [m for m in methods if m not in METHODS]
+    methods = method_names() if methods is None else methods
+    unknown = [m for m in methods if m not in method_names()]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(method_names())}")
     if stability_boots and (isinstance(stability_boots, bool) or not isinstance(stability_boots, int)
                             or stability_boots < 2):  # fmt: skip
         raise ValueError(f"stability_boots must be 0 (off) or an integer >= 2, got {stability_boots!r}")

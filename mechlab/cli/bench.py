@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from mechlab.circuit_methods import method_names
 from mechlab.cli.app import UsageProblem, bench_app, stopped, use_threads
 from mechlab.limits import check_elements
 
@@ -248,7 +249,7 @@ def bench_methods_(
     ctx: typer.Context,
     ckpt: Path = typer.Option(Path("examples/checkpoints/recall-cpu/last.pt"), help="Checkpoint of the lds task whose targets are scored (its NiH traces)."),
     targets: str = typer.Option("1-after,2-after", help="Comma-separated targets of the checkpoint."),
-    methods: str = typer.Option("prune,eap,eap-ig,eap-ig-inputs,exact,acdc", help="Comma-separated methods (mechlab prune --method)."),
+    methods: str = typer.Option(",".join(method_names()), help="Comma-separated methods (mechlab prune --method)."),
     planted: str = typer.Option("tests.prune.planted_cases:cases", help="Planted generator MODULE:FUNCTION (a function of the seeds returning mechlab.bench.methods.PlantedCase items; run from the repository root for the test suite's), or none."),
     seeds: str = typer.Option("0,1", help="Comma-separated seeds of the planted cases, or none."),
     tracr_seeds: str = typer.Option("0,1,2", help="Comma-separated seeds of the Tracr cases, or none."),

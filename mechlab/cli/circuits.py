@@ -7,6 +7,12 @@ from pathlib import Path
 
 import typer
 
+from mechlab.circuit_methods import (
+    DEFAULT_METHOD,
+    EDGE_PRUNING_OPTIONS,
+    is_edge_pruning,
+    method_help,
+)
 from mechlab.cli.app import (
     DEPRECATED_PROTOCOL,
     UsageProblem,
@@ -27,12 +33,8 @@ RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (
                "the selection, 200 steps of 64 traces (several times slower); study: the study's "
                "settings (sparsity 0.99, node sparsity 0.8, loss truth x 1000, 3000 steps) on its NiH. "
                "Options given explicitly override it.")  # fmt: skip
-METHOD_HELP = ("prune: differentiable edge pruning (default); eap: edge attribution patching (gradient on the "
-               "corrupted run); eap-ig: integrated gradients over the edge masks; eap-ig-inputs: integrated "
-               "gradients over the inputs (interchange only); exact: every edge ablated alone; acdc: greedy "
-               "ACDC search (graphs up to --acdc-max-edges). Every method keeps whole input-to-read-out paths "
-               "within the budget (--sparsity or --edges) and is scored on the same held-out traces.")  # fmt: skip
-PRUNE_ONLY = ("steps", "lr", "lambda_lr", "node_sparsity", "normalize_loss", "share")
+METHOD_HELP = method_help()  # every registered method's line (mechlab.circuit_methods)
+PRUNE_ONLY = EDGE_PRUNING_OPTIONS
 """Options of edge pruning alone (its optimiser, node masks, joint pruning)."""
 
 
@@ -67,7 +69,7 @@ def prune(
     metric: str = typer.Option("logit-diff", help="With --pairs: logit-diff (answer minus wrong token, reported beside the KL faithfulness) or kl."),
     position: int = typer.Option(-1, help="With --pairs: the explained position of pairs that give none (negative: from the prompt's end)."),
     test_fraction: float = typer.Option(0.5, help="With --pairs: share of the pairs held out to score each circuit."),
-    method: str = typer.Option("prune", help=METHOD_HELP),
+    method: str = typer.Option(DEFAULT_METHOD, help=METHOD_HELP),
     edges: int | None = typer.Option(None, help="Keep at most this many countable edges (instead of --sparsity)."),
     ig_steps: int | None = typer.Option(None, help="Integration points of eap-ig and eap-ig-inputs (default 10)."),
     acdc_max_edges: int | None = typer.Option(None, help="ACDC's limit on countable edges (default 400; each pass runs one forward per edge)."),
@@ -87,7 +89,7 @@ def prune(
     _check_run_options(checkpoints, every, given, ckpt=ckpt, model=model)
     if checkpoints is None and (ckpt is None) == (model is None):
         raise UsageProblem("give exactly one of --ckpt PATH (a mechlab checkpoint) or --model FOLDER (a model you bring)")
-    if nearby_budgets and (method != "prune" or edges is not None or pairs is not None or share):
+    if nearby_budgets and (not is_edge_pruning(method) or edges is not None or pairs is not None or share):
         raise UsageProblem("--nearby-budgets applies to edge pruning of --ckpt at a --sparsity only "
                            "(not with --method, --edges, --pairs or --share)")  # fmt: skip
     if model is not None and pairs is None:
@@ -138,8 +140,8 @@ def prune(
     common = {"recipe": recipe, "n_train": traces, "n_test": test_traces, "n_haystack": haystack,
               "seg_len": seg_len, "corruption": corruption, "device": device, "ablation": ablation,
               "lr": lr, "lambda_lr": lambda_lr, "progress": progress, **settings}  # fmt: skip
-    if method != "prune" or edges is not None:
-        common = {k: v for k, v in common.items() if method == "prune" or k not in (*PRUNE_ONLY, "loss")}
+    if not is_edge_pruning(method) or edges is not None:
+        common = {k: v for k, v in common.items() if is_edge_pruning(method) or k not in (*PRUNE_ONLY, "loss")}
         common.update(chosen)
     if stability:
         common["stability"] = stability
@@ -259,7 +261,7 @@ def _method_options(method: str, given: set[str], *, loss: str, edges: int | Non
         raise UsageProblem("give the budget once: --sparsity (a fraction of the countable edges) or --edges N")
     if edges is not None and "share" in given:
         raise UsageProblem("--share prunes at a sparsity: give --sparsity, not --edges")
-    if method != "prune":
+    if not is_edge_pruning(method):
         refused = sorted(set(PRUNE_ONLY) & given)
         if refused:
             hint = "; use --ig-steps for the integration points of eap-ig" if refused[0] == "steps" else ""
@@ -273,7 +275,7 @@ def _method_options(method: str, given: set[str], *, loss: str, edges: int | Non
 
 def _prune_only(method: str, **settings) -> dict:
     """Edge pruning's settings, for ``--method prune`` only."""
-    return settings if method == "prune" else {}
+    return settings if is_edge_pruning(method) else {}
 
 
 def _prune_pairs(ctx: typer.Context, source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
@@ -372,7 +374,7 @@ def budget_note(meta: dict, n_kept: int) -> str:
 
 def _print_method(meta: dict) -> None:
     """A circuit's method line (methods other than edge pruning): settings, seconds, a short circuit."""
-    if meta.get("method", "prune") == "prune":
+    if is_edge_pruning(meta.get("method", DEFAULT_METHOD)):
         return
     settings = ", ".join(f"{k} {v}" for k, v in meta.get("method_settings", {}).items()
                          if v is not None and k not in ("sparsity", "n_edges"))  # fmt: skip

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning
 from mechlab.limits import check_elements
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
@@ -102,7 +103,7 @@ def first_comparison(circuits: Sequence[Circuit]) -> int | None:
     def rank(i: int) -> tuple[bool, bool, bool, int]:  # another target, the same seed, the same method, first given
         m = meta[i]
         return (str(m.get("target")) == str(first.get("target")), m.get("seed") != first.get("seed"),
-                m.get("method", "prune") != first.get("method", "prune"), i)  # fmt: skip
+                m.get("method", DEFAULT_METHOD) != first.get("method", DEFAULT_METHOD), i)  # fmt: skip
 
     return min(others, key=rank)
 
@@ -111,8 +112,8 @@ def _group(circuit: Circuit, default: str = "?") -> str:
     """A circuit's group: its target, and its method when that is not edge pruning
     (``1-after``, ``1-after eap-ig``): circuits of one group are seeds of one search."""
     meta = circuit.metadata
-    method = meta.get("method", "prune")
-    return str(meta.get("target", default)) + ("" if method == "prune" else f" {method}")
+    method = meta.get("method", DEFAULT_METHOD)
+    return str(meta.get("target", default)) + ("" if is_edge_pruning(method) else f" {method}")
 
 
 def _by_group(circuits: list[Circuit]) -> list[Circuit]:

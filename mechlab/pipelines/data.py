@@ -12,11 +12,10 @@ from typing import Any
 
 from mechlab.checkpoint import Checkpoint
 from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, refuse_length
-from mechlab.tasks import state_tracking_prune as st_prune
-from mechlab.tasks.induction_prune import induction_prune_data
-from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION, nih_prune_data
+from mechlab.tasks.lds_prune import nih_prune_data
 from mechlab.tasks.nih import default_haystack
-from mechlab.traces import PruneData, Target, check_target
+from mechlab.tasks.registry import DEFAULT_CORRUPTION, Task, get_task, task_names
+from mechlab.traces import PruneData, Target
 
 
 def haystack(ckpt: Checkpoint, n_haystack: int | None = None,
@@ -49,6 +48,54 @@ def nih_data(
     )  # fmt: skip
 
 
+def task_data(
+    ckpt: Checkpoint,
+    target: Target,
+    *,
+    n_train: int,
+    n_test: int,
+    length: int | None = None,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    nih: str = "study",
+    corruption: str = DEFAULT_CORRUPTION,
+    data_seed: int = 0,
+) -> tuple[PruneData, Target]:
+    """Pruning traces of an opened checkpoint's own task (its entry of
+    :mod:`mechlab.tasks.registry`) and the target resolved on them.
+
+    ``length`` is refused unless the task takes one; the NiH settings (``n_haystack``,
+    ``seg_len``: default the run's, ``nih``) apply to a task with a haystack and are
+    ignored by the others; the recall default corruption means the task's own default.
+    """
+    task = checkpoint_task(ckpt, length)
+    return task.prune_data(
+        ckpt.task_config, target, n_train=n_train, n_test=n_test, corruption=task.corruption(corruption),
+        seed=data_seed, length=length, nih=nih, **task_haystack(task, ckpt, n_haystack, seg_len),
+        **({"n_ctx": ckpt.model.cfg.n_ctx} if task.takes_length else {}),  # a length must fit the context
+    )  # fmt: skip
+
+
+def checkpoint_task(ckpt: Checkpoint, length: int | None = None) -> Task:
+    """The registry's entry of an opened checkpoint's task; one-line ValueError without task
+    metadata, for a task mechlab does not know, or for a ``length`` the task does not take."""
+    task = get_task(ckpt.task) if ckpt.task in task_names() else None
+    if task is None or not task.takes_length:
+        refuse_length(ckpt, length)
+    ckpt.task_config  # noqa: B018 -- a one-line ValueError without (usable) task metadata
+    return get_task(ckpt.task)
+
+
+def task_haystack(task: Task, ckpt: Checkpoint, n_haystack: int | None, seg_len: int | None) -> dict[str, Any]:
+    """``n_haystack`` and ``seg_len`` (the run's unless given) of a task with a haystack, else nothing."""
+    if task.haystack is None:
+        return {}
+    train_cfg = ckpt.metadata.get("train_cfg")
+    default_n, default_s = task.haystack(ckpt.task_config, train_cfg if isinstance(train_cfg, dict) else None)
+    return {"n_haystack": default_n if n_haystack is None else n_haystack,
+            "seg_len": default_s if seg_len is None else seg_len}  # fmt: skip
+
+
 def state_tracking_data(
     ckpt: Checkpoint,
     target: Target,
@@ -59,15 +106,10 @@ def state_tracking_data(
     corruption: str = DEFAULT_CORRUPTION,
     data_seed: int = 0,
 ) -> tuple[PruneData, Target]:
-    """Pruning traces of a state-tracking checkpoint (``length`` elements, default the run's
-    ``L``) and the target resolved on them; the recall default corruption means ``random``."""
-    if corruption == DEFAULT_CORRUPTION:
-        corruption = st_prune.DEFAULT_CORRUPTION
-    data = st_prune.state_tracking_prune_data(
-        ckpt.task_config, length, n_train=n_train, n_test=n_test, corruption=corruption,
-        seed=data_seed, n_ctx=ckpt.model.cfg.n_ctx,
-    )  # fmt: skip
-    return data, st_prune.resolve_target(target, data)
+    """Pruning traces of a state-tracking checkpoint and the target resolved on them
+    (:func:`task_data`, kept for its callers)."""
+    return task_data(ckpt, target, length=length, n_train=n_train, n_test=n_test, corruption=corruption,
+                     data_seed=data_seed)  # fmt: skip
 
 
 def induction_data(
@@ -79,18 +121,8 @@ def induction_data(
     corruption: str = DEFAULT_CORRUPTION,
     data_seed: int = 0,
 ) -> PruneData:
-    """Pruning traces of an induction checkpoint (:mod:`mechlab.tasks.induction_prune`); the
-    recall default corruption means ``resample``, and the one target is ``all`` (the
-    predictable positions of the repeat)."""
-    if corruption == DEFAULT_CORRUPTION:
-        corruption = "resample"
-    if target != "all":
-        raise ValueError(
-            f"target {target!r} is not one of the induction task's; use all (the predictable "
-            "positions of the repeat)"
-        )
-    return induction_prune_data(ckpt.task_config, n_train=n_train, n_test=n_test,
-                                corruption=corruption, seed=data_seed)  # fmt: skip
+    """Pruning traces of an induction checkpoint (:func:`task_data`, kept for its callers)."""
+    return task_data(ckpt, target, n_train=n_train, n_test=n_test, corruption=corruption, data_seed=data_seed)[0]
 
 
 def checkpoint_prune_data(
@@ -162,19 +194,13 @@ def check_targets(
     """Raise ValueError unless every target is valid for an opened checkpoint's traces (a
     state-tracking checkpoint's: its traces at ``length`` with ``corruption``). Cheap (a
     trace or two is drawn), so a command checks all its targets before the first prune."""
-    if ckpt.task == "state_tracking":
-        for target in targets:
-            state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
+    task = checkpoint_task(ckpt, length)
+    if task.check_targets is not None:  # one set of traces for every target
+        task.check_targets(ckpt.task_config, list(targets), nih=protocol,
+                           **task_haystack(task, ckpt, n_haystack, seg_len))  # fmt: skip
         return
-    if ckpt.task == "induction":
-        refuse_length(ckpt, length)
-        for target in targets:
-            induction_data(ckpt, target, n_train=1, n_test=1, corruption=corruption)
-        return
-    lds_config(ckpt, length)
-    data = nih_data(ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len, protocol=protocol)
     for target in targets:
-        check_target(target, data.train)
+        task_data(ckpt, target, n_train=1, n_test=1, length=length, corruption=corruption)
 
 
 def sample_data(
@@ -189,16 +215,8 @@ def sample_data(
 ) -> tuple[PruneData, Target]:
     """One training and one held-out trace of an opened checkpoint's task, and the target
     resolved on them: enough to build a target's (windowed) graph and check a budget."""
-    if ckpt.task == "state_tracking":
-        return state_tracking_data(ckpt, target, length, n_train=1, n_test=1, corruption=corruption)
-    if ckpt.task == "induction":
-        refuse_length(ckpt, length)
-        return induction_data(ckpt, target, n_train=1, n_test=1, corruption=corruption), target
-    lds_config(ckpt, length)
-    data = nih_data(ckpt, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len,
-                    corruption=corruption, protocol=nih)  # fmt: skip
-    check_target(target, data.train)
-    return data, target
+    return task_data(ckpt, target, n_train=1, n_test=1, length=length, n_haystack=n_haystack,
+                     seg_len=seg_len, nih=nih, corruption=corruption)  # fmt: skip
 
 
 def check_prune_targets(source: Source, targets: list[Target], **settings: Any) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from mechlab.circuit_methods import SHARED_SETTINGS, get_method, integrating_names
 from mechlab.limits import MAX_IG_STEPS, check_at_most
 from mechlab.prune.acdc import ACDC_MAX_EDGES, check_acdc_size
 from mechlab.prune.attribution import DEFAULT_STEPS, IG_STEPS_COST, check_attribution_args
@@ -30,11 +31,10 @@ from mechlab.traces import PruneData, Target, target_positions
 
 __all__ = ["IG_METHODS", "METHODS", "SHARED_SETTINGS", "check_budget", "check_finite", "check_method", "run_method"]
 
-IG_METHODS = ("eap-ig", "eap-ig-inputs")
-"""The methods that integrate (``ig_steps`` points of the midpoint rule)."""
+IG_METHODS = integrating_names()
+"""The built-in methods that integrate (``ig_steps`` points of the midpoint rule); the
+registry (:func:`mechlab.circuit_methods.integrating_names`) has every one."""
 
-SHARED_SETTINGS = ("ablation", "seed", "progress", "batch_size", "position_aware")
-"""Settings every method takes (``seed`` only seeds edge pruning; every seed draws its own traces)."""
 
 
 def check_method(
@@ -56,11 +56,10 @@ def check_method(
         acdc_max_edges: ACDC's limit on countable edges (default
             :data:`~mechlab.prune.acdc.ACDC_MAX_EDGES`).
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if ig_steps is not None and method not in IG_METHODS:
+    spec = get_method(method)
+    if ig_steps is not None and not spec.integrates:
         raise ValueError(
-            f"--ig-steps sets the integration points of {' and '.join(IG_METHODS)}; "
+            f"--ig-steps sets the integration points of {' and '.join(integrating_names())}; "
             f"method {method!r} does not integrate"
         )
     if ig_steps is not None and (isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1):
@@ -69,11 +68,11 @@ def check_method(
         check_at_most("--ig-steps", ig_steps, MAX_IG_STEPS, IG_STEPS_COST)
     if n_edges is not None and (isinstance(n_edges, bool) or not isinstance(n_edges, int)):
         raise ValueError(f"--edges must be an integer, got {n_edges!r}")
-    if acdc_max_edges is not None and method != "acdc":
+    if acdc_max_edges is not None and not spec.edge_limit:
         raise ValueError(f"--acdc-max-edges applies to --method acdc only, not {method!r}")
     if acdc_max_edges is not None:
         check_acdc_size(0, acdc_max_edges)  # a positive integer
-    if method == "prune":
+    if spec.prunes:
         return
     given = {k: v for k, v in settings.items() if v is not None}
     prune_only = sorted(k for k in given if k not in SHARED_SETTINGS and (k != "loss" or given[k] != "model"))
@@ -85,14 +84,13 @@ def check_method(
             "than default and uniform set them): leave them out or use method 'prune'"
         )
     ablation = given.get("ablation", "interchange")
-    if method in ("eap", "eap-ig-inputs") and ablation in ("mean", "zero"):
-        how = "takes the gradient on the corrupted run" if method == "eap" else "interpolates the corrupted and the clean inputs"
+    if spec.interchange_only is not None and ablation in ("mean", "zero"):
         raise ValueError(
-            f"method {method!r} {how} and needs interchange ablation, not {ablation!r}: use method "
+            f"method {method!r} {spec.interchange_only} and needs interchange ablation, not {ablation!r}: use method "
             "'eap-ig' (over the edge masks), 'exact', 'acdc' or 'prune'"
         )
     check_attribution_args(
-        "exact" if method == "acdc" else method,
+        spec.checks_as or method,
         ablation=ablation,
         steps=DEFAULT_STEPS if ig_steps is None else ig_steps,
     )
@@ -116,7 +114,7 @@ def check_budget(
     graph = pruning_graph(model, data.train.windows, position_aware)
     scored = target_positions(target, data.train) if graph.windows else None
     n_keep, n_countable = edge_budget(graph, ablation, sparsity, n_edges, scored)
-    if method == "acdc":
+    if get_method(method).edge_limit:
         try:
             check_acdc_size(n_countable, acdc_max_edges)
         except ValueError:
@@ -149,15 +147,16 @@ def run_method(
     """
     settings = {k: v for k, v in settings.items() if v is not None}
     check_method(method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
+    spec = get_method(method)
     seed = settings.pop("seed", 0)
     kwargs: dict[str, Any] = {"n_edges": n_edges, "checkpoint_sha256": checkpoint_sha256}
-    if method == "prune":
+    if spec.prunes:
         kwargs.update(seed=seed, **settings)
     else:
         kwargs.update(settings)
-        if method in IG_METHODS:
+        if spec.integrates:
             kwargs["steps"] = DEFAULT_STEPS if ig_steps is None else ig_steps
-        if method == "acdc":
+        if spec.edge_limit:
             kwargs["max_edges"] = acdc_max_edges
     circuit = find_circuit(model, data, target, method, None if n_edges is not None else sparsity, **kwargs)
     meta = circuit.metadata
@@ -167,8 +166,8 @@ def run_method(
         "sparsity": None if n_edges is not None else sparsity,
         "n_edges": n_edges,
         "ablation": settings.get("ablation", "interchange"),
-        **({"ig_steps": kwargs["steps"]} if method in IG_METHODS else {}),
-        **({"acdc_max_edges": acdc_max_edges or ACDC_MAX_EDGES} if method == "acdc" else {}),
+        **({"ig_steps": kwargs["steps"]} if spec.integrates else {}),
+        **({"acdc_max_edges": acdc_max_edges or ACDC_MAX_EDGES} if spec.edge_limit else {}),
     }
     return circuit
 

@@ -23,20 +23,32 @@ import pickle
 import re
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mechlab.pipelines import outputs
+from mechlab.tasks.registry import TASKS
 
-TASK_TARGETS: dict[str, tuple[str, ...]] = {
-    "lds": ("k-after", "all"),
-    "state_tracking": ("final", "changed", "all"),
-    "induction": ("all",),
-}
-"""The targets of each task a checkpoint can be trained on (``k-after``: ``1-after``,
-``2-after``, ...): :func:`mechlab.traces.check_target`,
-:data:`mechlab.tasks.state_tracking_prune.TARGETS` and the induction task's one target."""
+
+class _TaskTargets(Mapping[str, tuple[str, ...]]):
+    """Task name -> its targets, read from :mod:`mechlab.tasks.registry` when asked."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        if name not in TASKS:
+            raise KeyError(name)
+        return TASKS[name].targets
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(TASKS))
+
+    def __len__(self) -> int:
+        return len(TASKS)
+
+
+TASK_TARGETS: Mapping[str, tuple[str, ...]] = _TaskTargets()
+"""The targets of each registered task (:attr:`mechlab.tasks.registry.Task.targets`;
+``k-after``: ``1-after``, ``2-after``, ...)."""
 
 RECIPES = ("default", "uniform", "fast", "thorough", "study")
 """The pruning recipes (:data:`mechlab.pipelines.prune.PRUNE_PROTOCOLS`)."""
@@ -75,8 +87,9 @@ def check_checkpoint(path: str | Path, *, task: str | None = None, targets: Sequ
     if found not in TASK_TARGETS:  # none recorded, or a task mechlab does not know: the load says which
         found = None
     if task is not None and found is not None and found != task:
-        if task == "lds":  # mechlab.pipelines.checkpoints.lds_config
-            raise ValueError(f"checkpoint {str(path)!r} was not trained on the lds task; NiH traces need it")
+        wanted = TASKS[task].wanted_refusal if task in TASKS else None
+        if wanted is not None:  # the pipeline's words (e.g. checkpoints.lds_config)
+            raise ValueError(wanted.format(path=str(path)))
         raise ValueError(f"checkpoint {str(path)!r} was trained on task {found!r}, not {task!r}")
     check_targets(targets, found if found is not None else task)
     return found
@@ -160,9 +173,9 @@ def check_targets(targets: Sequence[str], task: str | None = None) -> None:
             raise ValueError(f"target {target!r}: k must be at least 1 (observations after the query label)")
         if _takes(allowed, target):
             continue
-        if task == "induction":  # the pipeline's words (mechlab.pipelines.data.induction_data)
-            raise ValueError(f"target {target!r} is not one of the induction task's; use all (the predictable "
-                             "positions of the repeat)")  # fmt: skip
+        refusal = TASKS[task].target_refusal if task in TASKS else None
+        if refusal is not None:  # the pipeline's words (the task's prune_data)
+            raise ValueError(refusal.format(target=target))
         names = [("k-after (e.g. 1-after, 2-after)" if t == "k-after" else t) for t in allowed]
         choices = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
         near = _nearest(target, allowed)

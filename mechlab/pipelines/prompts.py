@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.limits import MAX_PROMPT_PAIRS, check_at_most
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import check_finite_parameters, open_checkpoint
@@ -182,7 +183,7 @@ def prune_prompts(
     sparsity: float = 0.95,
     device: str | None = None,
     on_circuit: Callable[[str, Circuit, Path], None] | None = None,
-    method: str = "prune",
+    method: str = DEFAULT_METHOD,
     n_edges: int | None = None,
     ig_steps: int | None = None,
     acdc_max_edges: int | None = None,
@@ -230,7 +231,7 @@ def prune_prompts(
             before any work.
     """
     check_prune_args(sparsity, **prune_kwargs)
-    by_method = method != "prune" or n_edges is not None
+    by_method = not is_edge_pruning(method) or n_edges is not None
     check_method(method, prune_kwargs, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
     if not seeds:
         raise ValueError("give at least one seed")
@@ -248,7 +249,7 @@ def prune_prompts(
             "pairs_sha256": outputs.file_sha256(pairs), "tokenizer_sha256": source_digest(tokenizer),
             "metric": metric, "position": position, "test_fraction": test_fraction, "sparsity": sparsity}  # fmt: skip
     stem_base = Path(pairs).stem
-    tag = "" if method == "prune" else "_" + method
+    tag = method_tag(method)
     chosen = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps, "acdc_max_edges": acdc_max_edges}
     extra = {k: v for k, v in chosen.items() if v is not None} if by_method else {}
     planned = {f"{stem_base}{tag}_seed{s}": {**base, **_search_record({**prune_kwargs, "seed": s}),
@@ -282,7 +283,7 @@ def prune_prompts(
                     else:
                         circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
                 meta = circuit.metadata
-                meta.setdefault("method", "prune")
+                meta.setdefault("method", DEFAULT_METHOD)
                 meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)
                 if metric == "logit-diff":
                     _, test = found.split(test_fraction, seed=s)

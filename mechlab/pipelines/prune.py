@@ -16,21 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.pipelines import outputs, stops
-from mechlab.pipelines.checkpoints import (
-    Source,
-    lds_config,
-    open_checkpoint,
-    refuse_length,
-    source_path,
-)
+from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import (
     check_targets,
-    haystack,
-    induction_data,
-    nih_data,
+    checkpoint_task,
     sample_data,
-    state_tracking_data,
+    task_data,
+    task_haystack,
 )
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
@@ -38,7 +32,7 @@ from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.consensus import attach_consensus, nearby_sparsities
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.stability import bootstrap_stability
-from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
+from mechlab.tasks.registry import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, check_target, target_name
 
 NIH_OF_RECIPE = {"default": "study", "uniform": "uniform", "fast": "study", "thorough": "study", "study": "study"}
@@ -121,15 +115,16 @@ def prune_settings(
     sparsity = settings.pop("sparsity")
     data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
                             "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
-    if ckpt.task == "state_tracking":
-        name = _state_tracking_name(ckpt, target, length, corruption)
-        data["length"] = length
-    elif ckpt.task == "induction":
-        name = target_name(target)
+    task = checkpoint_task(ckpt)
+    if task.resolves_targets:  # named on its traces (state tracking: <target>_n<length>)
+        _, resolved = task_data(ckpt, target, length=length, n_train=1, n_test=1, corruption=corruption)
+        name = target_name(resolved)
     else:
         name = target_name(target)
-        n, s = haystack(ckpt, n_haystack, seg_len)
-        data.update(nih=nih, n_haystack=n, seg_len=s)
+    if task.takes_length:
+        data["length"] = length
+    if task.haystack is not None:
+        data.update(nih=nih, **task_haystack(task, ckpt, n_haystack, seg_len))
     return {"analysis": "prune", "checkpoint_sha256": ckpt.sha256, "target": name, "recipe": recipe,
             "sparsity": sparsity, **data, **settings}  # fmt: skip
 
@@ -138,14 +133,6 @@ def _run_defaults(fn: Any, settings: dict[str, Any]) -> dict[str, Any]:
     """``fn``'s run arguments (seed, ...), its defaults filled in, without ``config``."""
     run = outputs.with_defaults(fn, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
     return {k: v for k, v in run.items() if k != "config"}
-
-
-def _state_tracking_name(ckpt: Any, target: Target, length: int | None, corruption: str) -> str:
-    """The name of a state-tracking target on its traces (``<target>_n<length>``)."""
-    _, resolved = state_tracking_data(
-        ckpt, target, length, n_train=1, n_test=1, corruption=corruption
-    )
-    return target_name(resolved)
 
 
 def prune_checkpoint(
@@ -163,7 +150,7 @@ def prune_checkpoint(
     recipe: str = "default",
     loss_scale: float | None = None,
     length: int | None = None,
-    method: str = "prune",
+    method: str = DEFAULT_METHOD,
     n_edges: int | None = None,
     ig_steps: int | None = None,
     acdc_max_edges: int | None = None,
@@ -206,8 +193,9 @@ def prune_checkpoint(
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...);
             ``protocol`` is the old name of ``recipe``.
 
-    A state-tracking checkpoint (``metadata["task"] == "state_tracking"``) is pruned on
-    :func:`mechlab.tasks.state_tracking_prune.state_tracking_prune_data` traces instead
+    Every checkpoint is pruned on its own task's traces (its entry of
+    :mod:`mechlab.tasks.registry`). A state-tracking checkpoint is pruned on
+    :func:`mechlab.tasks.state_tracking_prune.state_tracking_prune_data` traces
     (targets ``final``, ``changed``, ``all``; ``corruption`` ``random`` (what the default
     means there) or ``x<k>``); the NiH settings are ignored. An induction checkpoint is
     pruned on :func:`mechlab.tasks.induction_prune.induction_prune_data` traces (target
@@ -234,19 +222,8 @@ def prune_checkpoint(
         method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges
     )
     ckpt = open_checkpoint(source, device)
-    if ckpt.task == "state_tracking":
-        data, target = state_tracking_data(ckpt, target, length, n_train=n_train, n_test=n_test,
-                                           corruption=corruption, data_seed=data_seed)  # fmt: skip
-    elif ckpt.task == "induction":
-        refuse_length(ckpt, length)
-        data = induction_data(ckpt, target, n_train=n_train, n_test=n_test, corruption=corruption,
-                              data_seed=data_seed)  # fmt: skip
-    else:
-        lds_config(ckpt, length)
-        data = nih_data(
-            ckpt, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
-            corruption=corruption, data_seed=data_seed, protocol=nih,
-        )  # fmt: skip
+    data, target = task_data(ckpt, target, length=length, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
+                             seg_len=seg_len, nih=nih, corruption=corruption, data_seed=data_seed)  # fmt: skip
     check_target(target, data.train)
     record = prune_settings(ckpt, target, sparsity, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
                             seg_len=seg_len, corruption=corruption, data_seed=data_seed, recipe=recipe,
@@ -306,8 +283,8 @@ def _with_method(
 ) -> dict[str, Any] | None:
     """A settings record with the method's settings when they are not edge pruning's
     defaults (so that a plain pruning run's record stays what it was)."""
-    method = method_settings.get("method") or "prune"
-    if record is None or (method == "prune" and method_settings.get("n_edges") is None):
+    method = method_settings.get("method") or DEFAULT_METHOD
+    if record is None or (is_edge_pruning(method) and method_settings.get("n_edges") is None):
         return record
     return {
         **record,
@@ -316,14 +293,14 @@ def _with_method(
     }
 
 
-def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = "prune",
+def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = DEFAULT_METHOD,
           n_edges: int | None = None, **settings: Any) -> Circuit:  # fmt: skip
     """Edge pruning as before, or another method (or a budget in edges) through
     :func:`mechlab.pipelines.methods.run_method`."""
-    if method == "prune" and n_edges is None:
+    if is_edge_pruning(method) and n_edges is None:
         circuit = prune(model, data, target, sparsity, **{k: v for k, v in settings.items()
                                                            if k not in ("ig_steps", "acdc_max_edges")})  # fmt: skip
-        circuit.metadata.setdefault("method", "prune")
+        circuit.metadata.setdefault("method", method)
         return check_finite(circuit)
     ablation = settings.get("ablation", "interchange")
     check_budget(model, data, target, method, sparsity, n_edges=n_edges, ablation=ablation,
@@ -430,7 +407,7 @@ def prune_targets(
         The :class:`PruneRun`.
     """
     device = settings.pop("device", None)
-    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _PRUNE_ONLY})
+    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _SEARCH_SETTINGS})
     check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
     run = PruneRun(
         Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
@@ -534,16 +511,15 @@ def plan_targets(
                   corruption=settings.get("corruption", DEFAULT_CORRUPTION),
                   protocol=prune_protocol(recipe)["nih"])  # fmt: skip
     chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
-    method = chosen_method["method"] or "prune"
-    if nearby_budgets and (method != "prune" or chosen_method["n_edges"] is not None):
+    method = chosen_method["method"] or DEFAULT_METHOD
+    by_method = not is_edge_pruning(method) or chosen_method["n_edges"] is not None
+    if nearby_budgets and by_method:
         raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
                          f"--method {method} or --edges)")  # fmt: skip
     stability = settings.get("stability", 0)
     check_stability(stability)
     plain = {k: v for k, v in settings.items() if k not in (*_METHOD_KEYS, "stability")}
-    if (
-        method != "prune" or chosen_method["n_edges"] is not None
-    ):  # refused before the first circuit
+    if by_method:  # refused before the first circuit
         data_keys = (
             "n_train",
             "n_test",
@@ -568,7 +544,7 @@ def plan_targets(
             record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
             record = _with_stability(_with_method(record, chosen_method), stability)
             record = _with_consensus(record, seeds, nearby_budgets)
-            tag = "" if method == "prune" else "_" + method
+            tag = method_tag(method)
             stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
             planned[stem] = (name, s, record)
     if len(planned) < len(targets) * len(seeds):
@@ -582,6 +558,7 @@ def plan_targets(
 # The settings of prune_targets that choose the method and its budget (not edge pruning's).
 _METHOD_KEYS = ("method", "n_edges", "ig_steps", "acdc_max_edges")
 
-# The settings of prune_targets that the recipe and the engine's check take (not the data's).
-_PRUNE_ONLY = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
-               "loss_scale", "normalize_loss")  # fmt: skip
+# The settings of prune_targets that the recipe and the engine's check take (not the data's,
+# nor the method's: edge pruning's own options are mechlab.circuit_methods.EDGE_PRUNING_OPTIONS).
+_SEARCH_SETTINGS = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
+                    "loss_scale", "normalize_loss")  # fmt: skip

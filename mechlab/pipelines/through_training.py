@@ -25,7 +25,7 @@ from mechlab.checkpoint import Checkpoint
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import lds_config, run_checkpoints
 from mechlab.pipelines.prune import (
-    _PRUNE_ONLY,
+    _SEARCH_SETTINGS,
     PruneRun,
     plan_targets,
     prune_protocol,
@@ -165,7 +165,7 @@ def prune_through_training(
     chosen = thin_checkpoints(run_checkpoints(run_dir, device), every)
     result = ThroughTraining(Path(out) if out is not None
                              else outputs.default_out(run_dir / "last.pt", "through-training"))  # fmt: skip
-    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _PRUNE_ONLY})
+    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _SEARCH_SETTINGS})
     check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
     # The run's inputs are its checkpoints (not every file under it: OUT may sit in the run).
     top = outputs.OutputFolder(result.out, "prune", force=force, inputs=[c.path for c in chosen])

@@ -62,6 +62,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mechlab.circuit_methods import attach_scorer, get_scoring
 from mechlab.limits import MAX_IG_STEPS, check_at_most
 from mechlab.progress import tqdm
 from mechlab.prune.exact import exact_scores
@@ -300,19 +301,16 @@ def check_attribution_args(
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> None:
     """Validate :func:`attribute`'s settings (one-line ValueError), before any work."""
-    if method not in ATTRIBUTION_METHODS:
-        raise ValueError(
-            f"unknown attribution method {method!r}; choose one of {', '.join(ATTRIBUTION_METHODS)}"
-        )
+    spec = get_scoring(method)
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown ablation {ablation!r}; choose one of {', '.join(ABLATIONS)}")
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     _check_int("batch_size", batch_size)
-    if method in ("eap-ig", "eap-ig-inputs"):
+    if spec.integrates:
         _check_int("steps (integration points)", steps)
         check_at_most("steps (integration points)", steps, MAX_IG_STEPS, IG_STEPS_COST)
-    if method == "eap":
+    if spec.takes_at:  # EAP: its run's own checks
         if at not in EAP_POINTS:
             raise ValueError(f"unknown EAP point at={at!r}; choose one of {', '.join(EAP_POINTS)}")
         if at == "corrupted" and ablation != "interchange":
@@ -325,9 +323,9 @@ def check_attribution_args(
                 "EAP on the clean run (at='clean') has zero gradient for metric 'loss' (the full "
                 "model is the loss's minimum); use at='corrupted', metric='projection' or method='eap-ig'"
             )
-    if method == "eap-ig-inputs" and ablation != "interchange":
+    if spec.interchange_only is not None and not spec.takes_at and ablation != "interchange":
         raise ValueError(
-            f"eap-ig-inputs interpolates the corrupted and the clean inputs and needs interchange "
+            f"{method} {spec.interchange_only} and needs interchange "
             f"ablation, not {ablation!r}; use method='eap-ig' (over the edge masks)"
         )
 
@@ -370,18 +368,10 @@ def score_edges(
     """
     run = obj.truncated()
     named = {} if desc is None else {"desc": desc}
-    if method == "eap":
-        scores = _eap_pass(run, at, batch_size, progress, **named)
-    elif method == "eap-ig":
-        scores = eap_ig_scores(run, steps, batch_size, progress, **named)
-    elif method == "eap-ig-inputs":
-        scores = eap_ig_input_scores(run, steps, batch_size, progress, **named)
-    elif method == "exact":
-        scores = exact_scores(run, batch_size, progress, **named)
-    else:
-        raise ValueError(
-            f"unknown attribution method {method!r}; choose one of {', '.join(ATTRIBUTION_METHODS)}"
-        )
+    scorer = get_scoring(method).scorer
+    if scorer is None:
+        raise ValueError(f"attribution method {method!r} has no scoring function (mechlab.circuit_methods.attach_scorer)")
+    scores = scorer(run, steps=steps, at=at, batch_size=batch_size, progress=progress, **named)
     return check_scores(scores.masked_fill(~obj.countable, 0.0), obj.graph)
 
 
@@ -438,10 +428,30 @@ def attribute(
         total = metric_value(obj, torch.zeros(graph.n_edges), batch_size) - metric_value(
             obj, torch.ones(graph.n_edges), batch_size
         )
-    settings: dict[str, Any] = {"batch_size": batch_size, "n_traces": len(traces)}
-    if method in ("eap-ig", "eap-ig-inputs"):
-        settings.update(steps=steps, rule="midpoint")
-    if method == "eap":
-        settings["at"] = at
+    settings = scoring_settings(method, batch_size=batch_size, n_traces=len(traces), steps=steps, at=at)
     return EdgeScores(method, graph, scores, obj.countable.cpu(), target_name(target), ablation,
                       metric, total, settings, time.perf_counter() - started)  # fmt: skip
+
+
+def scoring_settings(method: str, *, batch_size: int, n_traces: int, steps: int, at: str) -> dict[str, Any]:
+    """What an attribution method's scores record of how they were made: the batch and the
+    traces, an integrating method's points and rule, EAP's run."""
+    spec = get_scoring(method)
+    settings: dict[str, Any] = {"batch_size": batch_size, "n_traces": n_traces}
+    if spec.integrates:
+        settings.update(steps=steps, rule="midpoint")
+    if spec.takes_at:
+        settings["at"] = at
+    return settings
+
+
+# The built-in attribution methods' scores (mechlab.circuit_methods names them): each takes
+# the (truncated) objective and the settings score_edges passes, and uses those it needs.
+attach_scorer("eap", lambda run, *, at, batch_size, progress, steps=None, **named:
+              _eap_pass(run, at, batch_size, progress, **named))  # fmt: skip
+attach_scorer("eap-ig", lambda run, *, steps, batch_size, progress, at=None, **named:
+              eap_ig_scores(run, steps, batch_size, progress, **named))  # fmt: skip
+attach_scorer("eap-ig-inputs", lambda run, *, steps, batch_size, progress, at=None, **named:
+              eap_ig_input_scores(run, steps, batch_size, progress, **named))  # fmt: skip
+attach_scorer("exact", lambda run, *, batch_size, progress, steps=None, at=None, **named:
+              exact_scores(run, batch_size, progress, **named))  # fmt: skip

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mechlab.circuit_methods import get_method, method_names
 from mechlab.progress import tqdm
 from mechlab.prune.acdc import ACDC_PASSES, acdc_search, acdc_settings, check_acdc_size
 from mechlab.prune.attribution import (
-    ATTRIBUTION_METHODS,
     DEFAULT_BATCH_SIZE,
     DEFAULT_STEPS,
     EdgeScores,
@@ -44,6 +44,7 @@ from mechlab.prune.attribution import (
     check_scores,
     metric_value,
     score_edges,
+    scoring_settings,
 )
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.evaluate import evaluate_masks
@@ -54,7 +55,8 @@ from mechlab.prune.objective import Objective
 from mechlab.prune.paths import select_on_paths
 from mechlab.traces import PruneData, Target, check_target, target_name, target_positions
 
-METHODS = ("prune", *ATTRIBUTION_METHODS, "acdc")
+METHODS = method_names()
+"""The built-in circuit methods (:mod:`mechlab.circuit_methods`, the registry, has every one)."""
 
 
 def edge_budget(
@@ -284,16 +286,15 @@ def find_circuit(
             ablation, metric or graph size, ``steps < 1``, a budget above the countable
             edges or below one edge, NaN scores; all but the last before any work.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if prune_kwargs and method != "prune":
+    spec = get_method(method)
+    if prune_kwargs and not spec.prunes:
         raise ValueError(
             f"unknown setting(s) {', '.join(sorted(prune_kwargs))} for method {method!r}"
         )
     _check_data(data, target, ablation)
     graph = pruning_graph(model, data.train.windows, position_aware)
     scored = target_positions(target, data.train) if graph.windows else None
-    if method == "prune":
+    if spec.prunes:
         if metric != "loss":
             raise ValueError(
                 f"edge pruning minimises the task loss; metric {metric!r} is for attribution methods"
@@ -307,12 +308,12 @@ def find_circuit(
                      ablation=ablation, progress=progress, checkpoint_sha256=checkpoint_sha256,
                      position_aware=position_aware, **prune_kwargs)  # fmt: skip
     steps = DEFAULT_STEPS if steps is None else steps
-    scoring = "exact" if method == "acdc" else method  # acdc: the same argument checks
+    scoring = spec.checks_as or method  # acdc: exact's argument checks
     check_attribution_args(
         scoring, ablation=ablation, metric=metric, steps=steps, at=at, batch_size=batch_size
     )
     n_keep, n_countable = edge_budget(graph, ablation, sparsity, n_edges, scored)
-    if method == "acdc":
+    if spec.edge_limit:
         check_acdc_size(n_countable, max_edges)
         if tau is not None and not (
             isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 0
@@ -323,23 +324,17 @@ def find_circuit(
         obj, total = _references(model, data, target, ablation, metric, graph, batch_size, progress)
         extra: dict[str, Any] = {"metric": metric}
         eligible = None
-        if method == "acdc":
+        if spec.kind == "search":
             found = acdc_search(
                 obj, n_keep, tau, passes=passes, batch_size=batch_size, progress=progress
             )
             values, eligible, settings = found.scores, found.kept, acdc_settings(found)
-            absolute = (
-                False  # an ACDC score is signed: the loss change of removing the edge in context
-            )
+            absolute = not spec.signed  # an ACDC score is signed: the loss change of removing the edge in context
         else:
             values = score_edges(
                 obj, method, steps=steps, at=at, batch_size=batch_size, progress=progress
             )
-            settings = {"batch_size": batch_size, "n_traces": len(data.train)}
-            if method in ("eap-ig", "eap-ig-inputs"):
-                settings.update(steps=steps, rule="midpoint")
-            if method == "eap":
-                settings["at"] = at
+            settings = scoring_settings(method, batch_size=batch_size, n_traces=len(data.train), steps=steps, at=at)
     seconds = time.perf_counter() - started
     scores = EdgeScores(method, graph, values, obj.countable.cpu(), target_name(target), ablation, metric,
                         total, settings, seconds)  # fmt: skip

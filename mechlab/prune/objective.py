@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
+from mechlab.circuit_methods import scoring_names
 from mechlab.models.base import predict_in_chunks
 from mechlab.progress import tqdm
 from mechlab.prune.forward import (
@@ -31,7 +32,7 @@ from mechlab.traces import target_positions as scored_positions
 
 METRICS = ("loss", "projection")
 EAP_POINTS = ("corrupted", "clean")
-ATTRIBUTION_METHODS = ("eap", "eap-ig", "eap-ig-inputs", "exact")
+ATTRIBUTION_METHODS = scoring_names()  # the built-in ones (mechlab.circuit_methods: the registry)
 DEFAULT_STEPS = 10
 DEFAULT_BATCH_SIZE = 128
 

@@ -14,10 +14,13 @@ is the task's predictable positions, so the target ``"all"`` scores exactly thos
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from mechlab.tasks.induction import InductionConfig, sample_sequences
-from mechlab.traces import PruneData, Traces
+from mechlab.tasks.registry import get_task
+from mechlab.traces import PruneData, Target, Traces
 
 CORRUPTIONS = ("resample",)
 TARGET = "all"  # the predictable positions (the traces' observed mask)
@@ -67,3 +70,20 @@ def induction_prune_data(
         "data_seed": seed, "n_pos": cfg.n_ctx,
     }  # fmt: skip
     return PruneData(train=train, test=test, info=info)
+
+
+def task_prune_data(
+    cfg: InductionConfig,
+    target: Target,
+    *,
+    n_train: int,
+    n_test: int,
+    corruption: str = "resample",
+    seed: int = 0,
+    **_: Any,
+) -> tuple[PruneData, Target]:
+    """The induction task's entry of :mod:`mechlab.tasks.registry`: its one target ``all``
+    (another is refused in the registry's words) and :func:`induction_prune_data` traces."""
+    if target != TARGET:
+        raise ValueError(get_task("induction").target_refusal.format(target=target))
+    return induction_prune_data(cfg, n_train=n_train, n_test=n_test, corruption=corruption, seed=seed), target

@@ -23,17 +23,20 @@ Windows (for a recurrent model's windowed graph): :func:`~mechlab.tasks.nih.nih_
 
 from __future__ import annotations
 
+from typing import Any
+
 from mechlab.tasks.lds import LDSConfig
 from mechlab.tasks.lds_evals import PROBES, nih_protocol
 from mechlab.tasks.lds_systems import SystemLibrary, make_libraries
 from mechlab.tasks.nih import default_haystack, nih, nih_windows
-from mechlab.traces import PruneData, Traces
+from mechlab.tasks.registry import DEFAULT_CORRUPTION
+from mechlab.traces import PruneData, Target, Traces, check_target
 
 CORRUPTIONS = (*PROBES, "shuffle")
-DEFAULT_CORRUPTION = "misdirect_incorrect"
 TEST_SEED_OFFSET = 7919  # the held-out traces' seed is seed + this
 
-__all__ = ["CORRUPTIONS", "DEFAULT_CORRUPTION", "TEST_SEED_OFFSET", "nih_prune_data", "nih_windows"]
+__all__ = ["CORRUPTIONS", "DEFAULT_CORRUPTION", "TEST_SEED_OFFSET", "check_task_targets", "nih_prune_data",
+           "nih_windows", "task_prune_data"]
 
 
 def _traces(
@@ -106,3 +109,39 @@ def nih_prune_data(
     info["nih_protocol"] = protocol
     info["windows"] = [list(w) for w in train.windows]
     return PruneData(train=train, test=test, info=info)
+
+
+def task_prune_data(
+    cfg: LDSConfig,
+    target: Target,
+    *,
+    n_train: int,
+    n_test: int,
+    corruption: str = DEFAULT_CORRUPTION,
+    seed: int = 0,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    nih: str = "study",
+    **_: Any,
+) -> tuple[PruneData, Target]:
+    """The lds task's entry of :mod:`mechlab.tasks.registry`: NiH pruning traces
+    (:func:`nih_prune_data`) and ``target``, checked on them."""
+    data = nih_prune_data(cfg, n_train=n_train, n_test=n_test, n_haystack=n_haystack, seg_len=seg_len,
+                          corruption=corruption, seed=seed, protocol=nih)  # fmt: skip
+    check_target(target, data.train)
+    return data, target
+
+
+def check_task_targets(
+    cfg: LDSConfig,
+    targets: list[Target],
+    *,
+    n_haystack: int | None = None,
+    seg_len: int | None = None,
+    nih: str = "study",
+    **_: Any,
+) -> None:
+    """Every target checked on one NiH trace of the task (the default corruption)."""
+    data = nih_prune_data(cfg, n_train=1, n_test=1, n_haystack=n_haystack, seg_len=seg_len, protocol=nih)
+    for target in targets:
+        check_target(target, data.train)

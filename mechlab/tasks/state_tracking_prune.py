@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -223,3 +224,22 @@ def resolve_target(target: str | Callable[[Traces], Tensor], data: PruneData) ->
     fn = {"final": final, "changed": changed, "all": scored}[target]
     fn.__name__ = fn.__qualname__ = f"{target}_n{length}"
     return fn
+
+
+def task_prune_data(
+    cfg: StateTrackingConfig,
+    target: str | Callable[[Traces], Tensor],
+    *,
+    n_train: int,
+    n_test: int,
+    corruption: str = DEFAULT_CORRUPTION,
+    seed: int = 0,
+    length: int | None = None,
+    n_ctx: int | None = None,
+    **_: Any,
+) -> tuple[PruneData, Callable[[Traces], Tensor]]:
+    """The state-tracking task's entry of :mod:`mechlab.tasks.registry`: its pruning traces
+    (:func:`state_tracking_prune_data`) and the target resolved on them (:func:`resolve_target`)."""
+    data = state_tracking_prune_data(cfg, length, n_train=n_train, n_test=n_test, corruption=corruption,
+                                     seed=seed, n_ctx=n_ctx)  # fmt: skip
+    return data, resolve_target(target, data)

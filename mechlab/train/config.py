@@ -14,8 +14,9 @@ from pydantic import StrictFloat, StrictInt, StrictStr
 
 from mechlab.limits import check_elements
 from mechlab.schema import load_yaml, parse_yaml, validate
+from mechlab.tasks.registry import get_task, task_names
 
-TASKS = ("lds", "state_tracking", "induction")
+TASKS = task_names()  # the built-in tasks; a task registered later is checked through get_task
 LR_SCHEDULES = ("constant", "cosine")
 LOSS_REDUCTIONS = ("sum", "mean")
 TARGET_WEIGHT_NORMS = ("none", "trace")
@@ -117,8 +118,7 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
-        if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}; choose one of {list(TASKS)}")
+        get_task(self.task)  # a one-line ValueError for a task mechlab does not know
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of {list(LR_SCHEDULES)}")
         if self.loss_reduction not in LOSS_REDUCTIONS:
@@ -154,7 +154,7 @@ class TrainConfig:
         if self.target_weight_norm not in TARGET_WEIGHT_NORMS:
             raise ValueError(f"unknown target_weight_norm {self.target_weight_norm!r}; choose one of "
                              f"{list(TARGET_WEIGHT_NORMS)}")  # fmt: skip
-        if self.target_weights and self.task != "lds":
+        if self.target_weights and not get_task(self.task).target_weights:
             raise ValueError(f"target_weights weigh the lds task's observation targets; the {self.task} "
                              "task has none (remove target_weights)")  # fmt: skip
 

@@ -2,7 +2,8 @@
 
 A task turns its own data (e.g. :mod:`mechlab.tasks.lds`) into what one
 training step needs and knows which model fields it fixes (input and output
-sizes, context length). Adding a task means adding one class here.
+sizes, context length). A task's class here is its entry's trainer in the task registry
+(:mod:`mechlab.tasks.registry`, docs/architecture.md "How to add a task").
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import Tensor
 from mechlab.models.base import predict_in_chunks
 from mechlab.tasks import induction
 from mechlab.tasks.lds import OBS, OPEN, LDSConfig, make_libraries, sample_batch
+from mechlab.tasks.registry import attach_trainer, get_task, task_names
 from mechlab.tasks.state_tracking import (
     StateTrackingConfig,
     check_model_vocabulary,
@@ -269,7 +271,12 @@ class InductionTask(TokenTask):
         return out
 
 
-TASK_CLASSES = {"lds": LDSTask, "state_tracking": StateTrackingTask, "induction": InductionTask}
+for _name, _cls in (("lds", LDSTask), ("state_tracking", StateTrackingTask), ("induction", InductionTask)):
+    attach_trainer(_name, _cls)  # the task registry (mechlab.tasks.registry) holds every task's trainer
+del _name, _cls
+
+TASK_CLASSES = {name: get_task(name).trainer for name in task_names()}
+"""The built-in tasks' trainer classes (a task registered later is found through the registry)."""
 
 
 def make_task(name: str, overrides: dict[str, Any], **options: Any) -> Task:
@@ -284,6 +291,7 @@ def make_task(name: str, overrides: dict[str, Any], **options: Any) -> Task:
     Raises:
         ValueError: Unknown task or config field.
     """
-    if name not in TASK_CLASSES:
-        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASK_CLASSES)}")
-    return TASK_CLASSES[name](overrides, **options)
+    trainable = sorted(n for n in task_names() if get_task(n).trainer is not None)
+    if name not in trainable:
+        raise ValueError(f"unknown task {name!r}; choose one of {trainable}")
+    return get_task(name).trainer(overrides, **options)

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechlab.circuit_methods import DEFAULT_METHOD
 from mechlab.io import atomic_write_text
 from mechlab.prune.circuit import SHOWN_JACCARD, Circuit
 from mechlab.prune.consensus import consensus_scores
@@ -56,7 +57,7 @@ from mechlab.viz.figures import EXPLORER_STYLE, PAGE_STYLE, plotly_script, write
 
 
 def _method(c: Circuit) -> str:
-    return str(c.metadata.get("method", "prune"))
+    return str(c.metadata.get("method", DEFAULT_METHOD))
 
 
 def _edge_stability(circuits: Sequence[Circuit]) -> list[dict[tuple[str, str], tuple[int, int]]]:
