@@ -215,10 +215,10 @@ def pool_method(config: PruneConfig, n_countable: int) -> str | None:
     """The attribution method of the selection's second ranking (None: none, or the warm
     start's own); ``"auto"``: ``"exact"`` up to :data:`~mechlab.prune.config.EXACT_WARM_MAX`
     countable edges, else ``"eap"``."""
-    method = config.refine_pool
-    if method == "auto":
-        method = "exact" if n_countable <= EXACT_WARM_MAX else "eap"
-    return None if method == "none" or method == warm_method(config, n_countable) else method
+    choice = config.refine_pool  # a setting: a method's name, "auto" or "none"
+    if choice == "auto":
+        choice = "exact" if n_countable <= EXACT_WARM_MAX else "eap"
+    return None if choice in ("none", warm_method(config, n_countable)) else choice
 
 
 @torch.no_grad()
