@@ -127,7 +127,7 @@ def test_a_file_written_before_the_counts_were_recorded_prints_the_same_way():
 
     saved = json.loads((COMMITTED / "stats" / "overlap.json").read_text())  # 5 seeds, no n_circuits
     lines = overlap_lines(saved)
-    assert lines[0] == f"1-after: {SEED_BASELINE_JACCARD} 0.652, 95% interval [0.601, 0.701]"
-    assert lines[2] == f"1-after vs 2-after: {CROSS_TARGET_JACCARD} 0.156, 95% interval [0.136, 0.174]"
+    assert lines[0] == f"1-after: {SEED_BASELINE_JACCARD} 0.702, 95% interval [0.652, 0.751]"
+    assert lines[2] == f"1-after vs 2-after: {CROSS_TARGET_JACCARD} 0.212, 95% interval [0.185, 0.237]"
     two = {**saved, "n_circuits": {"1-after": 2, "2-after": 2}}
     assert all("interval [" not in line for line in overlap_lines(two))

@@ -110,7 +110,7 @@ def test_run_suite_and_cli_validate_protocol_and_trials(ckpt_path, tmp_path, cap
 def test_study_prune_protocol_resolves_to_the_studys_settings():
     study = pipelines.prune_protocol("study")
     # the study's Edge Pruning search, each setting that differs from mechlab's default
-    assert study == {"nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth",
+    assert study == {"nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth", "batch_size": 64,
                      "loss_scale": 1000.0, "steps": 3000, "normalize_loss": False,
                      "constraint": "lagrangian", "noise": "independent", "select": "rank",
                      "warm_start": "none"}  # fmt: skip
