@@ -132,10 +132,12 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        dtype = x.dtype  # computed in float32, hooked and returned in x's dtype (bf16, fp16)
+        x = x.float()
         x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        x = self.hook_normalized(x / scale)
-        return x * self.w + self.b
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt().to(dtype))
+        x = self.hook_normalized((x / scale.float()).to(dtype))
+        return (x * self.w + self.b).to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -149,8 +151,10 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale) * self.w
+        dtype = x.dtype  # as Hugging Face: the mean square in float32, the result in x's dtype
+        x32 = x.float()
+        scale = self.hook_scale((x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt().to(dtype))
+        return (self.hook_normalized((x32 / scale.float()).to(dtype)) * self.w).to(dtype)
 
 
 class HeadsRMSNorm(RMSNorm):
@@ -162,9 +166,11 @@ class HeadsRMSNorm(RMSNorm):
     def forward(
         self, x: Float[Tensor, "batch pos head d_head"]
     ) -> Float[Tensor, "batch pos head d_head"]:
-        rms = (x.pow(2).mean((-2, -1), keepdim=True) + self.eps).sqrt()  # [batch, pos, 1, 1]
-        scale = self.hook_scale(rms.expand(*x.shape[:-1], 1))
-        return self.hook_normalized(x / scale) * self.w.view(x.shape[-2:])
+        dtype, x32 = x.dtype, x.float()
+        rms = (x32.pow(2).mean((-2, -1), keepdim=True) + self.eps).sqrt()  # [batch, pos, 1, 1]
+        scale = self.hook_scale(rms.expand(*x.shape[:-1], 1).to(dtype))
+        normalized = self.hook_normalized((x32 / scale.float()).to(dtype))
+        return (normalized * self.w.view(x.shape[-2:])).to(dtype)
 
 
 class LayerNormPre(LayerNorm):
