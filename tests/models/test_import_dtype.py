@@ -20,9 +20,10 @@ from mechlab.prune.attribution import attribute
 from tests.models.hf_models import CONFIGS, hf_model, tokens
 
 torch.set_num_threads(1)
-# Measured (this file's first test): the relative error ||mechlab - HF|| / ||HF|| of the
-# bfloat16 logits is 0.4-1.0% (Gemma 2/3, OLMo 2: 1.4-2.1%), about HF's own bfloat16 error
-# against its float32 forward; float16: 0.1%.
+# Measured (every architecture of hf_models, 3 prompts of 12 tokens): the relative error
+# ||mechlab - HF|| / ||HF|| of the logits is 0.4-0.9% in bfloat16 (OLMo 2, Gemma 2/3:
+# 1.4-2.0%), 0.89-1.36x HF's own bfloat16 error against its float32 forward; in float16
+# 0.05-0.23%.
 REL_TOL = {"bfloat16": 3e-2, "float16": 5e-3}
 
 
@@ -46,7 +47,7 @@ def test_a_bfloat16_folder_imports_in_bfloat16_and_matches_hugging_faces_bfloat1
     assert model.read_in.embed.weight.dtype == torch.bfloat16
     err, hf_err = _rel(out, ref), _rel(ref, ref32)
     assert err < REL_TOL["bfloat16"], (err, hf_err)
-    assert err < 2.5 * hf_err, (err, hf_err)  # no worse than bfloat16 itself makes HF's
+    assert err < 2 * hf_err, (err, hf_err)  # about the error bfloat16 itself makes in HF's
     # the same folder in float32: the bfloat16 weights exactly, float32 arithmetic
     wide = from_pretrained(tmp_path, dtype="float32")
     assert wide.cfg.dtype == torch.float32
@@ -209,8 +210,8 @@ def _llama_folder(folder, d, layers, d_mlp, vocab, heads, kv_heads):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 def test_an_import_from_a_folder_peaks_at_about_the_size_of_its_weights(tmp_path):
     """A 150 MB bfloat16 Llama: peak resident memory of the import over the baseline at
-    most 1.2x the weights plus 16 MiB (measured 1.02-1.05x: the model's parameters, once, and
-    one tensor read at a time)."""
+    most 1.2x the weights plus 16 MiB (measured 1.098x, 176.8 MiB for 161.0 MiB: the
+    parameters, once, and one memory-mapped tensor at a time, the largest 16 MiB)."""
     size = _llama_folder(tmp_path / "big", d=1024, layers=6, d_mlp=2816, vocab=8192, heads=16, kv_heads=4)
     _llama_folder(tmp_path / "tiny", d=32, layers=1, d_mlp=48, vocab=64, heads=4, kv_heads=2)
     assert 140e6 < size < 200e6
