@@ -835,7 +835,7 @@ def _parameters_on_meta() -> Iterator[None]:
 
 def _empty_model(cfg: Any, dtype: torch.dtype, mamba: bool) -> MechModel:
     """The mechlab model of ``cfg`` with uninitialised parameters in ``dtype`` (Gemma's
-    norm weights in float32): memory the loaders fill tensor by tensor, allocated once
+    norm weights in float32, or float64): memory the loaders fill tensor by tensor, allocated once
     (no float32 copy, no random initialisation). Tied parameters stay tied."""
     from mechlab.models.transformer import RMSNorm
 
@@ -855,7 +855,7 @@ def _empty_model(cfg: Any, dtype: torch.dtype, mamba: bool) -> MechModel:
             if param is None or param.device.type != "meta":
                 continue
             if id(param) not in made:
-                kind = torch.float32 if gemma and isinstance(module, RMSNorm) else dtype
+                kind = torch.promote_types(dtype, torch.float32) if gemma and isinstance(module, RMSNorm) else dtype
                 made[id(param)] = nn.Parameter(
                     torch.empty(param.shape, dtype=kind), requires_grad=param.requires_grad
                 )
