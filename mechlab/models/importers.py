@@ -818,7 +818,8 @@ def _checkpoint_dtype(hf_config: Any, folder: Path | None, module: nn.Module | N
 def _parameters_on_meta() -> Iterator[None]:
     """Every parameter registered inside moves to the ``meta`` device (no memory, and its
     initialisation costs nothing); buffers stay where they are made. As accelerate's
-    ``init_empty_weights(include_buffers=False)``."""
+    ``init_empty_weights(include_buffers=False)``, it patches ``nn.Module.register_parameter``
+    for the duration: modules built by other threads meanwhile would get meta parameters too."""
     register = nn.Module.register_parameter
 
     def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
