@@ -6,8 +6,9 @@ TransformerLens ``TransformerBridge`` objects.
 One entry point, :func:`from_pretrained`, takes a model in memory or a local folder
 written by ``save_pretrained`` (``config.json`` plus ``model.safetensors``, sharded
 safetensors or ``pytorch_model.bin``; nothing is ever downloaded) and returns a mechlab
-model with the same weights, in float32, in eval mode on the CPU, so every mechlab tool
-(hooks, caching, nnsight, patching, probes, edge pruning) works on it::
+model with the same weights, in the checkpoint's own dtype (or ``dtype=``: bfloat16,
+float16, float32, float64), in eval mode on the CPU, so every mechlab tool (hooks,
+caching, nnsight, patching, probes, edge pruning) works on it::
 
     model = mechlab.from_pretrained("path/to/pythia-70m")     # a folder
     model = mechlab.from_pretrained(hf_model)                  # a transformers model
