@@ -243,7 +243,36 @@ def _mapped(path: Path, dtype: torch.dtype, shape: list[int], start: int, stop: 
     with warnings.catch_warnings():  # "the buffer is not writable": nothing writes to it
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(view, dtype=dtype, count=math.prod(shape), offset=start - aligned)
-    return flat.view(shape)
+    tensor = flat.view(shape)
+    tensor._mechlab_map = (view, start - aligned)  # for _put's copy by rows (the map, where it starts)
+    return tensor
+
+
+_COPY_CHUNK = 4 << 20  # bytes of a mapped tensor copied before its pages are released
+
+
+def _copy_by_rows(param: Tensor, value: Tensor) -> bool:
+    """Copy a memory-mapped tensor (:func:`_mapped`) of ``param``'s shape into it a block of
+    rows at a time, releasing each block's pages once copied (``MADV_DONTNEED``: a large
+    embedding never has all its pages resident beside its parameter).
+
+    Returns:
+        Whether it copied (False: not a mapped tensor, or the platform cannot release pages).
+    """
+    mapped = getattr(value, "_mechlab_map", None)
+    if mapped is None or value.dim() == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    view, offset = mapped
+    row_bytes = max(1, value[0].numel() * value.element_size())
+    step = max(1, _COPY_CHUNK // row_bytes)
+    for first in range(0, value.shape[0], step):
+        last = min(value.shape[0], first + step)
+        param[first:last].copy_(value[first:last])
+        begin, end = offset + first * row_bytes, offset + last * row_bytes
+        begin -= begin % mmap.PAGESIZE
+        if end > begin:
+            view.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+    return True
 
 
 @torch.no_grad()
@@ -258,7 +287,8 @@ def _put(param: Tensor | None, value: Tensor, what: str) -> None:
         raise _Mismatch(
             f"{what} has shape {list(value.shape)}, the config implies {list(param.shape)}"
         )
-    param.copy_(value.to(param.dtype))
+    if not _copy_by_rows(param, value):
+        param.copy_(value)  # (copy_ converts the dtype as it copies: no converted copy first)
 
 
 # ---------------------------------------------------------------------------------------
