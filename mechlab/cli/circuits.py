@@ -66,6 +66,7 @@ def prune(
         model: Path | None = typer.Option(None, help="A model you bring: a Hugging Face save_pretrained folder (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Qwen3, OLMo, OLMo 2, Phi-3, GPT-J, Gemma 2/3, Mamba), pruned on --pairs."),
     pairs: Path | None = typer.Option(None, help="JSONL clean/corrupted prompt pairs (text or token ids; docs/models.md) to prune --model (or a token --ckpt) on."),
     tokenizer: Path | None = typer.Option(None, help="With --pairs of text: the tokenizer folder (default: the --model folder)."),
+    dtype: str | None = typer.Option(None, help="With --model: the dtype the model is imported and run in: bfloat16, float16, float32 or float64 (default: the checkpoint's own; docs/models.md, Precision and memory)."),
     metric: str = typer.Option("logit-diff", help="With --pairs: logit-diff (answer minus wrong token, reported beside the KL faithfulness) or kl."),
     position: int = typer.Option(-1, help="With --pairs: the explained position of pairs that give none (negative: from the prompt's end)."),
     test_fraction: float = typer.Option(0.5, help="With --pairs: share of the pairs held out to score each circuit."),
@@ -94,6 +95,8 @@ def prune(
                            "(not with --method, --edges, --pairs or --share)")  # fmt: skip
     if model is not None and pairs is None:
         raise UsageProblem("--model prunes on prompt pairs: give --pairs pairs.jsonl")
+    if dtype is not None and model is None:
+        raise UsageProblem("--dtype applies with --model FOLDER only (a mechlab checkpoint keeps its dtype)")
     if stability == 1:
         raise UsageProblem("--stability must be 0 (off) or at least 2 bootstrap resamples")
     if stability and (pairs is not None or share):
@@ -124,6 +127,7 @@ def prune(
         _prune_pairs(ctx, ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
                      ablation=ablation, device=device, progress=progress, threads=threads, force=force, **chosen,
+                     **({} if dtype is None else {"dtype": dtype}),
                      **_prune_only(method, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
                                    normalize_loss=normalize_loss, node_sparsity=node_sparsity))  # fmt: skip
         return

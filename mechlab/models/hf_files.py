@@ -211,6 +211,16 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
     Raises:
         ImportProblem: Anything a safetensors file cannot hold (one line naming the file).
     """
+    return {name: (dtype, shape) for name, (dtype, shape, _, _) in safetensors_layout(path).items()}
+
+
+def safetensors_layout(path: Path) -> dict[str, tuple[str, list[int], int, int]]:
+    """:func:`safetensors_header` with where each tensor lies: name -> ``(dtype, shape,
+    start, stop)``, ``start:stop`` its bytes in the file (checked as there).
+
+    Raises:
+        ImportProblem: Anything a safetensors file cannot hold (one line naming the file).
+    """
     size = path.stat().st_size
     if size < 8:
         raise bad_file(
@@ -232,7 +242,7 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
     if not isinstance(header, dict):
         raise bad_file(path, f"has a header that is {json_type(header)}, not a JSON object", RESAVE)
     data = size - 8 - n
-    tensors: dict[str, tuple[str, list[int]]] = {}
+    tensors: dict[str, tuple[str, list[int], int, int]] = {}
     ranges = []
     for name, info in header.items():
         if name == "__metadata__":
@@ -259,7 +269,7 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
             raise bad_file(path, f"gives tensor {_short(name, 80)} of shape {_short(shape)} ({dtype}) "
                             f"{offsets[1] - offsets[0]:,} bytes; the shape needs "
                             f"{math.prod(shape) * SAFETENSORS_DTYPES[dtype]:,}", RESAVE)  # fmt: skip
-        tensors[name] = (dtype, shape)
+        tensors[name] = (dtype, shape, 8 + n + offsets[0], 8 + n + offsets[1])
         ranges.append((offsets[0], offsets[1], name))
     end = 0
     for begin, stop, name in sorted(ranges):

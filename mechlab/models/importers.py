@@ -6,8 +6,9 @@ TransformerLens ``TransformerBridge`` objects.
 One entry point, :func:`from_pretrained`, takes a model in memory or a local folder
 written by ``save_pretrained`` (``config.json`` plus ``model.safetensors``, sharded
 safetensors or ``pytorch_model.bin``; nothing is ever downloaded) and returns a mechlab
-model with the same weights, in float32, in eval mode on the CPU, so every mechlab tool
-(hooks, caching, nnsight, patching, probes, edge pruning) works on it::
+model with the same weights, in the checkpoint's own dtype (or ``dtype=``: bfloat16,
+float16, float32, float64), in eval mode on the CPU, so every mechlab tool (hooks,
+caching, nnsight, patching, probes, edge pruning) works on it::
 
     model = mechlab.from_pretrained("path/to/pythia-70m")     # a folder
     model = mechlab.from_pretrained(hf_model)                  # a transformers model
@@ -68,9 +69,11 @@ mechlab's is zero.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,7 @@ from mechlab.models.hf_files import (
     check_config_values,
     read_config,
     safetensors_header,
+    safetensors_layout,
     shown,
     torch_weights,
     weight_files,
@@ -128,6 +132,19 @@ _ACTIVATIONS = {
     "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu",
 }  # fmt: skip
 MAMBA_N_CTX = 2048  # Mamba has no position limit; mechlab's check_length uses this by default
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float64": torch.float64,
+}  # fmt: skip
+"""The dtypes :func:`from_pretrained` imports into, by name (or give the ``torch.dtype``)."""
+_SAFETENSORS_TORCH = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+_SAFETENSORS_FLOATS = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+                       "F64": torch.float64}  # fmt: skip
 
 
 def _unsupported(what: str) -> ImportProblem:
@@ -184,12 +201,18 @@ def _state_dict_weights(state: dict[str, Tensor], prefix: str, source: str) -> W
 
 def _folder_weights(folder: Path, prefix: str) -> Weights:
     """The weights of a ``save_pretrained`` folder, read tensor by tensor when asked (every
-    file checked first: :func:`weight_files`, :func:`safetensors_header`, :func:`torch_weights`)."""
+    file checked first: :func:`weight_files`, :func:`safetensors_layout`, :func:`torch_weights`).
+
+    A safetensors tensor is a view of its bytes in the file, memory-mapped (no copy): the
+    loader copies it into its parameter and drops it, so an import holds the parameters
+    and one tensor's pages at a time."""
     where: dict[str, Path] = {}
+    layouts: dict[Path, dict[str, tuple[str, list[int], int, int]]] = {}
     loaded: dict[Path, dict[str, Tensor]] = {}
     for path in weight_files(folder):
         if path.suffix == ".safetensors":
-            for key in safetensors_header(path):
+            layouts[path] = safetensors_layout(path)
+            for key in layouts[path]:
                 where.setdefault(key, path)
         else:
             loaded[path] = torch_weights(path)
@@ -200,15 +223,56 @@ def _folder_weights(folder: Path, prefix: str) -> Weights:
         path = where[key]
         if path in loaded:
             return loaded[path][key]
-        from safetensors import safe_open
-
+        kind, shape, start, stop = layouts[path][key]
         try:
-            with safe_open(str(path), framework="pt") as f:
-                return f.get_tensor(key)
-        except Exception as exc:  # noqa: BLE001 - the file changed, or safetensors refuses it
+            return _mapped(path, _SAFETENSORS_TORCH[kind], shape, start, stop)
+        except (OSError, ValueError, RuntimeError) as exc:  # the file changed since its check
             raise bad_file(path, f"cannot be read ({brief(exc)})", RESAVE) from None
 
     return Weights(get, set(where), prefix, repr(str(folder)))
+
+
+def _mapped(path: Path, dtype: torch.dtype, shape: list[int], start: int, stop: int) -> Tensor:
+    """The tensor in bytes ``start:stop`` of ``path``, a read-only memory map of them (its
+    pages read when touched, unmapped when the tensor is freed)."""
+    if stop == start:
+        return torch.empty(shape, dtype=dtype)
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    with path.open("rb") as f:
+        view = mmap.mmap(f.fileno(), stop - aligned, access=mmap.ACCESS_READ, offset=aligned)
+    with warnings.catch_warnings():  # "the buffer is not writable": nothing writes to it
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(view, dtype=dtype, count=math.prod(shape), offset=start - aligned)
+    tensor = flat.view(shape)
+    tensor._mechlab_map = (view, start - aligned)  # for _put's copy by rows (the map, where it starts)
+    return tensor
+
+
+_COPY_CHUNK = 4 << 20  # bytes of a mapped tensor copied before its pages are released
+
+
+def _copy_by_rows(param: Tensor, value: Tensor) -> bool:
+    """Copy a memory-mapped tensor (:func:`_mapped`) of ``param``'s shape into it a block of
+    rows at a time, releasing each block's pages once copied (``MADV_DONTNEED``: a large
+    embedding never has all its pages resident beside its parameter).
+
+    Returns:
+        Whether it copied (False: not a mapped tensor, or the platform cannot release pages).
+    """
+    mapped = getattr(value, "_mechlab_map", None)
+    if mapped is None or value.dim() == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    view, offset = mapped
+    row_bytes = max(1, value[0].numel() * value.element_size())
+    step = max(1, _COPY_CHUNK // row_bytes)
+    for first in range(0, value.shape[0], step):
+        last = min(value.shape[0], first + step)
+        param[first:last].copy_(value[first:last])
+        begin, end = offset + first * row_bytes, offset + last * row_bytes
+        begin -= begin % mmap.PAGESIZE
+        if end > begin:
+            view.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+    return True
 
 
 @torch.no_grad()
@@ -223,7 +287,8 @@ def _put(param: Tensor | None, value: Tensor, what: str) -> None:
         raise _Mismatch(
             f"{what} has shape {list(value.shape)}, the config implies {list(param.shape)}"
         )
-    param.copy_(value.to(param.dtype))
+    if not _copy_by_rows(param, value):
+        param.copy_(value)  # (copy_ converts the dtype as it copies: no converted copy first)
 
 
 # ---------------------------------------------------------------------------------------
@@ -726,6 +791,111 @@ _LOADERS: dict[str, Callable[[MechModel, Weights], None]] = {
 # ---------------------------------------------------------------------------------------
 
 
+def import_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """The ``torch.dtype`` a ``dtype`` argument of :func:`from_pretrained` names (None, or
+    ``"auto"``: the checkpoint's own, decided later), checked to run on this machine.
+
+    Raises:
+        ImportProblem: An unknown name or dtype, or one this machine's torch cannot multiply
+            matrices in on the CPU.
+    """
+    if dtype is None or dtype == "auto":
+        return None
+    known = ", ".join(n for n in DTYPES if n not in ("fp32", "bf16", "fp16", "half"))
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        dtype = DTYPES[dtype.lower()]
+    if not isinstance(dtype, torch.dtype) or dtype not in DTYPES.values():
+        raise ImportProblem(
+            f"unknown dtype {shown(dtype) if not isinstance(dtype, torch.dtype) else str(dtype)}; "
+            f"mechlab imports in {known} (default: the checkpoint's own)"
+        )
+    check_runs(dtype)
+    return dtype
+
+
+def check_runs(dtype: torch.dtype) -> None:
+    """Check that this machine's torch multiplies matrices in ``dtype`` on the CPU.
+
+    Raises:
+        ImportProblem: It cannot (one line, naming the dtype and what to use instead).
+    """
+    try:
+        ones = torch.ones(2, 2, dtype=dtype)
+        torch.matmul(ones, ones)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        raise ImportProblem(
+            f"this machine's torch cannot run {str(dtype).removeprefix('torch.')} on the CPU "
+            f"({brief(exc, 100)}); import with dtype='float32' (or 'bfloat16')"
+        ) from None
+
+
+def _checkpoint_dtype(hf_config: Any, folder: Path | None, module: nn.Module | None) -> torch.dtype:
+    """The dtype a checkpoint is stored in: a model in memory's first floating-point
+    parameter's; a folder's ``dtype`` / ``torch_dtype`` in config.json, else its first
+    safetensors file's floating-point tensors'; float32 when none of these names one of
+    :data:`DTYPES`."""
+    if module is not None:
+        found = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    else:
+        found = getattr(hf_config, "dtype", None)
+        if not isinstance(found, torch.dtype) and folder is not None:
+            files = [f for f in weight_files(folder) if f.suffix == ".safetensors"]
+            kinds = safetensors_header(files[0]).values() if files else ()
+            found = next((_SAFETENSORS_FLOATS[k] for k, _ in kinds if k in _SAFETENSORS_FLOATS), None)
+    return found if isinstance(found, torch.dtype) and found in DTYPES.values() else torch.float32
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Every parameter registered inside moves to the ``meta`` device (no memory, and its
+    initialisation costs nothing); buffers stay where they are made. As accelerate's
+    ``init_empty_weights(include_buffers=False)``, it patches ``nn.Module.register_parameter``
+    for the duration: modules built by other threads meanwhile would get meta parameters too."""
+    register = nn.Module.register_parameter
+
+    def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(self, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _empty_model(cfg: Any, dtype: torch.dtype, mamba: bool) -> MechModel:
+    """The mechlab model of ``cfg`` with uninitialised parameters in ``dtype`` (Gemma's
+    norm weights in float32, or float64): memory the loaders fill tensor by tensor, allocated once
+    (no float32 copy, no random initialisation). Tied parameters stay tied."""
+    from mechlab.models.transformer import RMSNorm
+
+    with _parameters_on_meta():
+        if mamba:
+            from mechlab.models.mamba import Mamba
+
+            model: MechModel = Mamba(cfg)
+        else:
+            from mechlab.models.transformer import Transformer
+
+            model = Transformer(cfg)
+    gemma = getattr(cfg, "embed_scale", None) is not None
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or param.device.type != "meta":
+                continue
+            if id(param) not in made:
+                kind = torch.promote_types(dtype, torch.float32) if gemma and isinstance(module, RMSNorm) else dtype
+                made[id(param)] = nn.Parameter(
+                    torch.empty(param.shape, dtype=kind), requires_grad=param.requires_grad
+                )
+            module._parameters[name] = made[id(param)]
+    model._sync_cfg_device()
+    return model
+
+
 def _folder_architecture(folder: Path) -> tuple[str, Any, str]:
     """The class name and ``transformers`` config of a ``save_pretrained`` folder, and the
     config file's name for messages."""
@@ -817,6 +987,7 @@ def from_pretrained(
     *,
     n_ctx: int | None = None,
     max_elements: int | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> MechModel:
     """Import a Hugging Face model, a ``save_pretrained`` folder or a TransformerBridge.
 
@@ -834,23 +1005,36 @@ def from_pretrained(
         max_elements: Size limit for this call (default: ``MECHLAB_MAX_ELEMENTS`` or
             :data:`mechlab.models.registry.MAX_ELEMENTS`), checked before the mechlab
             model is allocated (and, for a folder, before any weight is read).
+        dtype: The dtype of the imported parameters and of every activation: a name of
+            :data:`DTYPES` (``"bfloat16"``, ``"float16"``, ``"float32"``, ...) or a
+            ``torch.dtype``. Default (None or ``"auto"``): the checkpoint's own (a folder's
+            ``dtype`` / ``torch_dtype`` in config.json, else its safetensors' dtype; a model
+            in memory's parameters'; float32 when none is named). Gemma's norm weights
+            ``1 + w`` stay float32 in any dtype (Gemma computes its norms in float32).
 
     Returns:
         A mechlab :class:`~mechlab.models.transformer.Transformer` or
-        :class:`~mechlab.models.mamba.Mamba` in tokens mode, float32, eval mode, on the
-        CPU, whose logits equal the Hugging Face model's.
+        :class:`~mechlab.models.mamba.Mamba` in tokens mode, in ``dtype``, eval mode, on
+        the CPU, whose logits equal the Hugging Face model's (in float32; in bfloat16 to
+        bfloat16's precision). A folder's weights are read one tensor at a time into the
+        model's parameters, allocated once in ``dtype``: the Hugging Face model is never
+        built and no float32 copy is made.
 
     Raises:
         ImportProblem: An unsupported architecture or setting (the message lists what is
             supported), a folder without config.json or weights, weights that do not
             fit the config, or a model above the size limit; a damaged or hostile file
-            (config, index, safetensors or torch file) of a folder, named. A ``ValueError``.
+            (config, index, safetensors or torch file) of a folder, named; an unknown
+            dtype, or one this machine cannot run. A ``ValueError``.
         TypeError: Neither a model nor a path.
     """
+    target = import_dtype(dtype)
+    folder: Path | None = None
+    module: nn.Module | None = None
     if isinstance(model_or_folder, (str, os.PathLike)):
         folder = Path(model_or_folder)
         arch, hf_config, source = _checked_folder(folder)
-        weights: Callable[[], Weights] = lambda: _folder_weights(folder, ARCHITECTURES[arch][1])  # noqa: E731
+        weights: Callable[[], Weights] = lambda: _folder_weights(Path(model_or_folder), ARCHITECTURES[arch][1])  # noqa: E731
     elif isinstance(model_or_folder, nn.Module):
         module = model_or_folder
         if type(module).__name__ == "TransformerBridge" or hasattr(module, "original_model"):
@@ -872,14 +1056,10 @@ def from_pretrained(
         raise
     except ValueError as exc:
         raise ImportProblem(f"{source + ': ' if source else ''}{exc}") from None
-    if arch == "MambaForCausalLM":
-        from mechlab.models.mamba import Mamba
-
-        model = Mamba(cfg)
-    else:
-        from mechlab.models.transformer import Transformer
-
-        model = Transformer(cfg)
+    if target is None:
+        target = _checkpoint_dtype(hf_config, folder, module)
+        check_runs(target)
+    model = _empty_model(cfg, target, arch == "MambaForCausalLM")
     loaded = weights()
     advice = "the weights and config.json disagree: " + RESAVE if source else "check the model"
     try:

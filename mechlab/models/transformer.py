@@ -120,6 +120,11 @@ __all__ = [
 ]
 
 
+def _wide(x: Tensor) -> Tensor:
+    """``x`` in float32 at least (a bfloat16 or float16 norm input; float64 stays)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 class LayerNorm(nn.Module):
     """LayerNorm with ``hook_scale`` ``[batch, pos, 1]`` and ``hook_normalized`` (pre-affine)."""
 
@@ -132,10 +137,12 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        dtype = x.dtype  # computed in float32 (or wider), hooked and returned in x's dtype
+        x = _wide(x)
         x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        x = self.hook_normalized(x / scale)
-        return x * self.w + self.b
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt().to(dtype))
+        x = self.hook_normalized((x / scale.to(x.dtype)).to(dtype))
+        return (x * self.w + self.b).to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -149,8 +156,10 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale) * self.w
+        dtype = x.dtype  # as Hugging Face: the mean square in float32, the result in x's dtype
+        x32 = _wide(x)
+        scale = self.hook_scale((x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt().to(dtype))
+        return (self.hook_normalized((x32 / scale.to(x32.dtype)).to(dtype)) * self.w).to(dtype)
 
 
 class HeadsRMSNorm(RMSNorm):
@@ -162,9 +171,11 @@ class HeadsRMSNorm(RMSNorm):
     def forward(
         self, x: Float[Tensor, "batch pos head d_head"]
     ) -> Float[Tensor, "batch pos head d_head"]:
-        rms = (x.pow(2).mean((-2, -1), keepdim=True) + self.eps).sqrt()  # [batch, pos, 1, 1]
-        scale = self.hook_scale(rms.expand(*x.shape[:-1], 1))
-        return self.hook_normalized(x / scale) * self.w.view(x.shape[-2:])
+        dtype, x32 = x.dtype, _wide(x)
+        rms = (x32.pow(2).mean((-2, -1), keepdim=True) + self.eps).sqrt()  # [batch, pos, 1, 1]
+        scale = self.hook_scale(rms.expand(*x.shape[:-1], 1).to(dtype))
+        normalized = self.hook_normalized((x32 / scale.to(x32.dtype)).to(dtype))
+        return (normalized * self.w.view(x.shape[-2:])).to(dtype)
 
 
 class LayerNormPre(LayerNorm):

@@ -85,6 +85,11 @@ def hook_gradients(
     return float(value[-1].detach()), acts, grads
 
 
+def _wide(t: Tensor) -> Tensor:
+    """``t`` in float32 at least (float64 stays)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def attribution_patch(
     model,
     clean: Tensor,
@@ -142,7 +147,8 @@ def attribution_patch(
     cells = tqdm(total=values.numel(), desc="attribution patching", disable=not progress)
     for i, (hook, head) in enumerate(rows):
         # [batch, ...] elementwise first-order effect of replacing base by source
-        contrib = (runs[source][1][hook] - runs[base][1][hook]) * grads[hook]
+        # in float32 at least: a bfloat16 model's activations and gradients, summed below
+        contrib = (_wide(runs[source][1][hook]) - _wide(runs[base][1][hook])) * _wide(grads[hook])
         axes = model.hook_axes(hook)
         for j, pos in enumerate(cols):
             index = Cell(hook, pos, head).index(axes)

@@ -48,13 +48,14 @@ from mechlab.tasks.prompts import (
 FAITHFULNESS_WARNING = "circuit for"  # the engine's warning, kept in metadata["warnings"]
 
 
-def open_model(source: str | Path, device: str | None = None) -> tuple[Any, str]:
+def open_model(source: str | Path, device: str | None = None, dtype: str | None = None) -> tuple[Any, str]:
     """The model a prompt command runs on, opened once, and what it is.
 
     Args:
         source: A ``save_pretrained`` folder (imported with :func:`mechlab.from_pretrained`)
             or a mechlab checkpoint file.
         device: Where the model goes (default: the CPU).
+        dtype: A folder's import dtype (default: the checkpoint's own); not for a checkpoint.
 
     Returns:
         ``(model, kind)``: the model in eval mode and ``"hf-folder"`` or ``"checkpoint"``.
@@ -67,10 +68,12 @@ def open_model(source: str | Path, device: str | None = None) -> tuple[Any, str]
     if path.is_dir():
         from mechlab.models.importers import from_pretrained
 
-        model = from_pretrained(path)
+        model = from_pretrained(path, dtype=dtype)
         check_finite_parameters(model, f"model folder {str(path)!r}")  # before any work on it
         return (model.to(device) if device else model).eval(), "hf-folder"
     if path.is_file():
+        if dtype is not None:
+            raise ValueError(f"dtype applies to a save_pretrained folder, not to the checkpoint {str(path)!r}")
         return open_checkpoint(path, device).model.eval(), "checkpoint"
     raise ValueError(f"model {str(path)!r} not found; give a save_pretrained folder or a mechlab checkpoint")
 
@@ -188,6 +191,7 @@ def prune_prompts(
     ig_steps: int | None = None,
     acdc_max_edges: int | None = None,
     force: bool = False,
+    dtype: str | None = None,
     **prune_kwargs: Any,
 ) -> PromptRun:
     """Prune a model on prompt pairs, one circuit per seed (module docstring).
@@ -220,6 +224,8 @@ def prune_prompts(
         acdc_max_edges: ACDC's limit on countable edges (default 400).
         force: Recompute and replace circuit files of other settings, and write into a
             folder git tracks.
+        dtype: A model folder's import dtype (``"bfloat16"``, ...; default: the checkpoint's
+            own), checked before anything is written; recorded in the circuits' settings.
         **prune_kwargs: :func:`mechlab.prune.prune`'s settings (``steps``, ``ablation``,
             ``loss``, ...).
 
@@ -233,6 +239,10 @@ def prune_prompts(
     check_prune_args(sparsity, **prune_kwargs)
     by_method = not is_edge_pruning(method) or n_edges is not None
     check_method(method, prune_kwargs, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
+    if dtype is not None:
+        from mechlab.models.importers import import_dtype
+
+        import_dtype(dtype)  # an unknown dtype, or one this machine cannot run: before any output
     if not seeds:
         raise ValueError("give at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -248,6 +258,8 @@ def prune_prompts(
     base = {"analysis": "prune-pairs", "model_sha256": source_digest(model_source),
             "pairs_sha256": outputs.file_sha256(pairs), "tokenizer_sha256": source_digest(tokenizer),
             "metric": metric, "position": position, "test_fraction": test_fraction, "sparsity": sparsity}  # fmt: skip
+    if dtype is not None:  # (recorded when asked for, so circuits of the default still read back)
+        base["dtype"] = dtype
     stem_base = Path(pairs).stem
     tag = method_tag(method)
     chosen = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps, "acdc_max_edges": acdc_max_edges}
@@ -258,7 +270,7 @@ def prune_prompts(
     tally = stops.Tally(run.out, len(planned))  # Ctrl-C or SIGTERM: the circuits written stay
     with stops.resumable(tally), folder:
         status = folder.plan({f"{stem}.json": record for stem, record in planned.items()})
-        model, kind = open_model(model_source, device)
+        model, kind = open_model(model_source, device, dtype)
         found.check_model(model)
         if by_method:
             check_budget(model, found.prune_data(test_fraction, seed=seeds[0]), TARGET, method, sparsity,

@@ -133,7 +133,7 @@ def writer_outputs(
                 post = name.replace("attn.hook_result", "ln1_post")
                 if post + ".hook_scale" in cache:
                     w = model.get_submodule(post).w
-                    act = act / cache[post + ".hook_scale"].unsqueeze(2) * w
+                    act = act / cache[post + ".hook_scale"].unsqueeze(2) * w.to(act.dtype)
                 parts.extend(act.permute(2, 0, 1, 3).unbind(0))
             else:
                 parts.append(act)
@@ -394,9 +394,10 @@ def _layer_norm(ln: nn.Module, x: Tensor) -> Tensor:
     (``normalization="none"``, no weights)."""
     if not hasattr(ln, "w"):
         return x
+    w = ln.w.to(x.dtype)  # (Gemma's float32 norm weights in a bfloat16 model)
     if not hasattr(ln, "b"):
-        return F.rms_norm(x, (x.shape[-1],), ln.w, ln.eps)
-    return F.layer_norm(x, (x.shape[-1],), ln.w, ln.b, ln.eps)
+        return F.rms_norm(x, (x.shape[-1],), w, ln.eps)
+    return F.layer_norm(x, (x.shape[-1],), w, ln.b.to(x.dtype), ln.eps)
 
 
 def _post_heads(norm: nn.Module | None, heads: Float[Tensor, "head batch pos d"]) -> Tensor:
@@ -405,7 +406,7 @@ def _post_heads(norm: nn.Module | None, heads: Float[Tensor, "head batch pos d"]
     if norm is None:
         return heads
     scale = (heads.sum(0).pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # [batch, pos, 1]
-    return heads / scale * norm.w
+    return heads / scale * norm.w.to(heads.dtype)
 
 
 def _post(norm: nn.Module | None, out: Tensor) -> Tensor:
@@ -495,7 +496,7 @@ def _recurrent_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
     mixer_attr = _MIXER_ATTR[model.cfg.arch]
     for layer, block in enumerate(model.blocks):
         x_in = stream.read(_edge_block(z, graph, f"l{layer}.in", 1)).squeeze(0)  # [batch, pos, d]
-        mixer_out = getattr(block, mixer_attr)(block.norm(x_in))
+        mixer_out = getattr(block, mixer_attr)(block.norm(x_in)).to(x_in.dtype)
         stream.add(mixer_out.unsqueeze(0))
     resid = stream.read(_edge_block(z, graph, "out", 1)).squeeze(0)
     return model.read_out(model.ln_final(resid))
@@ -580,6 +581,7 @@ def masked_forward(
             )
         model.check_length(x.shape[1])
         edge_mask = edge_mask.to(ablated.dtype)
+        node_mask = None if node_mask is None else node_mask.to(ablated.dtype)
         return _windowed_recurrent_forward(model, graph, x, ablated, edge_mask, node_mask)
     if isinstance(ablated, WindowedAblation):
         raise ValueError("a WindowedAblation is for a windowed graph; this graph has no windows")
@@ -589,7 +591,8 @@ def masked_forward(
             f"got {list(ablated.shape)}"
         )
     model.check_length(x.shape[1])
-    edge_mask = edge_mask.to(ablated.dtype)
+    edge_mask = edge_mask.to(ablated.dtype)  # (the masks in the model's dtype: bf16, fp16, ...)
+    node_mask = None if node_mask is None else node_mask.to(ablated.dtype)
     if graph.arch == "transformer":
         if fast and usable(model, ablated):
             return _transformer_forward_fast(

@@ -315,6 +315,9 @@ class FastStream:
                   if start < n_up]  # fmt: skip
         weight, bias = getattr(norm, "w", None), getattr(norm, "b", None)
         rms = weight is not None and bias is None
+        if weight is not None and weight.dtype != self.base.dtype:  # Gemma's float32 norms
+            weight = weight.to(self.base.dtype)
+            bias = None if bias is None else bias.to(self.base.dtype)
         eps = float(getattr(norm, "eps", 0.0))
         return _MixNorm.apply(
             z, self.base, weight, bias, eps, rms, self.writers, self.recompute, *tokens

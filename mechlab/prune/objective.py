@@ -99,11 +99,12 @@ class Objective:
             return t[index] if at is None else t[index][:, at]
 
         mask = of(self.positions)
-        pred, ref = out[mask], of(self.reference)[mask]
+        # summed in float32 at least (a bfloat16 / float16 model's outputs, upcast here)
+        pred, ref = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (out[mask], of(self.reference)[mask]))
         io = self.model.cfg.io
         if self.metric == "loss":
             return divergence(pred, ref, io).sum()
-        base = of(self.fully_ablated)[mask]
+        base = of(self.fully_ablated)[mask].to(pred.dtype)
         if io == "tokens":  # logits are defined up to a constant: centre them
             pred, ref, base = (t - t.mean(-1, keepdim=True) for t in (pred, ref, base))
         return ((ref - pred) * (ref - base)).sum()
