@@ -21,6 +21,9 @@ segment's answers in another language of the prompt than its label names.
 The prompt's token ids are the concatenation of its pieces encoded one by one (``"X:"``,
 ``" dog"``, ``" ="``, ``" perro"``, ``","``, ``"\\n"``), each word with its leading space,
 so that an answer's tokens are exactly its word's tokens (``text`` is the pieces joined).
+With the byte-level BPEs of GPT-2, Pythia, OLMo and OLMo 2 a word with its leading space
+encodes alone as it does in running text. A BOS token starts the prompt when the tokenizer
+adds one itself (``bos`` of :func:`episodes`).
 
 Which words are used: a word the tokenizer cannot encode (an unknown token, or nothing) is
 refused; an entry is dropped when the first token of one of its translations equals the
@@ -208,6 +211,7 @@ def episodes(
     seed: int = 0,
     misdirect: bool = False,
     symbols: Sequence[str] = SYMBOLS,
+    bos: bool | None = None,
 ) -> list[Episode]:
     """``n`` translation prompts (layout in the module's docstring).
 
@@ -223,10 +227,13 @@ def episodes(
         misdirect: Write the query answers in another language of the prompt than the
             label names (needs two languages).
         symbols: The pool of symbolic labels (at least one per language).
+        bos: Start every prompt with the tokenizer's BOS token (default: when the
+            tokenizer adds one to the text it encodes, as Llama-style tokenizers do).
 
     Raises:
         ValueError: One line: a bad kind or count, too few words or symbols, a label that
-            is a word of the list, misdirection with one language.
+            is a word of the list, misdirection with one language, ``bos`` with a
+            tokenizer that has no BOS token.
     """
     if kind not in LABEL_KINDS:
         raise ValueError(f"kind must be one of {LABEL_KINDS}, got {kind!r}")
@@ -246,6 +253,13 @@ def episodes(
             raise ValueError(f"{len(languages)} languages need as many symbolic labels, got {list(symbols)}")
     else:
         check_labels([_semantic(lang) for lang in languages], words)
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        added = list(tokenizer("a")["input_ids"])
+        bos = bos_id is not None and added[:1] == [bos_id] and len(added) > len(encode(tokenizer, "a"))
+    if bos and bos_id is None:
+        raise ValueError("bos=True needs a tokenizer with a BOS token")
+    prefix = [bos_id] if bos else []
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -259,18 +273,18 @@ def episodes(
         written = rng.choice([lang for lang in languages if lang != language]) if misdirect else language
         order = list(languages)
         rng.shuffle(order)
-        out.append(_episode(tokenizer, kind, languages, labels, entries, order, k, language, written))
+        out.append(_episode(tokenizer, prefix, kind, languages, labels, entries, order, k, language, written))
     return out
 
 
-def _episode(tokenizer: Any, kind: str, languages: tuple[str, ...], labels: dict[str, str],
+def _episode(tokenizer: Any, prefix: list[int], kind: str, languages: tuple[str, ...], labels: dict[str, str],
              entries: list[tuple[str, ...]], order: list[str], k: int, language: str,
              written: str) -> Episode:  # fmt: skip
     """One prompt of :func:`episodes`: the example segments of ``entries[:k * len(order)]``
     in ``order``, then the query segment of the rest under ``language``'s label, answered
-    in ``written``."""
+    in ``written``; the tokens start with ``prefix``."""
     pieces: list[str] = []
-    tokens: list[int] = []
+    tokens: list[int] = list(prefix)
 
     def add(piece: str) -> list[int]:
         ids = encode(tokenizer, piece)

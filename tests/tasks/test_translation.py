@@ -117,3 +117,30 @@ def test_refusals(words, tok, tmp_path):
         load_words(bad)
     with pytest.raises(ValueError, match="header"):
         load_words(DEFAULT_WORDS.parent / ".." / "tasks" / "translation.py")
+
+
+def test_bos_shifts_every_position_by_one():
+    tok = word_tokenizer(SMALL)
+    plain = episodes(SMALL, tok, n=2, kind="semantic", k=1, n_query=2, seed=5)
+    assert tok.bos_token_id is None and plain[0].tokens[0] != 0
+    with pytest.raises(ValueError, match="needs a tokenizer with a BOS token"):
+        episodes(SMALL, tok, n=1, kind="semantic", k=1, bos=True)
+    tok.bos_token = "[UNK]"  # id 0, standing in for a BOS token
+    with_bos = episodes(SMALL, tok, n=2, kind="semantic", k=1, n_query=2, seed=5, bos=True)
+    for a, b in zip(plain, with_bos, strict=True):
+        assert b.tokens == [0, *a.tokens]
+        assert [i.positions for i in b.items] == [[p + 1 for p in i.positions] for i in a.items]
+    assert [e.tokens for e in episodes(SMALL, tok, n=2, kind="semantic", k=1, n_query=2, seed=5)] == \
+        [e.tokens for e in plain]  # the tokenizer does not add BOS itself: none by default
+
+
+def test_bos_by_default_when_the_tokenizer_adds_one():
+    from tokenizers import processors
+
+    tok = word_tokenizer(SMALL)
+    plain = episodes(SMALL, tok, n=1, kind="semantic", k=1, n_query=2, seed=5)
+    tok._tokenizer.post_processor = processors.TemplateProcessing(single="[PAD] $A", special_tokens=[("[PAD]", 1)])
+    tok.bos_token = "[PAD]"
+    assert tok("dog")["input_ids"] == [1, tok.convert_tokens_to_ids("dog")]
+    (ep,) = episodes(SMALL, tok, n=1, kind="semantic", k=1, n_query=2, seed=5)
+    assert ep.tokens == [1, *plain[0].tokens]
