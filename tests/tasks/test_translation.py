@@ -144,3 +144,35 @@ def test_bos_by_default_when_the_tokenizer_adds_one():
     assert tok("dog")["input_ids"] == [1, tok.convert_tokens_to_ids("dog")]
     (ep,) = episodes(SMALL, tok, n=1, kind="semantic", k=1, n_query=2, seed=5)
     assert ep.tokens == [1, *plain[0].tokens]
+
+
+def test_the_word_list_installs_as_package_data():
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["mechlab"]
+    assert any(fnmatch.fnmatch("data/en_es.tsv", p) for p in patterns)
+
+
+def test_pieces_encoded_alone_are_the_text_encoded_by_a_byte_level_bpe(words):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    lines = [" ".join(entry) for entry in words.entries] + ["X: Q: Spanish: French: = ,"]
+    bpe.train_from_iterator(lines * 3, trainers.BpeTrainer(vocab_size=400,
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    kept, dropped = usable_words(words, tok)
+    assert 0 < len(kept.entries) < len(words.entries)  # a small BPE splits words, and some start alike
+    multi = 0
+    for ep in episodes(kept, tok, n=10, kind="symbolic", seed=2, misdirect=True):
+        assert tok(ep.text, add_special_tokens=False)["input_ids"] == ep.tokens
+        for item in ep.items:
+            assert ep.tokens[item.positions[0]:item.positions[-1] + 1] == item.answers[ep.written]
+            multi += len(item.positions) > 1
+    assert multi > 0  # multi-token answers occur: their later tokens are "continue" positions
