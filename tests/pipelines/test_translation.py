@@ -112,6 +112,29 @@ def test_runs_and_resumes_per_checkpoint(series, tmp_path):
         translation_across_training(series, out, **{**SETTINGS, "seed": 1})
 
 
+def test_a_stop_keeps_the_checkpoints_scored_and_the_rerun_scores_the_rest(series, tmp_path):
+    from mechlab.models.importers import from_pretrained
+    from mechlab.pipelines.stops import Interrupted
+
+    loads = []
+
+    def load(folder):
+        loads.append(folder.name)
+        if len(loads) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the second checkpoint loads
+        return from_pretrained(folder)
+
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted) as stop:
+        translation_across_training(series, out, load_model=load, **SETTINGS)
+    assert stop.value.kept == ["step 20"] and stop.value.total == 3
+    assert sorted(p.name for p in out.glob("*.json")) == ["step_20.json"]
+    assert not list(out.glob(".*.tmp"))
+    seen = []
+    translation_across_training(series, out, on_checkpoint=lambda s, how: seen.append((s, how)), **SETTINGS)
+    assert seen == [(20, "reused"), (300, "scored"), (1000, "scored")]
+
+
 def test_figure_has_both_kinds_and_the_verdict():
     summary = summarize({s: _report(a) for s, a in [(0, 0.0), (10, 1.0)]}, 0.5)
     fig = translation_figure(summary)
