@@ -236,15 +236,21 @@ def summarize(reports: dict[int, dict[str, Any]], threshold: float) -> dict[str,
     Returns:
         ``steps``, ``threshold``, ``curves`` (kind -> position -> per step mean/low/high of
         accuracy), ``gap`` (kind -> per step start minus continue mean accuracy),
-        ``emergence`` (kind -> position -> :func:`emergence`), ``verdict`` and ``reports``.
+        ``emergence`` (kind -> position -> :func:`emergence`), ``misdirection`` (kind ->
+        position -> per step the share of misdirected prompts following the label, with its
+        interval; kinds without misdirected prompts left out), ``verdict`` and ``reports``.
     """
     steps = sorted(reports)
     curves = {kind: {pos: [reports[s][kind][f"{pos}_acc"] for s in steps] for pos in POSITIONS} for kind in KINDS}
     gap = {kind: [c["start"][i]["mean"] - c["continue"][i]["mean"] for i in range(len(steps))]
            for kind, c in curves.items()}  # fmt: skip
     emerged = {kind: {pos: emergence(steps, curves[kind][pos], threshold) for pos in POSITIONS} for kind in KINDS}
+    misdirection = {kind: {pos: [reports[s][f"misdirected_{kind}"][f"{pos}_follows_label"] for s in steps]
+                           for pos in POSITIONS}
+                    for kind in KINDS if all(f"misdirected_{kind}" in reports[s] for s in steps)}  # fmt: skip
     return {"steps": steps, "threshold": threshold, "curves": curves, "gap": gap, "emergence": emerged,
-            "verdict": verdict(emerged, threshold), "reports": {str(s): reports[s] for s in steps}}  # fmt: skip
+            "misdirection": misdirection, "verdict": verdict(emerged, threshold),
+            "reports": {str(s): reports[s] for s in steps}}  # fmt: skip
 
 
 def _tokenizer(tokenizer: Any, series: Sequence[tuple[int, Path]]) -> Any:

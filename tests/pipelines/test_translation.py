@@ -141,11 +141,16 @@ def test_figure_has_both_kinds_and_the_verdict():
     names = {t.name for t in fig.data if t.name}
     assert {"symbolic start", "symbolic continue", "semantic start", "semantic continue", "symbolic gap"} <= names
     assert summary["verdict"] in fig.layout.title.text
+    assert summary["misdirection"]["symbolic"]["continue"][1]["mean"] == 0.25
+    assert "misdirected semantic start" in names and len(fig.layout.annotations) == 3
 
 
 def _report(acc):
     point = {"mean": acc, "low": acc, "high": acc, "n": 4}
-    return {kind: {"start_acc": point, "continue_acc": point} for kind in ("symbolic", "semantic")}
+    follows = {"mean": acc / 4, "low": 0.0, "high": 0.5, "n": 4}
+    plain = {kind: {"start_acc": point, "continue_acc": point} for kind in ("symbolic", "semantic")}
+    return plain | {f"misdirected_{kind}": {"start_follows_label": follows, "continue_follows_label": follows}
+                    for kind in ("symbolic", "semantic")}  # fmt: skip
 
 
 def test_refusals_write_nothing(series, tmp_path):
