@@ -36,7 +36,8 @@ CONFIDENCE = 0.95
 def as_model(model: Any) -> Any:
     """A mechlab model, or a Hugging Face causal LM imported with
     :func:`mechlab.models.importers.from_pretrained` (nothing downloaded)."""
-    if isinstance(model, nn.Module) and hasattr(model, "config") and hasattr(model, "generation_config"):
+    bridge = type(model).__name__ == "TransformerBridge"
+    if bridge or (isinstance(model, nn.Module) and hasattr(model, "config") and hasattr(model, "generation_config")):
         from mechlab.models.importers import from_pretrained
 
         return from_pretrained(model)
