@@ -115,9 +115,8 @@ class Objective:
         A causal model's outputs up to position ``p`` do not depend on later inputs, so
         they can be dropped (not in a windowed graph, whose windows cover the whole trace).
         """
-        causal = getattr(self.model.cfg, "causal", True)
-        last = int(self.positions.any(0).nonzero().max()) + 1
-        if not causal or self.graph.windows or last == self.traces.n_pos:
+        last = kept_positions(self.model, self.graph, [self.positions])
+        if last is None:
             return self
 
         def cut(t: Tensor) -> Tensor:
@@ -127,6 +126,17 @@ class Objective:
             self, traces=self.traces.upto(last), positions=cut(self.positions), reference=cut(self.reference),
             ablated=self.ablated[:, :, :last], fully_ablated=cut(self.fully_ablated),
         )  # fmt: skip
+
+
+def kept_positions(model: nn.Module, graph: EdgeGraph, positions: list[Tensor]) -> int | None:
+    """How many leading positions a causal model's outputs at the target positions
+    (``[batch, pos]`` masks, one per target) depend on: up to the last target position; None
+    when nothing can be cut (a model that is not causal, a windowed graph whose windows cover
+    the whole trace, or a target at the last position)."""
+    last = max(int(p.any(0).nonzero().max()) + 1 for p in positions)
+    if graph.windows or not getattr(model.cfg, "causal", True) or last == positions[0].shape[1]:
+        return None
+    return last
 
 
 def writer_kind_mask(graph: EdgeGraph, kind: str) -> Tensor:

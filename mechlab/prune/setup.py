@@ -18,6 +18,7 @@ from mechlab.prune.choose import check_sparsity
 from mechlab.prune.config import EXACT_WARM_MAX, PruneConfig, prune_config
 from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward, select_traces
 from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
+from mechlab.prune.objective import kept_positions
 from mechlab.prune.search import task_loss
 from mechlab.traces import PruneData, Target, Traces, target_mask, target_positions
 
@@ -136,8 +137,8 @@ def prepare_search(
             warm = [warm_start_scores(model, whole, t, graph, config, progress) for t in targets]
         wanted = config.select == "refine" if pool_scores is None else pool_scores
         if wanted and config.refine_pool != "none":
-            first = whole if config.pool_traces is None or config.pool_traces >= len(whole) else \
-                whole.subset(torch.arange(config.pool_traces))
+            n_pool = len(whole) if config.pool_traces is None else min(config.pool_traces, len(whole))
+            first = whole if n_pool == len(whole) else whole.subset(torch.arange(n_pool))
             methods = [pool_method(config, int(c.sum())) for c in countable]
             pool = [None if method is None  # the warm start's method: its scores are there
                     else attribution_scores(model, first, t, graph, config, method, progress, "selection pool")
@@ -158,8 +159,8 @@ def cut_after_targets(
     windows cover the whole trace) and of a model that is not causal are kept whole.
     """
     positions = [target_mask(t, traces) for t in targets]
-    last = max(int(p.any(0).nonzero().max()) + 1 for p in positions)
-    if graph.windows or not getattr(model.cfg, "causal", True) or last == traces.n_pos:
+    last = kept_positions(model, graph, positions)
+    if last is None:
         return traces, positions
     return traces.upto(last), [p[:, :last] for p in positions]
 
