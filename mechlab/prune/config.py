@@ -127,6 +127,11 @@ class PruneConfig:
         refine_traces: Training traces the selection scores each candidate on.
         pool_traces: The first training traces the ``refine_pool`` ranking is scored on
             (None: every one).
+        validate_traces: Training traces after the selection's on which its circuit must
+            beat the reference ranking's own circuit (the ``refine_pool``'s, else the warm
+            start's) by two standard errors, or that circuit is taken instead
+            (:func:`~mechlab.prune.refine.select_edges`, step 3; 0: no check; fewer when
+            there are fewer traces, none below 2).
         min_effect: An edge whose removal (or addition) changes the normalised loss by
             less than this has no measurable effect: the fill stops there, and the
             circuit's metadata lists kept edges below it.
@@ -169,9 +174,10 @@ class PruneConfig:
     refine_extra: int = 16
     refine_traces: int = 128
     pool_traces: int | None = 64
+    validate_traces: int = 128
     min_effect: float = 1e-4
     warm_start: str = "eap-ig"
-    warm_steps: int = 5
+    warm_steps: int = 3
     optimizer: str = "shared-adam"
     refine_pool: str = "auto"
 
@@ -200,6 +206,7 @@ class PruneConfig:
         _count("refine_traces", self.refine_traces)
         if self.pool_traces is not None:
             _count("pool_traces", self.pool_traces)
+        _count("validate_traces", self.validate_traces, minimum=0)
         if _number("min_effect", self.min_effect) < 0:
             raise ValueError(f"min_effect must be >= 0, got {self.min_effect!r}")
         _choice("warm_start", self.warm_start, WARM_STARTS)
@@ -249,7 +256,8 @@ PROTOCOLS: dict[str, PruneConfig] = {
     "default": PruneConfig(),
     "uniform": PruneConfig(),
     "fast": PruneConfig(refine_pool="none"),
-    "thorough": PruneConfig(warm_start="auto", steps=200, batch_size=64, refine_pool="eap-ig", pool_traces=None),
+    "thorough": PruneConfig(warm_start="auto", steps=200, batch_size=64, refine_pool="eap-ig", pool_traces=None,
+                            validate_traces=0, warm_steps=5),
     "study": PruneConfig(
         sparsity=0.99, node_sparsity=0.8, loss="truth", normalize_loss=False, loss_scale=1000.0,
         steps=3000, constraint="lagrangian", noise="independent", select="rank", warm_start="none",
@@ -269,7 +277,7 @@ edges ranked by mask)."""
 
 
 JOINT_CONFIG = PruneConfig(steps=500, noise="shared+mixed", warm_start="none", batch_size=64,
-                           refine_traces=128, refine_pool="eap-ig", pool_traces=None)
+                           refine_traces=128, refine_pool="eap-ig", pool_traces=None, warm_steps=5)
 """:func:`~mechlab.prune.joint.joint_prune`'s base settings: two 500-step searches (shared and
 mixed noise) from a cold start, 64 traces a step, the selection on 128 with EAP-IG's ranking
 (on every training trace) in its pool. A shared search

@@ -281,9 +281,14 @@ def refine_result(
         countable = countable.cpu() & (hc.deterministic_mask(result.node_log_alpha.cpu()) > 0)[edge_writer]
     rankings = [scores[target].abs() for scores in (setup.warm, setup.pool)
                 if scores is not None and scores[target] is not None]  # fmt: skip
+    n_check = min(config.validate_traces, len(setup.train) - config.refine_traces)
+    validate = None if n_check < 2 else loss_function(
+        model, setup.graph, setup.train, setup.positions, setup.reference, setup.ablated, setup.norms,
+        n_check, first=config.refine_traces, per_trace=True,
+    )([target])  # fmt: skip
     selection = select_edges(setup.graph, result.edge_log_alpha, countable, setup.n_keep[target],
                              loss_of, config.ablation, config.refine_extra, config.min_effect,
-                             rankings=rankings, progress=progress)  # fmt: skip
+                             rankings=rankings, progress=progress, validate=validate)  # fmt: skip
     la = kept_log_alpha(result.edge_log_alpha, selection.edges, setup.countable[target].cpu())
     return MaskResult(la, result.node_log_alpha, result.history), selection
 
@@ -404,6 +409,7 @@ def selection_record(graph: EdgeGraph, selection: Selection, min_effect: float) 
             "fill_stopped": selection.fill_stopped,
             # the fill's last candidates and the loss decrease each gave (below min_effect)
             "rejected": [[*graph.edges[i], v] for i, v in selection.rejected.items()],
+            "validation": selection.validation,
         },
         "edge_effects": effects,
         "edges_without_effect": [

@@ -441,13 +441,22 @@ def _transformer_forward_fast_body(
     of the layers before ``first_layer``) resumes it there, and ``on_layer(layer, stream)``
     is called before each layer from ``first_layer`` on and before the read-out
     (:mod:`mechlab.prune.replay`)."""
-    sizes = _qkv_readers(model.cfg)
-    batch, n_pos = x.shape[:2]
     if stream is None:
-        stream = FastStream(ablated, node_mask, batch, recompute)
+        stream = FastStream(ablated, node_mask, x.shape[0], recompute)
+    _transformer_layers(model, graph, x, z, stream, first_layer, len(model.blocks), on_layer)
+    if on_layer is not None:
+        on_layer(len(model.blocks), stream)
+    resid = stream.read_norm(_edge_block(z, graph, "out", 1), model.ln_final).squeeze(0)
+    return model.read_out(resid)
+
+
+def _transformer_layers(model, graph, x, z, stream, first_layer: int, stop: int, on_layer=None) -> None:
+    """Blocks ``first_layer .. stop - 1`` of the fast path's pass, their writers added to
+    ``stream`` (the embeddings first when it is empty); ``on_layer(layer, stream)`` before each."""
+    sizes = _qkv_readers(model.cfg)
     if stream.writers.n == 0:
         stream.add(_embeddings(model, x))
-    for layer in range(first_layer, len(model.blocks)):
+    for layer in range(first_layer, stop):
         block = model.blocks[layer]
         if on_layer is not None:
             on_layer(layer, stream)
@@ -463,10 +472,6 @@ def _transformer_forward_fast_body(
             if not block.parallel:
                 mlp_in = stream.read_norm(mlp_block, block.ln2)
             stream.add(_post(block.ln2_post, block.mlp(mlp_in.squeeze(0))).unsqueeze(0))  # [1, batch, pos, d]
-    if on_layer is not None:
-        on_layer(len(model.blocks), stream)
-    resid = stream.read_norm(_edge_block(z, graph, "out", 1), model.ln_final).squeeze(0)
-    return model.read_out(resid)
 
 
 def _transformer_forward(model, graph, x, ablated, z, node_mask) -> Tensor:

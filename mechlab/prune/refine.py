@@ -39,6 +39,7 @@ from mechlab.prune.paths import _graph_arrays, _reach, live_edges, select_on_pat
 
 REFINE_TRACES = 128  # traces the selection scores each candidate set on
 REFINE_EXTRA = 16  # the elimination starts from at most the quota plus this many edges
+VALIDATION_Z = 2.0  # standard errors by which the selection must beat the reference circuit
 # the smallest log_alpha whose deterministic mask is above 0 (plus a margin)
 OPEN_LOG_ALPHA = math.log(-LIMIT_LEFT / LIMIT_RIGHT) + 1e-2
 
@@ -255,39 +256,74 @@ def loss_function(
     ablated,
     norms: Sequence[float],
     n_traces: int = REFINE_TRACES,
+    first: int = 0,
+    per_trace: bool = False,
 ) -> Callable[[Sequence[int]], Callable[[Tensor], float]]:
     """``loss_of(targets)(kept)``: the summed normalised task losses of a binary edge set.
 
-    Scored on the first ``n_traces`` training traces, deterministic masks (0 or 1), the
+    Scored on ``n_traces`` training traces from the ``first``, deterministic masks (0 or 1), the
     search's own :func:`~mechlab.prune.search.task_loss`, each target's loss divided by
     its ``norms`` entry (so with normalising, ``1 - faithfulness`` on those traces). Each
     set's masked forward replays only the layers where it differs from a set scored before
-    (:class:`~mechlab.prune.replay.ReplayForward`; the same numbers as a whole pass).
+    (:class:`~mechlab.prune.replay.ReplayForward`; the same numbers as a whole pass, to
+    float round-off: its last block is computed at the target positions only).
+
+    ``per_trace``: ``kept`` -> ``[n]`` each trace's share of that loss instead (the sum over
+    traces of its positions' terms over the target's position count; the shares add up to
+    the loss), for a paired comparison of two sets over traces (:func:`paired_difference`).
     """
     from mechlab.prune.forward import select_traces
     from mechlab.prune.replay import ReplayForward
-    from mechlab.prune.search import task_loss
+    from mechlab.prune.search import row_losses, task_loss
 
     io = model.cfg.io
-    n = min(len(traces), n_traces)
-    index = torch.arange(n, device=reference.device)
+    n = max(0, min(len(traces) - first, n_traces))
+    index = torch.arange(first, first + n, device=reference.device)
     x = traces.inputs[index]
-    forward = ReplayForward(model, graph, x, select_traces(ablated, index))  # replays what a change reaches
+    at = torch.stack([p[index] for p in positions]).any(0)  # [n, pos]: every target's positions
+    # replays what a change reaches; the last block at the target positions only
+    forward = ReplayForward(model, graph, x, select_traces(ablated, index), at=at)
     dtype = next(model.parameters()).dtype
+    masks = [positions[t][index] for t in range(len(positions))]
+    refs = [reference[index][m] for m in masks]
+    owners = [m.nonzero()[:, 0] for m in masks]  # each target position's trace
+
+    def shares(kept: Tensor, targets: Sequence[int]) -> Tensor:  # [n] per trace
+        with torch.no_grad():
+            pred = forward(kept.to(x.device, dtype))  # [n_at, d_output]
+            out = torch.zeros(n, dtype=torch.float64, device=x.device)
+            for t in targets:
+                terms = row_losses(pred[masks[t][at]], refs[t], io).double()
+                out.index_add_(0, owners[t], terms / (max(len(terms), 1) * norms[t]))
+        return out
 
     def loss_of(targets: Sequence[int]) -> Callable[[Tensor], float]:
         def loss(kept: Tensor) -> float:
             with torch.no_grad():
-                pred = forward(kept.to(x.device, dtype))
+                pred = forward(kept.to(x.device, dtype))  # [n_at, d_output]
                 total = 0.0
                 for t in targets:
-                    mask = positions[t][index]
-                    total += float(task_loss(pred[mask], reference[index][mask], io)) / norms[t]
+                    total += float(task_loss(pred[masks[t][at]], refs[t], io)) / norms[t]
             return total if math.isfinite(total) else math.inf
 
-        return loss
+        def per(kept: Tensor) -> Tensor:
+            out = shares(kept, targets)
+            return out if bool(torch.isfinite(out).all()) else torch.full_like(out, math.inf)
+
+        return per if per_trace else loss
 
     return loss_of
+
+
+def paired_difference(a: Tensor, b: Tensor) -> tuple[float, float]:
+    """``(sum(a - b), its standard error)`` of two sets' per-trace loss shares on the same
+    traces (:func:`loss_function` with ``per_trace``): the traces as independent draws,
+    ``SE = sqrt(n / (n - 1) * sum((d_i - mean d)^2))``."""
+    d = (a - b).double()
+    n = d.numel()
+    if n < 2:
+        return float(d.sum()), math.inf
+    return float(d.sum()), float((n / (n - 1) * (d - d.mean()).pow(2).sum()).sqrt())
 
 
 @dataclass
@@ -305,6 +341,11 @@ class Selection:
             (no candidate lowered the loss by ``min_effect``) or ``"no candidate"``.
         rejected: When the fill stopped for want of effect: each candidate it tried last
             -> the loss decrease its addition gave (below ``min_effect``).
+        validation: The check on traces the selection did not score (None: none made):
+            ``traces``, the losses there of the selection's circuit (``selected_loss``)
+            and of the reference ranking's own circuit (``reference_loss``), their
+            difference's standard error (``se``), and which was ``chosen``
+            (``"selection"`` or ``"reference"``).
     """
 
     edges: Tensor
@@ -314,6 +355,7 @@ class Selection:
     effects: dict[int, float] = field(default_factory=dict)
     fill_stopped: str = "budget"
     rejected: dict[int, float] = field(default_factory=dict)
+    validation: dict[str, Any] | None = None
 
 
 def ranked_pool(log_alpha: Tensor, countable: Tensor, size: int) -> Tensor:
@@ -337,6 +379,7 @@ def select_edges(
     min_effect: float = 1e-4,
     rankings: Sequence[Tensor] = (),
     progress: bool = False,
+    validate: Callable[[Tensor], Tensor] | None = None,
 ) -> Selection:
     """Choose ``n_keep`` edges on the true objective, starting from the search's ranking.
 
@@ -349,7 +392,14 @@ def select_edges(
        route with it), add the countable edge, among the ``extra`` best-ranked ones that
        would be live with the kept set, whose addition lowers the loss most, as long as
        that lowers it by at least ``min_effect``.
-    3. *Measure*: each kept edge's effect, the loss increase when it is removed.
+    3. *Validate* (with ``validate``): on traces the steps above did not score, the chosen
+       circuit must beat the last ranking's own complete-path circuit (the reference: the
+       most stable ranking, exact ablation's where it is one) by :data:`VALIDATION_Z`
+       standard errors of their paired difference; otherwise that circuit is taken (and
+       filled as in 2). The elimination picks among near-equivalent edges by their loss on
+       its own traces, so its circuit's loss there is optimistic; a difference it cannot
+       show on fresh traces is not taken as one.
+    4. *Measure*: each kept edge's effect, the loss increase when it is removed.
 
     Args:
         graph: The edge graph.
@@ -366,6 +416,8 @@ def select_edges(
         progress: Show a bar of the masked forwards (each scores one edge set), its
             description the step (``selection: eliminating from a pool of N edges``, the
             rankings' paths, the fill, ``selection: scoring N removals``).
+        validate: Binary edge set -> ``[n]`` per-trace loss shares on other traces
+            (:func:`loss_function` with ``per_trace``), or None (no check).
 
     Returns:
         The :class:`Selection`.
@@ -380,7 +432,7 @@ def select_edges(
 
     with bar:
         return _select_edges(graph, log_alpha, countable, n_keep, loss_of, ablation, extra, min_effect,
-                             rankings, bar.set_description_str)  # fmt: skip
+                             rankings, bar.set_description_str, validate)  # fmt: skip
 
 
 def _select_edges(
@@ -394,6 +446,7 @@ def _select_edges(
     min_effect: float,
     rankings: Sequence[Tensor],
     say: Callable[[str], Any],
+    validate: Callable[[Tensor], Tensor] | None = None,
 ) -> Selection:
     """:func:`select_edges`, ``say`` called with each step's description."""
     countable = countable.cpu().bool()
@@ -407,15 +460,40 @@ def _select_edges(
     say(f"selection: eliminating from a pool of {n_pool} edges to {n_keep}")
     kept, loss, _ = verified_eliminate(graph, pool, n_keep, loss_of, ablation, final_costs=False)
     say(f"selection: the {1 + len(rankings)} rankings' own paths")
+    reference = None
     for ranking, eligible in ((la, countable), *((r, countable & (r > 0)) for r in rankings)):
         ranked, _ = select_on_paths(graph, ranking, eligible, n_keep, ablation)
         ranked_loss = loss_of(ranked)
+        reference = (ranked, ranked_loss) if rankings else None  # the last ranking's
         if ranked_loss < loss:  # greedy steps can go astray where only whole groups help
             kept, loss = ranked, ranked_loss
-    added: list[int] = []
-    stopped, rejected = "budget", {}
     arrays = _graph_arrays(graph, ablation)
     order = torch.argsort(la, descending=True, stable=True)
+    kept, loss, added, stopped, rejected = _fill(kept, loss, n_keep, countable, order, arrays, loss_of,
+                                                 extra, min_effect, say)  # fmt: skip
+    validation = None
+    if validate is not None and reference is not None and not torch.equal(reference[0], kept):
+        say("selection: validating on other traces")
+        chosen, ref_shares = validate(kept), validate(reference[0])
+        difference, se = paired_difference(chosen, ref_shares)
+        validation = {"traces": chosen.numel(), "selected_loss": float(chosen.sum()),
+                      "reference_loss": float(ref_shares.sum()), "se": se, "chosen": "selection"}  # fmt: skip
+        if not difference < -VALIDATION_Z * se:  # no better than the reference on fresh traces
+            validation["chosen"] = "reference"
+            kept, loss, added, stopped, rejected = _fill(reference[0].clone(), reference[1], n_keep, countable,
+                                                         order, arrays, loss_of, extra, min_effect, say)  # fmt: skip
+    say(f"selection: scoring {int(kept.sum())} removals")
+    effects = removal_costs(graph, kept, loss, loss_of, ablation)
+    return Selection(kept, loss, n_pool, added, effects, stopped, rejected, validation)
+
+
+def _fill(
+    kept: Tensor, loss: float, n_keep: int, countable: Tensor, order: Tensor, arrays, loss_of, extra: int,
+    min_effect: float, say: Callable[[str], Any],
+) -> tuple[Tensor, float, list[int], str, dict[int, float]]:  # fmt: skip
+    """The fill of :func:`select_edges` (step 2): ``(kept, loss, added, why it stopped, rejected)``."""
+    added: list[int] = []
+    stopped, rejected = "budget", {}
     while int(kept.sum()) < n_keep:
         say(f"selection: filling, {int(kept.sum())} of {n_keep} edges kept")
         fed, useful = _reach(kept, arrays)
@@ -441,9 +519,7 @@ def _select_edges(
         kept[best[1]] = True
         loss = best[0]
         added.append(best[1])
-    say(f"selection: scoring {int(kept.sum())} removals")
-    effects = removal_costs(graph, kept, loss, loss_of, ablation)
-    return Selection(kept, loss, n_pool, added, effects, stopped, rejected)
+    return kept, loss, added, stopped, rejected
 
 
 def kept_log_alpha(log_alpha: Tensor, kept: Tensor, countable: Tensor) -> Tensor:
@@ -459,12 +535,14 @@ __all__ = [
     "OPEN_LOG_ALPHA",
     "REFINE_EXTRA",
     "REFINE_TRACES",
+    "VALIDATION_Z",
     "Selection",
     "greedy_eliminate",
     "greedy_eliminate_joint",
     "verified_eliminate",
     "kept_log_alpha",
     "loss_function",
+    "paired_difference",
     "open_countable",
     "pair_disagreement",
     "ranked_pool",

@@ -107,9 +107,14 @@ def task_loss(pred: Tensor, reference: Tensor, io: str) -> Tensor:
         reference: ``[n, d_output]`` reference outputs, or ``[n]`` token ids.
         io: ``"continuous"`` or ``"tokens"``.
     """
+    return row_losses(pred, reference, io).mean()
+
+
+def row_losses(pred: Tensor, reference: Tensor, io: str) -> Tensor:
+    """``[n]`` :func:`task_loss`'s terms, one per target position (their mean is the loss)."""
     if io == "tokens" and reference.dtype == torch.long:
-        return truth_error(pred, reference, io).mean()
-    return divergence(pred, reference, io).mean()
+        return truth_error(pred, reference, io)
+    return divergence(pred, reference, io)
 
 
 class SharedScaleAdam:

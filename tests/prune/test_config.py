@@ -15,8 +15,8 @@ def test_defaults_are_the_documented_search():
     cfg = PruneConfig()
     assert (cfg.sparsity, cfg.constraint, cfg.select, cfg.noise) == (0.95, "budget", "refine", "mixed")
     assert cfg.normalize_loss and cfg.loss_scale == 1.0 and cfg.warm_start == "eap-ig" and cfg.refine_pool == "auto"
-    assert cfg.optimizer == "shared-adam" and (cfg.batch_size, cfg.refine_traces, cfg.warm_steps) == (32, 128, 5)
-    assert cfg.pool_traces == 64
+    assert cfg.optimizer == "shared-adam" and (cfg.batch_size, cfg.refine_traces, cfg.warm_steps) == (32, 128, 3)
+    assert cfg.pool_traces == 64 and cfg.validate_traces == 128
     assert cfg.steps == 50 and cfg.warmup_steps == 25 and cfg.lambda_warmup_steps == 5
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.steps = 3  # type: ignore[misc]
@@ -36,6 +36,7 @@ def test_defaults_are_the_documented_search():
     ("warmup", -1, "warmup must be an integer >= 0"),
     ("lr", float("nan"), "lr must be a finite number"),
     ("batch_size", 2.5, "batch_size must be a positive integer"),
+    ("validate_traces", -1, "validate_traces must be an integer >= 0"),
     ("select", "best", "unknown select 'best'"),
     ("noise", "iid", "unknown noise 'iid'"),
     ("optimizer", "sgd", "unknown optimizer 'sgd'"),

@@ -189,18 +189,18 @@ def test_budget_cases_carry_budgets_and_goals():
 # ---------------------------------------------------------------------------------------
 
 
-def _default_circuit(rm: RedundantModel, budget: int, seed: int):
+def _default_circuit(rm: RedundantModel, budget: int, seed: int, n_train: int = 32):
     from mechlab.prune.engine import prune
     from mechlab.prune.graph import build_graph, countable_edges
 
     n = int(countable_edges(build_graph(rm.model), "interchange").sum())
-    return prune(rm.model, rm.data(seed), "all", 1 - budget / n, seed=seed, progress=False)
+    return prune(rm.model, rm.data(seed, n_train=n_train), "all", 1 - budget / n, seed=seed, progress=False)
 
 
-def _check_found(name: str, seed: int) -> None:
+def _check_found(name: str, seed: int, n_train: int = 32) -> None:
     rm = built(name)
     for label, budget in (("minimal", rm.minimal_budget), ("planted", rm.planted_budget)):
-        circuit = _default_circuit(rm, budget, seed)
+        circuit = _default_circuit(rm, budget, seed, n_train)
         f = circuit.metadata["metrics"]["faithfulness"]
         assert f >= rm.goal, f"{name} seed {seed}, {label} budget {budget}: faithfulness {f:.3f} < {rm.goal:.3f}"
         assert len(circuit.edges) <= budget
@@ -222,3 +222,23 @@ def test_the_default_search_finds_a_faithful_circuit_at_both_budgets(name, seed)
 @pytest.mark.parametrize("seed", [2, 3, 4, 5, 6])
 def test_the_default_search_finds_them_over_more_seeds(name, seed):
     _check_found(name, seed)
+
+
+@pytest.mark.parametrize("name", ["or2-equal", "or3", "lstm-or2"])
+def test_with_traces_to_validate_on_the_redundant_circuit_beats_the_reference(name):
+    """With more training traces than the selection scores (256: 128 left to validate on),
+    the selection's circuit must beat exact ablation's own circuit on them, and it does
+    where that circuit misses the redundancy (OR members: single-edge ablation scores their
+    edges 0): found as with few traces."""
+    rm = built(name)
+    _check_found(name, 0, n_train=256)
+    circuit = _default_circuit(rm, rm.minimal_budget, 0, n_train=256)
+    check = circuit.metadata["selection"]["validation"]
+    assert check is not None and check["traces"] == 128 and check["chosen"] == "selection", check
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(REDUNDANT_FAMILY))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_with_traces_to_validate_on_every_member_is_found(name, seed):
+    _check_found(name, seed, n_train=256)

@@ -21,12 +21,22 @@ VARIANTS = {
     "neox_parallel": {"positional": "rotary", "rotary_dim": 2, "parallel_attn_mlp": True, "act_fn": "gelu"},
     "attn_only": {"attn_only": True},
 }
+HARD_VARIANTS = {  # the last block computed at a few positions: every way a block can differ
+    "gemma2": {"normalization": "RMS", "positional": "rotary", "gated_mlp": True, "act_fn": "gelu",
+               "post_norms": True, "attn_softcap": 0.5, "final_softcap": 1.5, "sliding_window": 3,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+               "n_heads": 4, "d_head": 6, "n_key_value_heads": 2, "qk_norm": True,
+               "attn_out_bias": False},
+    "qk_norm_parallel": {"positional": "rotary", "parallel_attn_mlp": True, "qk_norm": True, "n_heads": 2,
+                         "d_head": 6},
+}
 
 
 def setup(variant: str, ablation: str = "interchange", seed: int = 0):
     torch.manual_seed(seed)
     base = {"d_model": 12, "n_layers": 3, "n_heads": 3, "d_in": 4, "d_out": 3, "n_ctx": 8}
-    model = build_model("transformer", **{**base, **VARIANTS[variant]}).double().eval()
+    options = {**VARIANTS, **HARD_VARIANTS}[variant]
+    model = build_model("transformer", **{**base, **options}).double().eval()
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(5, 7, 4, generator=gen, dtype=torch.float64)
     ablated = writer_outputs(model, torch.randn(5, 7, 4, generator=gen, dtype=torch.float64))
@@ -124,3 +134,30 @@ def test_no_kept_pass_when_one_buffer_would_pass_the_memory_cap(monkeypatch):
     with frozen_eval(model):
         forward = replay.ReplayForward(model, graph, x, ablated)
         assert not forward.replays
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, *HARD_VARIANTS])
+@pytest.mark.parametrize("ablation", ["interchange", "mean"])
+def test_outputs_at_given_positions_equal_the_masked_forward_there(variant, ablation):
+    model, graph, x, ablated = setup(variant, ablation)
+    gen = torch.Generator().manual_seed(7)
+    at = torch.rand(x.shape[:2], generator=gen) < 0.3
+    at[0, -1] = at[2, 0] = True  # the first and the last position among them
+    with frozen_eval(model):
+        forward = ReplayForward(model, graph, x, ablated, at=at)
+        assert forward.replays
+        for mask in mask_walk(graph, 30, seed=5):
+            expected = masked_forward(model, graph, x, ablated, mask)[at]
+            torch.testing.assert_close(forward(mask), expected, rtol=0, atol=1e-10)
+    assert forward.layers_run < 0.9 * forward.passes * (graph.n_layers + 1)
+
+
+def test_outputs_at_given_positions_without_replay_are_the_masked_forwards_rows():
+    model, graph, x, ablated = setup("gpt2")
+    at = torch.zeros(x.shape[:2], dtype=torch.bool)
+    at[:, 3] = True
+    forward = ReplayForward(model, graph, x, ablated, at=at)  # parameters still need gradients
+    assert not forward.replays
+    mask = (torch.rand(graph.n_edges, generator=torch.Generator().manual_seed(0)) < 0.5).double()
+    with torch.no_grad():
+        torch.testing.assert_close(forward(mask), masked_forward(model, graph, x, ablated, mask)[at])
