@@ -1,31 +1,163 @@
-"""Build any mechlab model from a config object, a dict or a name.
+"""Build any mechlab model from a config object, a dict or a name; every family's contract.
 
 Each architecture lives in its own module, which defines a config dataclass
 (a :class:`~mechlab.models.base.ModelConfig` with ``arch`` set) and the model
 class; a module may also define ``PRESETS``, named dicts of config fields.
+
+A family's registry entry (:class:`Family`, in :data:`FAMILIES`) is its whole contract:
+where its classes live, and what the layers above need of it: the edge graph pruning
+builds for it (:attr:`Family.graph`), the attribute of each block that holds its mixer
+(:attr:`Family.mixer`), and whether training batches its trials as one ensemble
+(:attr:`Family.ensemble`). Pruning and training read these here; a new family is one
+:func:`register_family` call (``docs/architecture.md``, "How to add a model family").
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from mechlab import limits
 from mechlab.models.base import MechModel, ModelConfig
 
-# arch name -> (module, config class, model class)
-FAMILIES: dict[str, tuple[str, str, str]] = {
-    "transformer": ("mechlab.models.transformer", "TransformerConfig", "Transformer"),
-    "lstm": ("mechlab.models.lstm", "LSTMConfig", "LSTM"),
-    "dense_ssm": ("mechlab.models.dense_ssm", "DenseSSMConfig", "DenseSSM"),
-    "mamba": ("mechlab.models.mamba", "MambaConfig", "Mamba"),
-}
+GRAPH_KINDS = ("transformer", "recurrent")
+"""The edge graphs pruning builds (:mod:`mechlab.prune.graph`): a transformer's heads and
+MLPs, or a residual stack of recurrent mixers (position windows and carried states)."""
+
+
+class Family(NamedTuple):
+    """One model family of the registry: where it lives and what pruning and training need of it.
+
+    The first three fields are where the classes live (an entry may be given as just those
+    three: a family that builds and trains one trial at a time, but is not pruned).
+
+    Attributes:
+        module: The module that defines the family (``"mechlab.models.lstm"``).
+        config: The name of its config class there (a ``ModelConfig`` with ``arch`` set).
+        model: The name of its model class there.
+        graph: The edge graph pruning builds (one of :data:`GRAPH_KINDS`), or None: the
+            family is not pruned (``edge pruning supports ...``).
+        mixer: For a ``recurrent`` graph, the attribute of each block that holds its mixer
+            (called as ``mixer(x, state, return_state=True)`` for position windows); the
+            block's ``norm`` comes before it and the model's ``hook_embed``,
+            ``blocks.{l}.hook_mixer_out``, ``read_in``, ``ln_final`` and ``read_out``
+            are read around it (:mod:`mechlab.prune.forward`).
+        ensemble: Trials of one shape are trained as one batched ensemble
+            (:mod:`mechlab.train.dispatch`): for families where that beats training the
+            members one after another (``mechlab bench ensemble``).
+    """
+
+    module: str
+    config: str
+    model: str
+    graph: str | None = None
+    mixer: str | None = None
+    ensemble: bool = False
+
+    @property
+    def recurrent(self) -> bool:
+        """Pruned as a residual stack of recurrent mixers (position windows apply)."""
+        return self.graph == "recurrent"
+
+    @property
+    def prunable(self) -> bool:
+        """Edge pruning (and every circuit method) builds a graph for it."""
+        return self.graph is not None
+
+
+# arch name -> its entry (a plain (module, config class, model class) tuple reads as a
+# Family that is not pruned)
+FAMILIES: dict[str, Family] = {}
+
+
+def _check_family(name: str, family: Family) -> Family:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a family's name is a non-empty string, got {name!r}")
+    if family.graph is not None and family.graph not in GRAPH_KINDS:
+        raise ValueError(
+            f"family {name!r}: unknown graph {family.graph!r}; choose one of {GRAPH_KINDS} or None"
+        )
+    if family.recurrent and not family.mixer:
+        raise ValueError(
+            f"family {name!r}: a recurrent graph needs mixer=, the attribute of each block that holds its mixer"
+        )
+    if not family.recurrent and family.mixer is not None:
+        raise ValueError(
+            f"family {name!r}: mixer= is for recurrent graphs, this one's graph is {family.graph!r}"
+        )
+    return family
+
+
+def register_family(
+    name: str, family: Family | tuple[str, ...], *, replace: bool = False
+) -> Family:
+    """Add a model family to the registry; returns its entry.
+
+    Args:
+        name: The architecture name its config's ``arch`` holds.
+        family: Its :class:`Family` (or a ``(module, config, model)`` tuple: not pruned).
+        replace: Replace an entry of the same name (else that is a ValueError).
+
+    Raises:
+        ValueError: The name is registered already, or the contract is inconsistent (an
+            unknown graph kind, a recurrent graph without a mixer).
+    """
+    if name in FAMILIES and not replace:
+        raise ValueError(f"family {name!r} is registered already")
+    entry = _check_family(name, Family(*family))
+    FAMILIES[name] = entry
+    return entry
+
+
+def unregister_family(name: str) -> None:
+    """Remove a family from the registry (a test's toy family); unknown names are ignored."""
+    FAMILIES.pop(name, None)
+
+
+def get_family(arch: str) -> Family:
+    """The entry of a family; one-line ValueError for an architecture not registered."""
+    if arch not in FAMILIES:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {sorted(FAMILIES)}")
+    return Family(*FAMILIES[arch])
+
+
+def graph_kind(arch: str | None) -> str | None:
+    """The edge graph pruning builds for ``arch`` (:attr:`Family.graph`); None for an
+    architecture that is not registered or not pruned."""
+    entry = FAMILIES.get(arch) if isinstance(arch, str) else None
+    return None if entry is None else Family(*entry).graph
+
+
+def prunable_families() -> tuple[str, ...]:
+    """The families pruning builds a graph for, in the order registered."""
+    return tuple(name for name in FAMILIES if graph_kind(name) is not None)
+
+
+def recurrent_families() -> tuple[str, ...]:
+    """The families pruned as residual stacks of recurrent mixers, in the order registered."""
+    return tuple(name for name in FAMILIES if graph_kind(name) == "recurrent")
+
+
+def ensemble_families() -> tuple[str, ...]:
+    """The families whose trials train as one batched ensemble, in the order registered."""
+    return tuple(name for name, entry in FAMILIES.items() if Family(*entry).ensemble)
+
+
+register_family("transformer", Family("mechlab.models.transformer", "TransformerConfig", "Transformer",
+                                      graph="transformer", ensemble=True))  # fmt: skip
+register_family("lstm", Family("mechlab.models.lstm", "LSTMConfig", "LSTM", graph="recurrent", mixer="lstm",
+                               ensemble=True))  # fmt: skip
+register_family("dense_ssm", Family("mechlab.models.dense_ssm", "DenseSSMConfig", "DenseSSM", graph="recurrent",
+                                    mixer="ssm", ensemble=True))  # fmt: skip
+# Mamba's chunked scan writes into preallocated buffers (out=), which vmap cannot batch.
+register_family(
+    "mamba",
+    Family("mechlab.models.mamba", "MambaConfig", "Mamba", graph="recurrent", mixer="mixer"),
+)
 
 
 def _family(arch: str) -> tuple[type[ModelConfig], type[MechModel], dict[str, dict]]:
-    if arch not in FAMILIES:
-        raise ValueError(f"unknown architecture {arch!r}; choose one of {sorted(FAMILIES)}")
-    module_name, config_name, model_name = FAMILIES[arch]
+    module_name, config_name, model_name = get_family(arch)[:3]
     module = importlib.import_module(module_name)
     return getattr(module, config_name), getattr(module, model_name), getattr(module, "PRESETS", {})
 
@@ -151,7 +283,9 @@ def estimate_elements(cfg: ModelConfig) -> int:
     elif arch == "mamba":
         e, n = int(cfg.d_inner), int(cfg.d_state)
         r = int(cfg.resolved_dt_rank)
-        per_layer = e * n + 2 * e * d + e * (int(cfg.d_conv) + 3) + (r + 2 * n) * e + e * r + d * e + d
+        per_layer = (
+            e * n + 2 * e * d + e * (int(cfg.d_conv) + 3) + (r + 2 * n) * e + e * r + d * e + d
+        )
         extra = 0
     else:  # a family added later: bound by the sizes it shares with the others
         per_layer, extra = 16 * d * d, int(cfg.n_ctx) * d

@@ -11,6 +11,7 @@ from typing import Any
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import haystack, nih_data
+from mechlab.pipelines.resume import resume_each
 from mechlab.prune.config import resolved_settings
 from mechlab.prune.curves import (
     RANKINGS,
@@ -130,31 +131,32 @@ def curve_checkpoint(
                   "n_train": n_train, "n_test": n_test, "n_haystack": n, "seg_len": s, "protocol": protocol}  # fmt: skip
         records = {f"curve_{name}.json": {**common, "target": name} for name in targets}
         status = folder.plan(records)
-        for name in targets:
-            json_name, html_name = f"curve_{name}.json", f"curve_{name}.html"
-            if status[json_name] == "same":
-                curves = {c.ablation: c for c in read_curves(folder.file(json_name))}
-                tally.kept.append(f"curve_{name}")
-                if not folder.file(html_name).is_file():
-                    folder.write_figure(faithfulness_curves_figure(curves), html_name)
-                files = CurveFiles(name, curves, folder.file(json_name), folder.file(html_name), 0.0, reused=True)
-            else:
-                started = time.perf_counter()
-                curves = sweep(
-                    ckpt.model, data, name, ablations, grid, ranking=rank, sparsity=sparsity, seed=seed,
-                    progress=progress, checkpoint_sha256=ckpt.sha256, **given,
-                )  # fmt: skip
-                seconds = time.perf_counter() - started
-                info: dict[str, Any] = {
-                    "checkpoint": str(path), "checkpoint_sha256": ckpt.sha256, "target": name,
-                    "rank": rank, "sparsity": sparsity, "steps": search["steps"], "seed": seed, "protocol": protocol,
-                    "threads": torch.get_num_threads(), "seconds": seconds,
-                }  # fmt: skip
-                table = {**curves_to_dict(curves, info), **outputs.settings_record(records[json_name])}
-                json_path = folder.write_json(json_name, table)
-                tally.kept.append(f"curve_{name}")  # its JSON: a rerun reads it back (and draws a missing figure)
-                files = CurveFiles(name, curves, json_path, folder.write_figure(faithfulness_curves_figure(curves),
-                                                                               html_name), seconds)  # fmt: skip
+
+        def compute(name: str) -> tuple[dict[str, Any], float]:
+            started = time.perf_counter()
+            curves = sweep(
+                ckpt.model, data, name, ablations, grid, ranking=rank, sparsity=sparsity, seed=seed,
+                progress=progress, checkpoint_sha256=ckpt.sha256, **given,
+            )  # fmt: skip
+            return curves, time.perf_counter() - started
+
+        def write(name: str, done: tuple[dict[str, Any], float], json_name: str) -> None:
+            curves, seconds = done
+            info: dict[str, Any] = {
+                "checkpoint": str(path), "checkpoint_sha256": ckpt.sha256, "target": name,
+                "rank": rank, "sparsity": sparsity, "steps": search["steps"], "seed": seed, "protocol": protocol,
+                "threads": torch.get_num_threads(), "seconds": seconds,
+            }  # fmt: skip
+            folder.write_json(json_name, {**curves_to_dict(curves, info), **outputs.settings_record(records[json_name])})
+
+        for done in resume_each(
+            folder, status, {name: f"curve_{name}" for name in targets},
+            read=lambda _, file: ({c.ablation: c for c in read_curves(file)}, 0.0), compute=compute, write=write,
+            draw=lambda _, result, file: folder.write_figure(faithfulness_curves_figure(result[0]), file),
+            kept=lambda name, _: tally.kept.append(f"curve_{name}"),
+        ):  # fmt: skip
+            (curves, seconds), reused = done.value, done.reused
+            files = CurveFiles(done.key, curves, done.json_path, done.html_path, seconds, reused=reused)
             written.append(files)
             if on_target is not None:
                 on_target(files)

@@ -25,6 +25,7 @@ from mechlab.pipelines.checkpoints import (
     source_path,
 )
 from mechlab.pipelines.data import haystack
+from mechlab.pipelines.resume import read_result, resume_each
 from mechlab.progress import tqdm
 from mechlab.tasks.lds import check_batch, make_libraries
 from mechlab.tasks.lds_evals import nih_protocol
@@ -211,28 +212,27 @@ def evaluate_checkpoint(
         for name in suites:
             folder.check_path(f"{name}.html")
         status = folder.plan({f"{name}.json": records[name] for name in suites})
-        for name in suites:
-            json_name, html_name = f"{name}.json", f"{name}.html"
-            if status[json_name] == "same":
-                report = {k: v for k, v in outputs.read_json(folder.file(json_name)).items()
-                          if k not in ("settings", "settings_sha256")}  # fmt: skip
-                tally.kept.append(name)
-                if on_reuse is not None:
-                    on_reuse(name, folder.file(json_name))
-                if not folder.file(html_name).is_file():
-                    folder.write_figure(figure_for_suite(report), html_name)
-                json_path, html_path = folder.file(json_name), folder.file(html_name)
-            else:
-                if on_start is not None:
-                    on_start(name)
-                report = run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
-                                   **settings)  # fmt: skip
-                json_path = folder.write_json(json_name, {**report, **outputs.settings_record(records[name])})
-                tally.kept.append(name)  # its JSON: a rerun reads it back (and draws a missing figure)
-                html_path = folder.write_figure(figure_for_suite(report), html_name)
-            reports[name] = report
+
+        def kept(name: str, state: str) -> None:
+            tally.kept.append(name)
+            if state == "same" and on_reuse is not None:
+                on_reuse(name, folder.file(f"{name}.json"))
+
+        def compute(name: str) -> dict[str, Any]:
+            if on_start is not None:
+                on_start(name)
+            return run_suite(ckpt, name, trials=trials if name in ("nih", "ood") else None, device=device,
+                             **settings)  # fmt: skip
+
+        for done in resume_each(
+            folder, status, {name: name for name in suites}, read=lambda _, path: read_result(path),
+            compute=compute, kept=kept,
+            write=lambda name, report, file: folder.write_json(file, {**report, **outputs.settings_record(records[name])}),
+            draw=lambda _, report, file: folder.write_figure(figure_for_suite(report), file),
+        ):  # fmt: skip
+            reports[done.key] = done.value
             if on_suite is not None:
-                on_suite(name, report, json_path, html_path)
+                on_suite(done.key, done.value, done.json_path, done.html_path)
     return reports
 
 

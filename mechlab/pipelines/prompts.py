@@ -30,6 +30,7 @@ from mechlab.limits import MAX_PROMPT_PAIRS, check_at_most
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import check_finite_parameters, open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
+from mechlab.pipelines.resume import keeper, resume_each
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
 from mechlab.prune.config import RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.engine import check_prune_args, prune
@@ -276,40 +277,40 @@ def prune_prompts(
             check_budget(model, found.prune_data(test_fraction, seed=seeds[0]), TARGET, method, sparsity,
                          n_edges=n_edges, ablation=prune_kwargs.get("ablation", "interchange"),
                          acdc_max_edges=acdc_max_edges)  # fmt: skip
-        for s, (stem, record) in zip(seeds, planned.items(), strict=True):
-            json_name, html_name = f"{stem}.json", f"{stem}.html"
-            if status[json_name] == "same":
-                circuit = Circuit.from_json(folder.file(json_name))
-                run.reused.append(stem)
-                tally.kept.append(stem)
-                if not folder.file(html_name).is_file():  # an interrupted run wrote the JSON only
-                    folder.write_circuit_figure(circuit, html_name)
-            else:
-                data = found.prune_data(test_fraction, seed=s)
-                with warnings.catch_warnings():  # the metadata keeps them (callers print them)
-                    warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-                    if by_method:
-                        circuit = run_method(model, data, TARGET, method, sparsity, n_edges=n_edges,
-                                             ig_steps=ig_steps, acdc_max_edges=acdc_max_edges, seed=s,
-                                             **prune_kwargs)  # fmt: skip
-                    else:
-                        circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
-                meta = circuit.metadata
-                meta.setdefault("method", DEFAULT_METHOD)
-                meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)
-                if metric == "logit-diff":
-                    _, test = found.split(test_fraction, seed=s)
-                    meta["metrics"].update(logit_diff_metrics(target_outputs(model, data, circuit), test))
-                meta.update(outputs.settings_record(record))
-                if status[json_name] == "redo":
-                    run.replaced.append(stem)
-                folder.write_circuit(circuit, json_name)
-                tally.kept.append(stem)  # its JSON: a rerun reads it back (and draws a missing figure)
-                folder.write_circuit_figure(circuit, html_name)
-            run.circuits.append(circuit)
-            run.files[stem] = (folder.file(json_name), folder.file(html_name))
+        seed_of = dict(zip(planned, seeds, strict=True))
+
+        def compute(stem: str) -> Circuit:
+            s = seed_of[stem]
+            data = found.prune_data(test_fraction, seed=s)
+            with warnings.catch_warnings():  # the metadata keeps them (callers print them)
+                warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                if by_method:
+                    circuit = run_method(model, data, TARGET, method, sparsity, n_edges=n_edges,
+                                         ig_steps=ig_steps, acdc_max_edges=acdc_max_edges, seed=s,
+                                         **prune_kwargs)  # fmt: skip
+                else:
+                    circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
+            meta = circuit.metadata
+            meta.setdefault("method", DEFAULT_METHOD)
+            meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)
+            if metric == "logit-diff":
+                _, test = found.split(test_fraction, seed=s)
+                meta["metrics"].update(logit_diff_metrics(target_outputs(model, data, circuit), test))
+            return circuit
+
+        def write(stem: str, circuit: Circuit, json_name: str) -> None:
+            circuit.metadata.update(outputs.settings_record(planned[stem]))
+            folder.write_circuit(circuit, json_name)
+
+        for done in resume_each(
+            folder, status, {stem: stem for stem in planned}, read=lambda _, file: Circuit.from_json(file),
+            compute=compute, write=write, kept=keeper(tally.kept, reused=run.reused, replaced=run.replaced),
+            draw=lambda _, circuit, file: folder.write_circuit_figure(circuit, file),
+        ):  # fmt: skip
+            run.circuits.append(done.value)
+            run.files[done.key] = (done.json_path, done.html_path)
             if on_circuit is not None:
-                on_circuit(stem, circuit, run.out)
+                on_circuit(done.key, done.value, run.out)
     if len(seeds) >= 2:
         run.stability = seed_stability({"prompts": run.circuits})
     return run

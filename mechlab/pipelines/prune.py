@@ -27,6 +27,7 @@ from mechlab.pipelines.data import (
     task_haystack,
 )
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
+from mechlab.pipelines.resume import keeper, resume_each
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
 from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.consensus import attach_consensus, nearby_sparsities
@@ -423,29 +424,27 @@ def prune_targets(
                                        nearby_budgets=nearby_budgets, **settings)
         tally.total = len(planned)
         found: dict[str, Circuit] = {}
-        for stem, (name, s, record) in planned.items():
-            json_path, html_path = folder.file(f"{stem}.json"), folder.file(f"{stem}.html")
-            if status.get(f"{stem}.json") == "same":
-                circuit = Circuit.from_json(json_path)
-                run.reused.append(stem)
-                tally.kept.append(stem)
-                if not html_path.is_file():  # an interrupted run wrote the JSON only
-                    folder.write_circuit_figure(circuit, html_path.name)
-            else:
-                with warnings.catch_warnings():  # the metadata keeps them (callers print them)
-                    warnings.filterwarnings(
-                        "ignore", message=FAITHFULNESS_WARNING, category=UserWarning
-                    )
-                    circuit = prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
-                if record is not None:  # what the plan compared: with the consensus's settings
-                    circuit.metadata.update(outputs.settings_record(record))
-                if status.get(f"{stem}.json") == "redo":
-                    run.replaced.append(stem)
-                folder.write_circuit(circuit, json_path.name)
-                tally.kept.append(stem)  # its JSON: a rerun reads it back (and draws a missing figure)
-                folder.write_circuit_figure(circuit, html_path.name)
-            run.circuits.setdefault(target_name(name), []).append(circuit)
-            run.files[stem] = (json_path, html_path)
+
+        def compute(stem: str) -> Circuit:
+            name, s, _ = planned[stem]
+            with warnings.catch_warnings():  # the metadata keeps them (callers print them)
+                warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
+                return prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
+
+        def write(stem: str, circuit: Circuit, json_name: str) -> None:
+            record = planned[stem][2]
+            if record is not None:  # what the plan compared: with the consensus's settings
+                circuit.metadata.update(outputs.settings_record(record))
+            folder.write_circuit(circuit, json_name)
+
+        for done in resume_each(
+            folder, status, {stem: stem for stem in planned}, read=lambda _, file: Circuit.from_json(file),
+            compute=compute, write=write, kept=keeper(tally.kept, reused=run.reused, replaced=run.replaced),
+            draw=lambda _, circuit, file: folder.write_circuit_figure(circuit, file),
+        ):  # fmt: skip
+            stem, circuit = done.key, done.value
+            run.circuits.setdefault(target_name(planned[stem][0]), []).append(circuit)
+            run.files[stem] = (done.json_path, done.html_path)
             found[stem] = circuit
             if on_circuit is not None:
                 on_circuit(stem, circuit, run.out)

@@ -20,6 +20,7 @@ from mechlab.pipelines.checkpoints import (
     run_checkpoints,
     source_path,
 )
+from mechlab.pipelines.resume import read_result, resume_each
 from mechlab.progress import tqdm
 from mechlab.tasks.lds import check_batch
 
@@ -152,28 +153,26 @@ def recall_and_write(
                                     for p in sorted(Path(checkpoints).glob("checkpoints/step_*.pt"))},
             }  # fmt: skip
         status = folder.plan({f"{stem}.json": record for stem, record in records.items()})
-        for stem in stems:
-            json_name, html_name = f"{stem}.json", f"{stem}.html"
-            if status[json_name] == "same":
-                data = {k: v for k, v in outputs.read_json(folder.file(json_name)).items()
-                        if k not in ("settings", "settings_sha256")}  # fmt: skip
-                tally.kept.append(stem)
-                if on_reuse is not None:
-                    on_reuse(stem, folder.file(json_name))
-                if not folder.file(html_name).is_file():
-                    folder.write_figure(_figure(stem, data), html_name)
-                json_path, html_path = folder.file(json_name), folder.file(html_name)
-            else:
-                if stem == "recall":
-                    data = recall_checkpoint(opened, components=components, progress=progress, **settings)
-                else:
-                    data = recall_dynamics(checkpoints, progress=progress, **settings)
-                json_path = folder.write_json(json_name, {**data, **outputs.settings_record(records[stem])})
-                tally.kept.append(stem)  # its JSON: a rerun reads it back (and draws a missing figure)
-                html_path = folder.write_figure(_figure(stem, data), html_name)
-            files.written[stem] = (data, json_path, html_path)
+
+        def kept(stem: str, state: str) -> None:
+            tally.kept.append(stem)
+            if state == "same" and on_reuse is not None:
+                on_reuse(stem, folder.file(f"{stem}.json"))
+
+        def compute(stem: str) -> dict[str, Any]:
+            if stem == "recall":
+                return recall_checkpoint(opened, components=components, progress=progress, **settings)
+            return recall_dynamics(checkpoints, progress=progress, **settings)
+
+        for done in resume_each(
+            folder, status, {stem: stem for stem in stems}, read=lambda _, path: read_result(path),
+            compute=compute, kept=kept,
+            write=lambda stem, data, name: folder.write_json(name, {**data, **outputs.settings_record(records[stem])}),
+            draw=lambda stem, data, name: folder.write_figure(_figure(stem, data), name),
+        ):  # fmt: skip
+            files.written[done.key] = (done.value, done.json_path, done.html_path)
             if on_file is not None:
-                on_file(stem, json_path, html_path)
+                on_file(done.key, done.json_path, done.html_path)
     return files
 
 

@@ -48,6 +48,7 @@ from mechlab.pipelines.prune import (
     prune_settings,
 )
 from mechlab.pipelines.recall import recall_checkpoint
+from mechlab.pipelines.resume import resume_each
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.consensus import attach_seed_consensus
 from mechlab.tasks.lds import check_batch
@@ -519,19 +520,21 @@ def report_checkpoint(
                                           **outputs.settings_record(record), "finished": False})  # fmt: skip
         reused: list[str] = []
 
-        def prune_with(target: str, seed: int, find: Callable[[], Any]) -> Any:
-            name = f"circuits/{_stem(target, seed)}.json"
-            if circuits.get(name) == "same":
-                say(f"  {name}: read back (same settings)")
-                reused.append(name)
-                tally.kept.append(Path(name).with_suffix("").as_posix())
-                return Circuit.from_json(folder.file(name))
-            circuit = find()
+        def kept(stem: str, status: str) -> None:
+            if status == "same":
+                say(f"  {stem}.json: read back (same settings)")
+                reused.append(f"{stem}.json")
+            tally.kept.append(stem)
+
+        def write(stem: str, circuit: Any, name: str) -> None:
             if "settings" in circuit.metadata:  # what the plan compared (with the consensus's seeds)
                 circuit.metadata.update(outputs.settings_record(circuit_settings[name]))
             folder.write_circuit(circuit, name)
-            tally.kept.append(Path(name).with_suffix("").as_posix())
-            return circuit
+
+        def prune_with(target: str, seed: int, find: Callable[[], Any]) -> Any:
+            stem = f"circuits/{_stem(target, seed)}"
+            return next(resume_each(folder, circuits, {stem: stem}, read=lambda _, file: Circuit.from_json(file),
+                                    compute=lambda _: find(), write=write, kept=kept)).value  # fmt: skip
 
         report = make_report(
             opened, cfg, device=device, progress=progress, log=log, prune_with=prune_with

@@ -75,12 +75,12 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from mechlab.models.buffers import POOL
-from mechlab.prune.graph import RECURRENT_ARCHS, EdgeGraph, Windows, build_graph, check_windows
+from mechlab.models.registry import get_family, graph_kind
+from mechlab.prune.graph import EdgeGraph, Windows, build_graph, check_windows
 from mechlab.prune.mixing import FastStream, usable
 from mechlab.traces import Traces
 
 ABLATIONS = ("interchange", "mean", "zero")
-_MIXER_ATTR = {"lstm": "lstm", "dense_ssm": "ssm", "mamba": "mixer"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -90,7 +90,7 @@ _MIXER_ATTR = {"lstm": "lstm", "dense_ssm": "ssm", "mamba": "mixer"}
 
 def _writer_hooks(model: nn.Module) -> list[str]:
     cfg = model.cfg
-    if cfg.arch == "transformer":
+    if graph_kind(cfg.arch) == "transformer":
         names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "learned" else [])
         for layer in range(cfg.n_layers):
             if getattr(cfg, "post_norms", False):  # read by writer_outputs, no writer
@@ -142,7 +142,7 @@ def writer_outputs(
 
 
 def _mixer(model: nn.Module, layer: int) -> nn.Module:
-    return getattr(model.blocks[layer], _MIXER_ATTR[model.cfg.arch])
+    return getattr(model.blocks[layer], get_family(model.cfg.arch).mixer)
 
 
 @torch.no_grad()
@@ -498,7 +498,7 @@ def _transformer_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
 def _recurrent_forward(model, graph, x, ablated, z, node_mask) -> Tensor:
     stream = _Stream(ablated, node_mask)
     stream.add(model.read_in(x).unsqueeze(0))
-    mixer_attr = _MIXER_ATTR[model.cfg.arch]
+    mixer_attr = get_family(model.cfg.arch).mixer  # the family's registry entry
     for layer, block in enumerate(model.blocks):
         x_in = stream.read(_edge_block(z, graph, f"l{layer}.in", 1)).squeeze(0)  # [batch, pos, d]
         mixer_out = getattr(block, mixer_attr)(block.norm(x_in)).to(x_in.dtype)
@@ -598,13 +598,13 @@ def masked_forward(
     model.check_length(x.shape[1])
     edge_mask = edge_mask.to(ablated.dtype)  # (the masks in the model's dtype: bf16, fp16, ...)
     node_mask = None if node_mask is None else node_mask.to(ablated.dtype)
-    if graph.arch == "transformer":
+    if graph_kind(graph.arch) == "transformer":
         if fast and usable(model, ablated):
             return _transformer_forward_fast(
                 model, graph, x, ablated, edge_mask, node_mask, recompute
             )
         return _transformer_forward(model, graph, x, ablated, edge_mask, node_mask)
-    if graph.arch in RECURRENT_ARCHS:
+    if graph_kind(graph.arch) == "recurrent":
         return _recurrent_forward(model, graph, x, ablated, edge_mask, node_mask)
     raise ValueError(f"unsupported architecture {graph.arch!r}")
 

@@ -78,11 +78,14 @@ import networkx as nx
 import torch
 
 from mechlab.models.base import ModelConfig
+from mechlab.models.registry import graph_kind, prunable_families, recurrent_families
 from mechlab.prune.edge_graph import EdgeGraph, Reader, Writer
 from mechlab.traces import Windows, check_windows
 
-RECURRENT_ARCHS = ("lstm", "dense_ssm", "mamba")
-ARCHS = ("transformer", *RECURRENT_ARCHS)
+# What each family's graph is lives in its registry entry (mechlab.models.registry.Family.graph);
+# these are the built-in families' answers, kept for the code that imports them.
+RECURRENT_ARCHS = recurrent_families()
+ARCHS = prunable_families()
 QKV = ("q", "k", "v")
 
 
@@ -92,14 +95,14 @@ def _config(model_or_cfg: Any) -> ModelConfig:
         raise TypeError(
             f"expected a mechlab model or ModelConfig, got {type(model_or_cfg).__name__}"
         )
-    if cfg.arch not in ARCHS:
-        raise ValueError(f"edge pruning supports {ARCHS}, not {cfg.arch!r}")
+    if graph_kind(cfg.arch) is None:
+        raise ValueError(f"edge pruning supports {prunable_families()}, not {cfg.arch!r}")
     return cfg
 
 
 def _arch_sizes(model_or_cfg: Any) -> tuple[str, int, int]:
     cfg = _config(model_or_cfg)
-    return cfg.arch, cfg.n_layers, getattr(cfg, "n_heads", 0) if cfg.arch == "transformer" else 0
+    return cfg.arch, cfg.n_layers, getattr(cfg, "n_heads", 0) if graph_kind(cfg.arch) == "transformer" else 0
 
 
 def transformer_layout(cfg: ModelConfig) -> dict[str, Any]:
@@ -140,7 +143,7 @@ def build_graph(model_or_cfg: Any, windows: Windows | None = None) -> EdgeGraph:
         ValueError: Windows for a transformer, or malformed windows.
     """
     cfg = _config(model_or_cfg)
-    if cfg.arch == "transformer":
+    if graph_kind(cfg.arch) == "transformer":
         if windows is not None:
             raise ValueError("position windows apply to recurrent models (lstm, dense_ssm, mamba), not transformers")
         return transformer_graph(cfg.n_layers, cfg.n_heads, **transformer_layout(cfg))
@@ -157,12 +160,12 @@ def graph_from_summary(info: dict[str, Any]) -> EdgeGraph:
             graph does not have.
     """
     arch = info.get("arch")
-    if arch == "transformer":
+    if graph_kind(arch) == "transformer":
         options = {k: info[k] for k in ("n_key_value_heads", "positions", "attn_only", "parallel_attn_mlp") if k in info}
         graph = transformer_graph(int(info["n_layers"]), int(info["n_heads"]), **options)
-    elif arch in RECURRENT_ARCHS and info.get("windows"):
+    elif graph_kind(arch) == "recurrent" and info.get("windows"):
         graph = windowed_recurrent_graph(arch, int(info["n_layers"]), info["windows"])
-    elif arch in RECURRENT_ARCHS:
+    elif graph_kind(arch) == "recurrent":
         graph = recurrent_graph(arch, int(info["n_layers"]))
     else:
         raise ValueError(f"unknown architecture {arch!r} in the graph summary")
@@ -190,11 +193,11 @@ def pruning_graph(
     """
     arch = _arch_sizes(model_or_cfg)[0]
     if position_aware is None:
-        position_aware = arch in RECURRENT_ARCHS and windows is not None
+        position_aware = graph_kind(arch) == "recurrent" and windows is not None
     if not position_aware:
         return build_graph(model_or_cfg)
-    if arch not in RECURRENT_ARCHS:
-        raise ValueError(f"position_aware graphs are for recurrent models {RECURRENT_ARCHS}, not {arch!r}")
+    if graph_kind(arch) != "recurrent":
+        raise ValueError(f"position_aware graphs are for recurrent models {recurrent_families()}, not {arch!r}")
     if windows is None:
         raise ValueError("position_aware=True needs traces with windows (Traces.windows)")
     return build_graph(model_or_cfg, windows)
@@ -261,8 +264,8 @@ def transformer_graph(
 
 def recurrent_graph(arch: str, n_layers: int) -> EdgeGraph:
     """Edge graph of a residual stack of mixers (LSTM, dense SSM, Mamba)."""
-    if arch not in RECURRENT_ARCHS:
-        raise ValueError(f"not a recurrent family: {arch!r}; choose one of {RECURRENT_ARCHS}")
+    if graph_kind(arch) != "recurrent":
+        raise ValueError(f"not a recurrent family: {arch!r}; choose one of {recurrent_families()}")
     writers = [Writer("embed", -1, "embed")]
     readers = []
     for layer in range(n_layers):
@@ -283,8 +286,8 @@ def windowed_recurrent_graph(arch: str, n_layers: int, windows: Windows) -> Edge
     Returns:
         The :class:`EdgeGraph`, with :attr:`EdgeGraph.windows` set.
     """
-    if arch not in RECURRENT_ARCHS:
-        raise ValueError(f"not a recurrent family: {arch!r}; choose one of {RECURRENT_ARCHS}")
+    if graph_kind(arch) != "recurrent":
+        raise ValueError(f"not a recurrent family: {arch!r}; choose one of {recurrent_families()}")
     windows = check_windows(windows)
     writers: list[Writer] = []
     readers: list[Reader] = []

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from mechlab.models.registry import make_config
+from mechlab.models.registry import ensemble_families, get_family, make_config
 from mechlab.train.ensemble import train_ensemble
 from mechlab.train.trials import TrialSpec, as_spec, group_key, run_trial
 
 # Families whose batched ensemble beats training their members one after another
-# (measured by `mechlab bench ensemble`, see docs/benchmarks.md). Mamba's chunked scan
-# writes into preallocated buffers (out=), which vmap cannot batch.
-ENSEMBLE_FAMILIES = ("transformer", "lstm", "dense_ssm")
+# (measured by `mechlab bench ensemble`, see docs/benchmarks.md): each family's registry
+# entry says so (mechlab.models.registry.Family.ensemble). This tuple is the built-in
+# families' answer, kept for the code that imports it; run_trials asks the registry.
+ENSEMBLE_FAMILIES = ensemble_families()
 
 
 def run_trials(
@@ -26,8 +27,8 @@ def run_trials(
     Args:
         specs: The trials.
         ensemble: True: every group of two or more trials as one ensemble; False: one
-            trial after another; None (default): ensembles for the families in
-            :data:`ENSEMBLE_FAMILIES`.
+            trial after another; None (default): ensembles for the families whose
+            registry entry says so (:attr:`~mechlab.models.registry.Family.ensemble`).
         max_members: Most trials in one ensemble (larger groups are split).
 
     Returns:
@@ -43,7 +44,7 @@ def run_trials(
     results: list[dict[str, Any] | None] = [None] * len(specs)
     for members in groups.values():
         arch = make_config(specs[members[0]].model_config()).arch
-        batched = ensemble if ensemble is not None else arch in ENSEMBLE_FAMILIES
+        batched = ensemble if ensemble is not None else get_family(arch).ensemble
         if not batched or len(members) == 1:
             for i in members:
                 results[i] = run_trial(specs[i])
