@@ -231,15 +231,15 @@ class LSTMMixer(nn.Module):
         gates, cs, hs = rows[..., : 4 * d], rows[..., 4 * d : 5 * d], rows[..., 5 * d : 6 * d]
         h_one = rows[..., 5 * d : 6 * d + 1]  # [batch, pos, d + 1]: h_t, then 1
         # tanh(a) = 2 sigmoid(2a) - 1: with the g rows of the weights and bias doubled (exact
-        # in floating point) one sigmoid serves all four gates; torch's CPU tanh costs about
-        # five times its sigmoid
+        # in floating point) one sigmoid over the step's row serves all four gates, and one
+        # small fix-up turns (g + 1) / 2 into g
         double_g = torch.ones(4 * d, dtype=x.dtype, device=x.device)
         double_g[2 * d : 3 * d] = 2
         bias = (rnn.bias_ih_l0 + rnn.bias_hh_l0) * double_g
         w_ih = rnn.weight_ih_l0.T * double_g  # [d_model, 4 * d]
         w_hh = torch.cat([rnn.weight_hh_l0.T * double_g, bias[None]])  # [d + 1, 4 * d]
         # the input half of every pre-activation in one product (no bias: see w_hh)
-        torch.mm(x.flatten(0, 1), w_ih, out=rows.view(batch * n_pos, -1)[:, : 4 * d])
+        torch.mm(x.flatten(0, 1), w_ih, out=rows.view(batch * n_pos, rows.shape[-1])[:, : 4 * d])
         if initial_state is None:
             h_prev, c = x.new_zeros(batch, d + 1), x.new_zeros(batch, d)
         else:

@@ -245,9 +245,9 @@ def dense_scan(
             if transitions_out is None
             else transitions_out
         )
-        # each A(x_t) made just before the state reads it, so it is read back from the cache
-        # (one product over all positions measured ~8% slower: its 4 * batch * pos *
-        # d_state^2 bytes went out to memory and came back)
+        # each A(x_t) made just before the state reads it, while it is still in the CPU's
+        # cache (one product over all positions first measured ~8% slower at batch 64 x 251,
+        # d_state 64: every transition was written before any was read back)
         for t, (x_t, A_t) in enumerate(zip(x.unbind(1), transitions.unbind(1), strict=True)):
             torch.mm(x_t, W_T, out=A_t.view(batch, d_state * d_state))
             h = torch.linalg.vecdot(A_t, h[:, None, :], out=states[:, t])
