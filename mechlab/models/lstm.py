@@ -24,13 +24,14 @@ CPU kernel); otherwise it runs the step loop above, in which each step's gates a
 states go through a :class:`~mechlab.models.recurrence.StepHook`. When the step hooks
 only read (``run_with_cache``; hooks marked
 :func:`~mechlab.models.recurrence.reads_only`), every step's values are computed without
-hook calls and handed to each hook once: on CUDA, or under autograd, the fused module runs
-and the gates and cell states are recovered from its hidden states
+hook calls and handed to each hook once. When only ``hook_h`` is read, the fused module's
+output is that trajectory. Otherwise, on CUDA, or under autograd, the fused module runs and
+the gates and cell states are recovered from its hidden states
 (:meth:`LSTMMixer.step_values`: one batched matrix product for the gates, an elementwise
 scan for ``c``); on the CPU without autograd a lean step loop that keeps every value
-(:meth:`LSTMMixer.stepped_values`) measured faster (the recovery costs about as much as the
-fused forward itself there). All paths compute the same function; ``model.fused = False``
-forces the loop. On CUDA, cuDNN's LSTM uses
+(:meth:`LSTMMixer.stepped_values`) measured faster: it does the fused forward's matrix
+products once, where the recovery repeats them. All paths compute the same function;
+``model.fused = False`` forces the loop. On CUDA, cuDNN's LSTM uses
 TF32 unless ``torch.backends.cudnn.allow_tf32 = False``; the paths then differ by about
 ``2e-4`` instead of ``1e-6`` (H200, d_model 64, 251 steps), which matters when a clean
 fused run is compared with a hooked one.
@@ -155,7 +156,9 @@ class LSTMMixer(nn.Module):
             ``[batch, 2, d_hidden]`` (``h``, ``c``) after the last position.
         """
         use = hook_use(*self.step_points())
-        if self.fused and use == "read" and self._read_by_stepping(x, initial_state):
+        # read-only hooks on h_t alone: the fused kernel's output is every h_t
+        only_h = use == "read" and not any(len(p._forward_hooks) for p in self.step_points()[:5])
+        if self.fused and use == "read" and not only_h and self._read_by_stepping(x, initial_state):
             values, state = self.stepped_values(x, initial_state)
             for point, name in zip(self.step_points(), "ifgoch", strict=True):
                 read_trajectory(point, values[name])
@@ -170,7 +173,9 @@ class LSTMMixer(nn.Module):
                 h0, c0 = initial_state.transpose(0, 1).contiguous().unbind(0)
                 h, (h_n, c_n) = self.rnn(x, (h0.unsqueeze(0), c0.unsqueeze(0)))
             state = torch.stack([h_n[0], c_n[0]], dim=1)  # [batch, 2, d_hidden]
-            if use == "read":
+            if only_h:
+                read_trajectory(self.hook_h, h)
+            elif use == "read":
                 self.read_steps(x, h, initial_state)
         else:
             h, state = self.unrolled(x, initial_state, return_state=True)
@@ -198,9 +203,13 @@ class LSTMMixer(nn.Module):
     ) -> tuple[dict[str, Tensor], Tensor]:
         """Every step's gates and states from a lean step loop, without gradients.
 
-        The input half of every pre-activation in one matrix product; then per step one
-        ``addmm`` and the nonlinearities in place on that buffer, and ``c_t``, ``h_t``
-        written into preallocated ``[batch, pos, d_hidden]`` buffers.
+        Every value goes into one preallocated ``[batch, pos, 6 * d_hidden + 1]`` buffer
+        (rounded up to whole cache lines) whose row holds a step's ``i, f, g, o, c, h`` and a
+        one. The input half of every pre-activation comes from one matrix product; then per
+        step one ``addmm`` of ``[h_{t-1}, 1]`` with ``[W_hh; b]`` (the bias rides along as
+        the last row) and the nonlinearities in place, ``c_t`` and ``h_t`` written beside
+        the gates. The trajectories are views of that buffer (strided, not contiguous): a
+        cache that keeps any of them keeps the whole buffer alive.
 
         Args:
             x: The (normalised) input.
@@ -212,36 +221,44 @@ class LSTMMixer(nn.Module):
         """
         rnn = self.rnn
         batch, n_pos, _ = x.shape
-        d_hidden = rnn.hidden_size
-        # what a cache keeps goes into reused memory (mechlab.models.buffers)
-        gates = _cache_buffer(self.step_points()[:4], (batch, n_pos, 4 * d_hidden), x)
-        cs = _cache_buffer(self.step_points()[4:5], (batch, n_pos, d_hidden), x)
-        hs = _cache_buffer(self.step_points()[5:], (batch, n_pos, d_hidden), x)
+        d = rnn.hidden_size
+        # One row per (batch, position) holds i, f, g, o, c, h and a 1: a step's values sit
+        # side by side, so writing c_t and h_t finds the lines its gates just brought into
+        # the cache, and [h_t, 1] @ [W_hh; b] adds the bias inside the recurrent product.
+        # What a cache keeps goes into reused memory (mechlab.models.buffers).
+        rows = _cache_buffer(self.step_points(), (batch, n_pos, _row_width(d)), x)
+        rows[..., 6 * d].fill_(1)
+        gates, cs, hs = rows[..., : 4 * d], rows[..., 4 * d : 5 * d], rows[..., 5 * d : 6 * d]
+        h_one = rows[..., 5 * d : 6 * d + 1]  # [batch, pos, d + 1]: h_t, then 1
         # tanh(a) = 2 sigmoid(2a) - 1: with the g rows of the weights and bias doubled (exact
-        # in floating point) one sigmoid serves all four gates; torch's CPU tanh costs about
-        # five times its sigmoid
-        double_g = torch.ones(4 * d_hidden, dtype=x.dtype, device=x.device)
-        double_g[2 * d_hidden : 3 * d_hidden] = 2
+        # in floating point) one sigmoid over the step's row serves all four gates, and one
+        # small fix-up turns (g + 1) / 2 into g
+        double_g = torch.ones(4 * d, dtype=x.dtype, device=x.device)
+        double_g[2 * d : 3 * d] = 2
         bias = (rnn.bias_ih_l0 + rnn.bias_hh_l0) * double_g
-        w_ih = rnn.weight_ih_l0.T * double_g  # [d_model, 4 * d_hidden]
-        w_hh = rnn.weight_hh_l0.T * double_g  # [d_hidden, 4 * d_hidden]
-        torch.addmm(bias, x.flatten(0, 1), w_ih, out=gates.view(batch * n_pos, 4 * d_hidden))
+        w_ih = rnn.weight_ih_l0.T * double_g  # [d_model, 4 * d]
+        w_hh = torch.cat([rnn.weight_hh_l0.T * double_g, bias[None]])  # [d + 1, 4 * d]
+        # the input half of every pre-activation in one product (no bias: see w_hh)
+        torch.mm(x.flatten(0, 1), w_ih, out=rows.view(batch * n_pos, rows.shape[-1])[:, : 4 * d])
         if initial_state is None:
-            h, c = x.new_zeros(batch, d_hidden), x.new_zeros(batch, d_hidden)
+            h_prev, c = x.new_zeros(batch, d + 1), x.new_zeros(batch, d)
         else:
-            h, c = initial_state.unbind(1)  # [batch, d_hidden] each
-        minus_one = x.new_full((), -1.0).expand(batch, d_hidden)
+            h_prev, c = x.new_empty(batch, d + 1), initial_state[:, 1]
+            h_prev[:, :d] = initial_state[:, 0]
+        h_prev[:, d] = 1
+        minus_one = x.new_full((), -1.0).expand(batch, d)
         # every step's views made once (per-step slicing costs more than the small kernels)
-        i, f, g, o = gates.chunk(4, dim=-1)  # views, [batch, pos, d_hidden] each
+        i, f, g, o = gates.chunk(4, dim=-1)  # views, [batch, pos, d] each
         steps = zip(gates.unbind(1), i.unbind(1), f.unbind(1), g.unbind(1), o.unbind(1),
-                    cs.unbind(1), hs.unbind(1), strict=True)  # fmt: skip
-        for step, i_t, f_t, g_t, o_t, c_t, h_t in steps:
-            step.addmm_(h, w_hh).sigmoid_()  # [batch, 4 * d_hidden]: i, f, (g + 1) / 2, o
+                    cs.unbind(1), hs.unbind(1), h_one.unbind(1), strict=True)  # fmt: skip
+        for step, i_t, f_t, g_t, o_t, c_t, h_t, h_one_t in steps:
+            step.addmm_(h_prev, w_hh).sigmoid_()  # [batch, 4 * d]: i, f, (g + 1) / 2, o
             torch.add(minus_one, g_t, alpha=2, out=g_t)
             c = torch.mul(i_t, g_t, out=c_t).addcmul_(f_t, c)
-            h = torch.tanh(c, out=h_t).mul_(o_t)
+            torch.tanh(c, out=h_t).mul_(o_t)
+            h_prev = h_one_t
         values = {"i": i, "f": f, "g": g, "o": o, "c": cs, "h": hs}
-        return values, torch.stack([h, c], dim=1)
+        return values, torch.stack([h_prev[:, :d], c], dim=1)
 
     @torch.no_grad()
     def step_values(
@@ -330,6 +347,12 @@ class LSTMMixer(nn.Module):
             h = step_h(t, o * torch.tanh(c))
         hs = step_h.stacked()  # [batch, pos, d_hidden]
         return (hs, torch.stack([h, c], dim=1)) if return_state else hs
+
+
+def _row_width(d_hidden: int) -> int:
+    """Floats per row of :meth:`LSTMMixer.stepped_values`' buffer: six values of ``d_hidden``
+    and a one, rounded up to whole 64-byte lines (16 float32s)."""
+    return -(-(6 * d_hidden + 1) // 16) * 16
 
 
 def _cache_buffer(points: tuple[HookPoint, ...], shape: tuple[int, ...], like: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ from nnsight import NNsight
 from torch import nn
 
 from mechlab.models import build_model
-from mechlab.models.lstm import LSTM, LSTMConfig
+from mechlab.models.lstm import LSTM, LSTMConfig, LSTMMixer
 
 BATCH, N_POS = 3, 7
 STEP_NAMES = ("hook_i", "hook_f", "hook_g", "hook_o", "hook_c", "hook_h")
@@ -256,3 +256,68 @@ def test_fused_equals_unrolled_at_study_size_and_print_times():
         f"\nLSTM forward, batch 64 x 251, d_model 64: fused {times[True] * 1e3:.1f} ms, "
         f"unrolled {times[False] * 1e3:.1f} ms, ratio {times[False] / times[True]:.1f}x"
     )
+
+
+def lstm_equations(rnn: nn.LSTM, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> dict:
+    """Every step's gates and states from the LSTM equations on ``rnn``'s weights, one step
+    at a time (an independent reference for the read paths)."""
+    out = {name: [] for name in "ifgoch"}
+    for t in range(x.shape[1]):
+        pre = (
+            x[:, t] @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0
+        )
+        i, f, g, o = pre.chunk(4, dim=-1)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        c = f * c + i * g
+        h = o * torch.tanh(c)
+        for name, value in zip("ifgoch", (i, f, g, o, c, h), strict=True):
+            out[name].append(value)
+    return {name: torch.stack(values, dim=1) for name, values in out.items()}
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("d_hidden", [16, 9])  # 9: a buffer row of 6 * 9 + 1 floats, padded
+@pytest.mark.parametrize("n_pos", [1, 7])
+@pytest.mark.parametrize("start", ["zeros", "state"])
+def test_stepped_values_follow_the_lstm_equations(d_hidden, n_pos, start):
+    torch.manual_seed(0)
+    mixer = LSTMMixer(16, d_hidden).double()
+    x = torch.randn(BATCH, n_pos, 16, dtype=torch.float64)
+    state = None if start == "zeros" else torch.randn(BATCH, 2, d_hidden, dtype=torch.float64)
+    h0, c0 = (
+        (torch.zeros(BATCH, d_hidden, dtype=torch.float64),) * 2
+        if state is None
+        else state.unbind(1)
+    )
+    with torch.no_grad():
+        values, final = mixer.stepped_values(x, state)
+        ref = lstm_equations(mixer.rnn, x, h0, c0)
+    for name in "ifgoch":
+        assert values[name].shape == (BATCH, n_pos, d_hidden), name
+        torch.testing.assert_close(values[name], ref[name], rtol=1e-12, atol=1e-12, msg=name)
+    torch.testing.assert_close(final, torch.stack([ref["h"][:, -1], ref["c"][:, -1]], dim=1))
+    if state is not None:  # the given state is read, not written
+        assert torch.equal(torch.stack([h0, c0], dim=1), state)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_cache_of_h_alone_reads_the_fused_kernels_output(monkeypatch):
+    model = make_model(d_hidden=12)
+    x = make_input(model)
+    with torch.no_grad():
+        _, full = model.run_with_cache(x)
+    calls = [0, 0]
+    for i, block in enumerate(model.blocks):
+        block.lstm.rnn.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the step loop ran for a cache of h alone")
+
+    monkeypatch.setattr(LSTMMixer, "stepped_values", refuse)
+    monkeypatch.setattr(LSTMMixer, "step_values", refuse)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x, names_filter=lambda name: name.endswith("lstm.hook_h"))
+    assert calls == [1, 1]
+    assert sorted(cache.keys()) == ["blocks.0.lstm.hook_h", "blocks.1.lstm.hook_h"]
+    for name in cache.keys():
+        torch.testing.assert_close(cache[name], full[name], atol=1e-6, rtol=0, msg=name)
