@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -261,11 +262,15 @@ def bench_shape(shape: LMShape, cfg: LMBenchConfig, workdir: Path, log: Any = No
     if write.refused:
         raise RuntimeError(f"{shape.name}: could not write the random checkpoint ({write.refused})")
     runs = {}
-    for tool in ("mechlab", *cfg.tools):
-        say(f"{shape.name}: {TOOL_NAMES[tool]} ...")
-        runs[tool] = run_tool(
-            tool, folder, cfg.threads, cfg.steps if shape.attribute else 0, cfg.timeout
-        )
+    steps = cfg.steps if shape.attribute else 0
+    try:
+        for tool in ("mechlab", *cfg.tools):
+            say(f"{shape.name}: {TOOL_NAMES[tool]} ...")
+            runs[tool] = run_tool(tool, folder, cfg.threads, steps, cfg.timeout)
+    finally:
+        shutil.rmtree(
+            folder, ignore_errors=True
+        )  # gigabytes: gone before the next shape is written
     return ShapeResult(shape.name, write, runs)
 
 
