@@ -112,6 +112,9 @@ step train-tiny-1 165 "train --preset tiny --batch 256 --repeats 3 --threads 1" 
   "train --preset tiny --batch 2 --repeats 1 --threads 1"
 step train-recall-1 65 "train --preset recall-cpu --steps 10 --repeats 7 --threads 1" \
   "train --preset recall-cpu --batch 2 --repeats 1 --threads 1"
+# a Llama-3.2-1B and a Gemma-2-2B shape (random bfloat16 weights): import, cache, EAP-IG, beside
+# TransformerLens' bridge and nnsight, each tool in its own process (needs ~10 GB of free memory)
+step lm-1 600 "lm --threads 2" "lm --shapes llama-tiny,gemma-tiny --pos 16 --steps 2 --threads 2"
 step startup 25 "startup --repeats 5" "startup --repeats 1"
 step ensemble-1 170 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
   "ensemble --presets st_lstm_small --steps 1 --n-train 16 --repeats 1"

@@ -8,7 +8,7 @@ checkpoint and ``prompts.pt`` (the clean and corrupted prompts, token ids, loade
 - ``write``: ``FOLDER/spec.json`` (a config class and its fields) -> a model of random
   weights in the config's dtype, written with ``save_pretrained`` (phase ``write``);
 - ``mechlab``: :func:`mechlab.from_pretrained` of the folder (streamed, in the checkpoint's
-  dtype; phase ``load``), ``run_with_cache`` of every hook on the clean prompt (``cache``),
+  dtype, with the size limit raised to :data:`MAX_ELEMENTS`; phase ``load``), ``run_with_cache`` of every hook on the clean prompt (``cache``),
   and with ``STEPS`` > 0 EAP-IG on the prompt pair with ``STEPS`` integration points
   (``attribute``);
 - ``bridge``: ``AutoModelForCausalLM.from_pretrained`` of the folder in its dtype (eager
@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Any
 
 TOOLS = ("write", "mechlab", "bridge", "nnsight")
+# mechlab's size limit for these imports: 2^32 elements, above Gemma-2-2B's 2.6e9 (the default
+# limit, 2^31, refuses it and says how to raise it; the other tools have no limit)
+MAX_ELEMENTS = 2**32
 # what each tool imports before its phases are measured (import time is reported apart)
 IMPORTS = {
     "write": ("transformers",),
@@ -129,7 +132,7 @@ def _mechlab(folder: Path, steps: int, phases: Phases, info: dict[str, Any]) -> 
     from mechlab.traces import Traces
 
     clean, corrupted = _prompts(folder)
-    model = phases.run("load", lambda: mechlab.from_pretrained(folder))
+    model = phases.run("load", lambda: mechlab.from_pretrained(folder, max_elements=MAX_ELEMENTS))
     info["dtype"] = str(next(model.parameters()).dtype)
     with torch.no_grad():
         _, cache = phases.run("cache", lambda: model.run_with_cache(clean))
