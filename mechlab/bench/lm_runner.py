@@ -42,10 +42,15 @@ TOOLS = ("write", "mechlab", "bridge", "nnsight")
 # mechlab's size limit for these imports: 2^32 elements, above Gemma-2-2B's 2.6e9 (the default
 # limit, 2^31, refuses it and says how to raise it; the other tools have no limit)
 MAX_ELEMENTS = 2**32
+METHOD = "eap-ig"  # mechlab's attribution: EAP-IG, interchange ablation, loss over every position
 # what each tool imports before its phases are measured (import time is reported apart)
 IMPORTS = {
     "write": ("transformers",),
-    "mechlab": ("mechlab", "mechlab.models.importers", "mechlab.prune.attribution", "transformers"),
+    "mechlab": (
+        "mechlab.models.importers",
+        "mechlab.prune.attribution",
+        "transformers",
+    ),
     "bridge": ("transformers", "transformer_lens.model_bridge.sources"),
     "nnsight": ("transformers", "nnsight"),
 }
@@ -127,12 +132,12 @@ def _cached(cache: Any) -> tuple[int, int]:
 def _mechlab(folder: Path, steps: int, phases: Phases, info: dict[str, Any]) -> None:
     import torch
 
-    import mechlab
+    from mechlab.models.importers import from_pretrained
     from mechlab.prune.attribution import attribute
     from mechlab.traces import Traces
 
     clean, corrupted = _prompts(folder)
-    model = phases.run("load", lambda: mechlab.from_pretrained(folder, max_elements=MAX_ELEMENTS))
+    model = phases.run("load", lambda: from_pretrained(folder, max_elements=MAX_ELEMENTS))
     info["dtype"] = str(next(model.parameters()).dtype)
     with torch.no_grad():
         _, cache = phases.run("cache", lambda: model.run_with_cache(clean))
@@ -140,11 +145,10 @@ def _mechlab(folder: Path, steps: int, phases: Phases, info: dict[str, Any]) -> 
     del cache
     if steps > 0:
         traces = Traces(inputs=clean, corrupted=corrupted)
-        method = mechlab.circuit_methods.integrating_names()[0]
         scores = phases.run(
-            "attribute", lambda: attribute(model, traces, "all", method, steps=steps, batch_size=1)
+            "attribute", lambda: attribute(model, traces, "all", METHOD, steps=steps, batch_size=1)
         )
-        info.update(method=method, steps=steps, edges=int(scores.graph.n_edges),
+        info.update(method=METHOD, steps=steps, edges=int(scores.graph.n_edges),
                     scores_finite=bool(torch.isfinite(scores.scores).all()))  # fmt: skip
 
 
