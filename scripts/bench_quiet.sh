@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every benchmark docs/benchmarks.md shows, on a quiet machine, and regenerate its tables.
 #
-#   bash scripts/bench_quiet.sh               # everything: 15-20 minutes on 2 idle cores
+#   bash scripts/bench_quiet.sh               # everything: 25-30 minutes on 2 idle cores
 #   ONLY="hooks-1 prune-1" bash scripts/bench_quiet.sh   # some steps (names below)
 #   ALLOW_LOAD=1 bash scripts/bench_quiet.sh  # run on a busy machine; the records say "provisional"
 #   QUICK=1 bash scripts/bench_quiet.sh [DIR] # tiny sizes into DIR (default: a new temp folder),
@@ -65,7 +65,7 @@ fi
 
 started=$(date +%s)
 if [[ -z "${ONLY:-}" && "$QUICK" != 1 ]]; then
-  echo "bench_quiet: every step, about 15 minutes on 2 idle cores (each step says its own)"
+  echo "bench_quiet: every step, about 25 minutes on 2 idle cores (each step says its own)"
 fi
 ran=()
 failed=()
