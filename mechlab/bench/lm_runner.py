@@ -8,9 +8,9 @@ checkpoint and ``prompts.pt`` (the clean and corrupted prompts, token ids, loade
 - ``write``: ``FOLDER/spec.json`` (a config class and its fields) -> a model of random
   weights in the config's dtype, written with ``save_pretrained`` (phase ``write``);
 - ``mechlab``: :func:`mechlab.from_pretrained` of the folder (streamed, in the checkpoint's
-  dtype, with the size limit raised to :data:`MAX_ELEMENTS`; phase ``load``), ``run_with_cache`` of every hook on the clean prompt (``cache``),
-  and with ``STEPS`` > 0 EAP-IG on the prompt pair with ``STEPS`` integration points
-  (``attribute``);
+  dtype, with the size limit raised to :data:`MAX_ELEMENTS`; phase ``load``),
+  ``run_with_cache`` of every hook on the clean prompt (``cache``), and with ``STEPS`` > 0
+  EAP-IG on the prompt pair with ``STEPS`` integration points (``attribute``);
 - ``bridge``: ``AutoModelForCausalLM.from_pretrained`` of the folder in its dtype (eager
   attention, which the bridge needs for its attention hooks) wrapped in TransformerLens'
   ``TransformerBridge`` (``build_bridge_from_module``: no tokenizer, nothing downloaded;
