@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every benchmark docs/benchmarks.md shows, on a quiet machine, and regenerate its tables.
 #
-#   bash scripts/bench_quiet.sh               # everything: 15-20 minutes on 2 idle cores
+#   bash scripts/bench_quiet.sh               # everything: 25-30 minutes on 2 idle cores
 #   ONLY="hooks-1 prune-1" bash scripts/bench_quiet.sh   # some steps (names below)
 #   ALLOW_LOAD=1 bash scripts/bench_quiet.sh  # run on a busy machine; the records say "provisional"
 #   QUICK=1 bash scripts/bench_quiet.sh [DIR] # tiny sizes into DIR (default: a new temp folder),
@@ -65,7 +65,7 @@ fi
 
 started=$(date +%s)
 if [[ -z "${ONLY:-}" && "$QUICK" != 1 ]]; then
-  echo "bench_quiet: every step, about 15 minutes on 2 idle cores (each step says its own)"
+  echo "bench_quiet: every step, about 25 minutes on 2 idle cores (each step says its own)"
 fi
 ran=()
 failed=()
@@ -112,6 +112,9 @@ step train-tiny-1 165 "train --preset tiny --batch 256 --repeats 3 --threads 1" 
   "train --preset tiny --batch 2 --repeats 1 --threads 1"
 step train-recall-1 65 "train --preset recall-cpu --steps 10 --repeats 7 --threads 1" \
   "train --preset recall-cpu --batch 2 --repeats 1 --threads 1"
+# a Llama-3.2-1B and a Gemma-2-2B shape (random bfloat16 weights): import, cache, EAP-IG, beside
+# TransformerLens' bridge and nnsight, each tool in its own process (needs ~10 GB of free memory)
+step lm-1 600 "lm --threads 2" "lm --shapes llama-tiny,gemma-tiny --pos 16 --steps 2 --threads 2"
 step startup 25 "startup --repeats 5" "startup --repeats 1"
 step ensemble-1 170 "ensemble --presets st_transformer_small,st_lstm_small,st_dense_ssm_small,st_mamba_small --steps 30 --repeats 3" \
   "ensemble --presets st_lstm_small --steps 1 --n-train 16 --repeats 1"

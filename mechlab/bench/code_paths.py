@@ -35,6 +35,10 @@ CODE_PATHS: dict[str, list[str]] = {
     "ensemble": ["mechlab/bench/ensemble.py", "mechlab/bench/commands.py", "mechlab/train/ensemble.py",
                  "mechlab/train/trials.py", "mechlab/train/seeding.py", "mechlab/tasks/state_tracking.py",
                  *TIMING, *MODELS],  # fmt: skip
+    # a billion-parameter import, cache and EAP-IG beside the bridge and nnsight
+    "lm": ["mechlab/bench/lm.py", "mechlab/bench/lm_runner.py", "mechlab/models/importers.py",
+           "mechlab/models/hf_files.py", "mechlab/prune/attribution.py", "mechlab/prune/objective.py",
+           *PRUNE_ENGINE, *MODELS],  # fmt: skip
     # import time and the CLI's --help: what the package and its commands import at start
     "startup": ["mechlab/bench/startup.py", "mechlab/__init__.py", "mechlab/__main__.py", "mechlab/cli/*.py",
                 "pyproject.toml"],  # fmt: skip

@@ -19,6 +19,8 @@ PRUNE_STEP_GOAL = 2.0  # pruning step / plain forward+backward, through the medi
 PRUNE_GOAL_PRESETS = ("tiny", "small", "medium")
 SCAN_GOAL = 3.0  # loop / chunked
 STARTUP_GOAL = 1.0  # seconds
+LM_MEMORY_GOAL = 24 * 10**9  # bytes: a billion-parameter model imported, cached, attributed within 24 GB
+LM_THREADS = 2  # ... on two cores
 
 BIG_MAPS = {"transformer": "the attention maps", "dense_ssm": "`hook_A`", "mamba": "`hook_ssm_state`"}
 BIG_MAPS_COST = {
@@ -130,11 +132,26 @@ def startup_goal(v: dict[str, Any]) -> str:
     return f"< 1 s: **met** ({t:.2f} s)" if t < STARTUP_GOAL else f"< 1 s: missed ({t:.2f} s)"
 
 
+def lm_goal(v: dict[str, Any]) -> str:
+    """mechlab's whole run of a billion-parameter shape (import, cache, EAP-IG where run)
+    within 24 GB of resident memory on two threads; a competitor's row has no goal."""
+    if v.get("tool") != "mechlab":
+        return "-"
+    if v.get("refused"):
+        return f"<= 24 GB on {LM_THREADS} threads: missed (it did not run: {v['refused']})"
+    peak = v.get("peak_rss")
+    if peak is None or v.get("threads") != LM_THREADS:
+        return f"no goal: {v.get('threads')} threads" if peak is not None else "-"
+    verdict = "**met**" if peak <= LM_MEMORY_GOAL else "missed"
+    return f"<= 24 GB on {LM_THREADS} threads: {verdict} ({peak / 1e9:.1f} GB)"
+
+
 ROW_GOALS: dict[str, Callable[[dict[str, Any]], str]] = {
     "hooks": hooks_goal,
     "prune": prune_goal,
     "scan": scan_goal,
     "startup": startup_goal,
+    "lm": lm_goal,
 }
 
 

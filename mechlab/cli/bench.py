@@ -355,3 +355,39 @@ def _command(ctx: typer.Context) -> str:
         else:
             parts += [flag, str(value)]
     return " ".join(parts)
+
+
+@bench_app.command("lm")
+def bench_lm_(
+    shapes: str = typer.Option("llama-3.2-1b,gemma-2-2b", help="Comma-separated shapes: llama-3.2-1b, gemma-2-2b (the real configs, random bfloat16 weights), llama-tiny, gemma-tiny (the same designs, small)."),
+    n_pos: int = typer.Option(128, "--pos", min=2, help="Tokens of the prompt (and of the corrupted one EAP-IG is run on)."),
+    threads: int = typer.Option(2, min=1, help="Torch CPU threads of every tool's process."),
+    steps: int = typer.Option(10, min=1, help="EAP-IG's integration points (on the Llama shapes)."),
+    tools: str = typer.Option("bridge,nnsight", help="Comma-separated tools beside mechlab: bridge (TransformerLens' TransformerBridge), nnsight; or none."),
+    timeout: float = typer.Option(3600.0, min=1, help="Seconds any one tool's process may run before it is reported as not finishing."),
+    json_path: Path | None = typer.Option(None, "--json", help=JSON_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+) -> None:
+    """Import, cache and attribute billion-parameter models (Llama-3.2-1B and Gemma-2-2B shapes,
+    random weights), each tool in its own process: seconds and peak memory beside TransformerLens'
+    bridge and nnsight."""
+    from mechlab.bench.lm import LMBenchConfig, bench_lm, lm_table, raw_runs
+    from mechlab.limits import check_threads
+
+    names = tuple(s.strip() for s in shapes.split(",") if s.strip())
+    others = () if tools.strip().lower() == "none" else tuple(t.strip() for t in tools.split(",") if t.strip())
+    try:
+        cfg = LMBenchConfig(shapes=names, n_pos=n_pos, threads=check_threads(threads), steps=steps, tools=others,
+                            timeout=timeout)  # fmt: skip
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
+    _check_output(json_path, force)
+    use_threads(threads)
+    settings = {"shapes": list(names), "n_pos": n_pos, "threads": threads, "steps": steps, "tools": list(others),
+                "timeout": timeout}  # fmt: skip
+
+    def measure() -> tuple[list, dict]:
+        results = bench_lm(cfg, log=lambda line: typer.echo(line, err=True))
+        return [lm_table(results, cfg)], {"runs": raw_runs(results)}
+
+    _recorded("lm", settings, "cpu", json_path, force, measure)

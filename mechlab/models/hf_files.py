@@ -322,13 +322,15 @@ def torch_weights(path: Path) -> dict[str, Tensor]:
 # memory, defaults), so no value of the wrong type reaches arithmetic.
 _COUNT, _COUNT_OR_NONE, _EPS, _NUMBER, _NUMBER_OR_NONE = "count", "count?", "eps", "number", "number?"  # fmt: skip
 _NAME, _FLAG, _MAPPING_OR_NONE, _NAMES_OR_NONE, _RANK = "name", "flag", "mapping?", "names?", "rank"
+_NUMBERS_OR_NONE = "numbers?"
 _MAX_COUNT = 2**31 - 1
 _ROPE = {"rope_theta": _NUMBER_OR_NONE, "partial_rotary_factor": _NUMBER_OR_NONE,
          "rope_parameters": _MAPPING_OR_NONE, "rope_scaling": _MAPPING_OR_NONE}  # fmt: skip
 # the scaled rotary embeddings' values (rope_parameters.factor, ...)
 _ROPE_SCALING = tuple((name, _NUMBER_OR_NONE) for name in (
     "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "beta_fast",
-    "beta_slow", "attention_factor", "mscale", "mscale_all_dim")) + (("truncate", _FLAG),)  # fmt: skip
+    "beta_slow", "attention_factor", "mscale", "mscale_all_dim")) + (("truncate", _FLAG),
+    ("short_factor", _NUMBERS_OR_NONE), ("long_factor", _NUMBERS_OR_NONE))  # fmt: skip
 _LLAMA_FIELDS = {
     "vocab_size": _COUNT, "hidden_size": _COUNT, "num_hidden_layers": _COUNT, "num_attention_heads": _COUNT,
     "intermediate_size": _COUNT, "max_position_embeddings": _COUNT, "head_dim": _COUNT_OR_NONE,
@@ -379,6 +381,7 @@ _MUST_BE = {
     _EPS: "a finite number >= 0", _NUMBER: "a finite number", _NUMBER_OR_NONE: "a finite number or null",
     _NAME: "a string", _FLAG: "true or false", _MAPPING_OR_NONE: "an object or null",
     _NAMES_OR_NONE: "a list of strings or null", _RANK: f'an integer in 1..{_MAX_COUNT} or "auto"',
+    _NUMBERS_OR_NONE: "a list of finite numbers or null",
 }  # fmt: skip
 
 
@@ -408,6 +411,8 @@ def _fits(value: Any, kind: str) -> bool:
         return isinstance(value, bool)
     if kind == _MAPPING_OR_NONE:
         return isinstance(value, dict)
+    if kind == _NUMBERS_OR_NONE:
+        return isinstance(value, list) and all(_is_number(v) for v in value)
     return isinstance(value, list) and all(isinstance(v, str) for v in value)  # _NAMES_OR_NONE
 
 

@@ -55,11 +55,13 @@ What each architecture becomes (options of :class:`~mechlab.models.transformer.T
   (``enable_compatibility_mode()`` folds the norms into the weights and centres the
   unembedding, which changes what the weights compute).
 
-Rotary scalings (:data:`ROPE_TYPES`): ``linear``, ``llama3`` and ``yarn`` become
-``rotary_scaling`` (the frequencies computed as Hugging Face computes them, YaRN's
-``attention_factor`` included); ``dynamic`` rescales only past ``max_position_embeddings``,
-which is the longest sequence mechlab accepts, so it imports as the default. Any other
-``rope_type`` (``longrope``, ...) is refused in one line naming these, as is any other
+Rotary scalings (:data:`ROPE_TYPES`): ``linear``, ``llama3``, ``yarn`` and ``longrope``
+become ``rotary_scaling`` (the frequencies computed as Hugging Face computes them, YaRN's and
+LongRoPE's ``attention_factor`` included; LongRoPE's long frequencies for a prompt longer
+than ``original_max_position_embeddings``); ``dynamic`` rescales only past
+``max_position_embeddings``, which is the longest sequence mechlab accepts, so it imports as
+the default. Any other ``rope_type`` (``proportional``, ...) is refused in one line naming
+these, as is any other
 architecture, a folder without weights, and a model above the size limit
 (:func:`mechlab.models.registry.check_size`), which is checked from ``config.json``
 before anything is allocated. Hugging Face's read-out has no bias (GPT-J's has one):
@@ -296,7 +298,7 @@ def _put(param: Tensor | None, value: Tensor, what: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
 """The ``rope_type`` values :func:`from_pretrained` imports."""
 
 
@@ -324,7 +326,7 @@ def _rope(hf: Any, arch: str, params: dict | None = None) -> tuple[float, float,
 
 
 def _scaling(hf: Any, params: dict, rope_type: str) -> dict | None:
-    """The ``rotary_scaling`` of a ``linear``, ``llama3`` or ``yarn`` config, every value
+    """The ``rotary_scaling`` of a ``linear``, ``llama3``, ``yarn`` or ``longrope`` config, every value
     resolved as Hugging Face's ``_compute_*_parameters`` resolve it (a value missing or of
     the wrong type is left for :class:`~mechlab.models.transformer.TransformerConfig` to
     name)."""
@@ -339,11 +341,13 @@ def _scaling(hf: Any, params: dict, rope_type: str) -> dict | None:
     factor = params.get("factor")
     if rope_type == "linear":
         return {"rope_type": "linear", "factor": number(factor)}
-    old_len = (
-        params.get("original_max_position_embeddings")
-        or getattr(hf, "original_max_position_embeddings", None)
+    old_len = (  # the config's own field first, as Hugging Face's standardize_rope_params has it
+        getattr(hf, "original_max_position_embeddings", None)
+        or params.get("original_max_position_embeddings")
         or hf.max_position_embeddings
     )
+    if rope_type == "longrope":
+        return _longrope(hf, params, old_len)
     if rope_type == "llama3":
         return {"rope_type": "llama3", "factor": number(factor), "original_max_position_embeddings": old_len,
                 "low_freq_factor": number(params.get("low_freq_factor")),
@@ -363,6 +367,24 @@ def _scaling(hf: Any, params: dict, rope_type: str) -> dict | None:
     return {"rope_type": "yarn", "factor": number(factor), "original_max_position_embeddings": old_len,
             "beta_fast": number(params.get("beta_fast") or 32), "beta_slow": number(params.get("beta_slow") or 1),
             "attention_factor": number(attention_factor), "truncate": params.get("truncate", True)}  # fmt: skip
+
+
+def _longrope(hf: Any, params: dict, old_len: Any) -> dict:
+    """LongRoPE's ``rotary_scaling`` (Phi-3's long-context checkpoints), as Hugging Face's
+    ``_compute_longrope_parameters`` resolves it: without an ``attention_factor``,
+    ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))`` where ``factor`` is the
+    config's, else ``max_position_embeddings / original_max_position_embeddings`` (1 when
+    ``factor <= 1``)."""
+    factor, attention_factor = params.get("factor"), params.get("attention_factor")
+    if factor is None and isinstance(old_len, (int, float)) and old_len > 0:
+        factor = hf.max_position_embeddings / old_len
+    if attention_factor is None and isinstance(factor, (int, float)) and isinstance(old_len, (int, float)):
+        attention_factor = 1.0 if factor <= 1 or old_len <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_len))
+    short, long = params.get("short_factor"), params.get("long_factor")
+    return {"rope_type": "longrope", "original_max_position_embeddings": old_len,
+            "short_factor": [float(v) for v in short] if isinstance(short, list) else short,
+            "long_factor": [float(v) for v in long] if isinstance(long, list) else long,
+            "attention_factor": float(attention_factor) if isinstance(attention_factor, (int, float)) else attention_factor}  # fmt: skip
 
 
 def _act(hf_act: str, arch: str) -> str:

@@ -18,7 +18,7 @@ and the presets live in :mod:`mechlab.models.transformer_config` and are re-expo
   first ``rotary_dim`` dimensions of each query and key (all of them by default;
   Pythia rotates a quarter), in the "rotate half" layout of GPT-NeoX and Llama.
 * ``rotary_scaling``: scaled rotary frequencies (``linear``, Llama 3's ``llama3``,
-  ``yarn``), computed as Hugging Face computes them (:func:`rotary_inv_freq`);
+  ``yarn``, Phi-3's ``longrope``), computed as Hugging Face computes them (:func:`rotary_inv_freq`);
   ``rotary_adjacent_pairs=True``: rotary embeddings of the adjacent pairs ``(x_{2i},
   x_{2i+1})`` (GPT-J's "rotate every two").
 * ``qk_norm=True``: an RMSNorm over ``d_head`` of every query and key head, before the
@@ -219,7 +219,9 @@ def _bias(enabled: bool, *shape: int) -> nn.Parameter | None:
     return nn.Parameter(torch.zeros(*shape)) if enabled else None
 
 
-def rotary_inv_freq(dim: int, base: float, scaling: dict | None = None) -> Tensor:
+def rotary_inv_freq(
+    dim: int, base: float, scaling: dict | None = None, long: bool = False
+) -> Tensor:
     """The rotary inverse frequencies ``base^(-2i / dim)``, ``i < dim / 2``, scaled as
     ``scaling`` says (:class:`TransformerConfig`'s ``rotary_scaling``), in float32 with
     Hugging Face's arithmetic (``_compute_*_parameters`` of ``modeling_rope_utils``).
@@ -227,12 +229,17 @@ def rotary_inv_freq(dim: int, base: float, scaling: dict | None = None) -> Tenso
     Args:
         dim: Rotated dimensions per head (even).
         base: The frequencies' base (``rope_theta``).
-        scaling: None, or a ``linear``, ``llama3`` or ``yarn`` scaling.
+        scaling: None, or a ``linear``, ``llama3``, ``yarn`` or ``longrope`` scaling.
+        long: ``longrope``'s frequencies for sequences longer than its
+            ``original_max_position_embeddings`` (``long_factor``); else ``short_factor``'s.
 
     Returns:
         ``[dim / 2]`` float32.
     """
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    if scaling is not None and scaling["rope_type"] == "longrope":  # one factor per frequency
+        ext = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+        return 1.0 / (ext * base**exponents)
     inv_freq = 1.0 / (base**exponents)
     if scaling is None:
         return inv_freq
@@ -273,9 +280,11 @@ class Rotary(nn.Module):
     Llama) or, with ``adjacent_pairs``, the pair ``(x_{2i}, x_{2i+1})`` ("rotate every
     two", GPT-J) by the angle ``t * inv_freq[i]``, ``i < dim / 2``, with ``inv_freq`` from
     :func:`rotary_inv_freq` (``base^(-2i / dim)``, or scaled); the dimensions past ``dim``
-    pass unchanged (partial rotary, as in GPT-NeoX). YaRN's scaling also multiplies
-    ``cos`` and ``sin`` by its ``attention_factor``. The same arithmetic as Hugging Face's
-    ``apply_rotary_pos_emb``.
+    pass unchanged (partial rotary, as in GPT-NeoX). YaRN's and LongRoPE's scalings also
+    multiply ``cos`` and ``sin`` by their ``attention_factor``; LongRoPE's frequencies are its
+    long ones for a sequence longer than its ``original_max_position_embeddings`` (every
+    position then, as Hugging Face's ``longrope_frequency_update`` chooses from the longest
+    position id). The same arithmetic as Hugging Face's ``apply_rotary_pos_emb``.
     """
 
     def __init__(
@@ -289,13 +298,22 @@ class Rotary(nn.Module):
         )
         inv_freq = rotary_inv_freq(dim, base, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [dim / 2]
+        # longrope: its long frequencies for sequences longer than this
+        self.long_after: int | None = None
+        if scaling is not None and scaling["rope_type"] == "longrope":
+            self.long_after = int(scaling["original_max_position_embeddings"])
+            long_freq = rotary_inv_freq(dim, base, scaling, long=True)
+            self.register_buffer("long_inv_freq", long_freq, persistent=False)  # [dim / 2]
 
     def cos_sin(self, n_pos: int, like: Tensor) -> tuple[Tensor, Tensor]:
         """``cos, sin`` of every position's angles, ``[pos, dim]`` each, in ``like``'s dtype
         (each angle twice: ``[a_0 .. a_{dim/2-1}, a_0 ..]``, or ``[a_0, a_0, a_1, a_1, ..]``
         with adjacent pairs)."""
         t = torch.arange(n_pos, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = t[:, None] * self.inv_freq.float()  # [pos, dim / 2]
+        inv_freq = self.inv_freq
+        if self.long_after is not None and n_pos > self.long_after:
+            inv_freq = self.long_inv_freq
+        freqs = t[:, None] * inv_freq.float()  # [pos, dim / 2]
         if self.adjacent_pairs:
             angles = freqs.repeat_interleave(2, dim=-1)  # [pos, dim]
         else:

@@ -15,14 +15,16 @@ from mechlab.models.base import ModelConfig
 
 ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
 NORMALIZATIONS = ("LN", "RMS", "LNPre", "none")
-ROPE_SCALINGS = ("linear", "llama3", "yarn")
+ROPE_SCALINGS = ("linear", "llama3", "yarn", "longrope")
 # the keys each rotary scaling needs (Hugging Face's names)
 _ROPE_KEYS = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
              "truncate"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"),
 }  # fmt: skip
+_ROPE_LISTS = ("short_factor", "long_factor")  # longrope's per-frequency factors, one per rotated pair
 POSITIONALS = ("learned", "rotary")
 QK_NORM_OVER = ("head", "all")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -59,7 +61,17 @@ def _check_positive(cfg: object, name: str) -> None:
         raise ValueError(f"{name} must be a positive number or None, got {value!r}")
 
 
-def _check_rotary_scaling(scaling: object) -> None:
+def _positive(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
+
+
+def _described(values: object) -> str:
+    if isinstance(values, (list, tuple)):
+        return f"{len(values)} value(s)" + ("" if all(_positive(v) for v in values) else ", not all positive numbers")
+    return repr(values)
+
+
+def _check_rotary_scaling(scaling: object, n_pairs: int) -> None:
     kind = scaling.get("rope_type") if isinstance(scaling, dict) else None
     if kind not in _ROPE_KEYS:
         raise ValueError(
@@ -71,7 +83,7 @@ def _check_rotary_scaling(scaling: object) -> None:
         raise ValueError(
             f"rotary_scaling of rope_type {kind!r} takes the keys {sorted(keys)}, got {sorted(scaling)}"
         )
-    for key in (k for k in _ROPE_KEYS[kind] if k != "truncate"):  # in a fixed order
+    for key in (k for k in _ROPE_KEYS[kind] if k != "truncate" and k not in _ROPE_LISTS):  # in a fixed order
         value = scaling[key]
         if (
             isinstance(value, bool)
@@ -81,6 +93,17 @@ def _check_rotary_scaling(scaling: object) -> None:
             raise ValueError(f"rotary_scaling[{key!r}] must be a positive number, got {value!r}")
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ValueError("rotary_scaling: llama3 needs high_freq_factor > low_freq_factor")
+    for key in (k for k in _ROPE_KEYS[kind] if k in _ROPE_LISTS):
+        values = scaling[key]
+        if (
+            not isinstance(values, (list, tuple))
+            or len(values) != n_pairs
+            or not all(_positive(v) for v in values)
+        ):
+            raise ValueError(
+                f"rotary_scaling[{key!r}] must be a list of rotary_dim / 2 = {n_pairs} positive "
+                f"numbers, got {_described(values)}"
+            )
     if kind == "yarn" and not isinstance(scaling["truncate"], bool):
         raise ValueError(
             f"rotary_scaling['truncate'] must be True or False, got {scaling['truncate']!r}"
@@ -125,7 +148,12 @@ class TransformerConfig(ModelConfig):
             wavelength-dependent division) or ``{"rope_type": "yarn", "factor",
             "original_max_position_embeddings", "beta_fast", "beta_slow",
             "attention_factor", "truncate"}`` (YaRN's ramp between the divided and the
-            original frequencies, and ``cos``/``sin`` times ``attention_factor``); None:
+            original frequencies, and ``cos``/``sin`` times ``attention_factor``) or
+            ``{"rope_type": "longrope", "short_factor", "long_factor",
+            "original_max_position_embeddings", "attention_factor"}`` (Phi-3's LongRoPE: the
+            frequencies divided one by one by ``short_factor``, or by ``long_factor`` for a
+            sequence longer than ``original_max_position_embeddings``; ``cos``/``sin`` times
+            ``attention_factor``); None:
             ``base^(-2i / rotary_dim)`` unscaled. Only with ``positional="rotary"``.
         rotary_adjacent_pairs: Rotate the adjacent pairs ``(x_{2i}, x_{2i+1})`` (GPT-J's
             "rotate every two") instead of ``(x_i, x_{i + rotary_dim/2})`` ("rotate half",
@@ -275,7 +303,7 @@ class TransformerConfig(ModelConfig):
             if not self.rotary_base > 0:
                 raise ValueError(f"rotary_base must be positive, got {self.rotary_base!r}")
             if self.rotary_scaling is not None:
-                _check_rotary_scaling(self.rotary_scaling)
+                _check_rotary_scaling(self.rotary_scaling, dim // 2)
         else:
             for name in ("rotary_dim", "rotary_scaling", "rotary_adjacent_pairs"):
                 if getattr(self, name) is not None and getattr(self, name) is not False:

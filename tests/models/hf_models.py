@@ -47,6 +47,8 @@ ROPE_SCALED = {
     "yarn": {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 12},
     "dynamic": {"rope_type": "dynamic", "rope_theta": 100.0, "factor": 2.0},
 }  # fmt: skip
+LONGROPE = {"rope_type": "longrope", "rope_theta": 100.0, "partial_rotary_factor": 0.7,
+            "short_factor": [1.0, 1.3, 2.1], "long_factor": [1.5, 4.0, 9.0], "original_max_position_embeddings": 16}  # fmt: skip
 CONFIGS |= {
     f"llama-{kind}": lambda kind=kind: T.LlamaForCausalLM(
         T.LlamaConfig(**_SCALED, rope_parameters=dict(ROPE_SCALED[kind]))
@@ -64,6 +66,11 @@ CONFIGS |= {
     "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(
         **{**_LLAMA, "hidden_size": 36}, num_key_value_heads=2,
         rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.7})),
+    # Phi-3's LongRoPE on 6 of 9 dimensions: three factors per set, each different, the long ones
+    # for prompts past 16 tokens; attention_factor from max_position_embeddings / 16 = 3
+    "phi3-longrope": lambda: T.Phi3ForCausalLM(T.Phi3Config(
+        **{**_LLAMA, "hidden_size": 36, "max_position_embeddings": 48}, num_key_value_heads=2,
+        original_max_position_embeddings=16, rope_parameters=dict(LONGROPE))),
     # YaRN on a quarter of each 20-dimensional head (Pythia's layout), untruncated ramp
     "neox-yarn": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
         vocab_size=V, hidden_size=40, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

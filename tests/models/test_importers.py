@@ -1,6 +1,7 @@
 """from_pretrained: parity with Hugging Face logits, saved-folder round trips, bridges, bad input."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def test_logits_match_hugging_face_in_memory_and_after_a_saved_folder_round_trip
 # (dynamic: all 48 positions, where Hugging Face's dynamic rescaling would start)
 NEW = {"llama-llama3": LONG, "llama-linear": LONG, "llama-yarn": LONG, "llama-dynamic": 48,
        "neox-yarn": LONG, "qwen3": 24, "qwen3-bias-yarn": LONG, "olmo": 24, "phi3": 24, "gptj": 24,
-       "olmo2": LONG, "gemma2": LONG, "gemma3": LONG}  # fmt: skip
+       "olmo2": LONG, "gemma2": LONG, "gemma3": LONG, "phi3-longrope": LONG}  # fmt: skip
 
 
 def residual_diffs(model, hf, x) -> list[float]:
@@ -244,18 +245,72 @@ def test_gemma_settings_mechlab_does_not_reproduce_are_refused():
         from_pretrained(hf)
 
 
-def test_phi3s_sliding_window_caps_n_ctx_and_its_long_context_rotary_is_refused(tmp_path):
+def test_phi3s_sliding_window_caps_n_ctx_and_its_long_context_rotary_imports_from_an_old_config(tmp_path):
+    import transformers
+
     hf = hf_model("phi3")
     hf.save_pretrained(tmp_path)
     hf.config.sliding_window = 16
     assert from_pretrained(hf).cfg.n_ctx == 16
     config = json.loads((tmp_path / "config.json").read_text())
-    del config["rope_parameters"]  # Phi-3-128k's scaling, "su" in its config: longrope
-    config["rope_scaling"] = {"type": "su", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-                              "original_max_position_embeddings": 12}  # fmt: skip
+    del config["rope_parameters"]  # Phi-3-128k's scaling as its config.json says it: "su", i.e. longrope
+    config["rope_scaling"] = {"type": "su", "short_factor": [1.0, 1.5, 3.0], "long_factor": [2.0, 5.0, 7.0],
+                              "original_max_position_embeddings": 12, "partial_rotary_factor": 0.7}  # fmt: skip
+    config["rope_theta"] = 100.0
+    # the config's own original_max_position_embeddings wins over the scaling's (as in Hugging
+    # Face): 12 with both, then 20 at the top: a 16-token prompt takes the long, then the short set
+    for top, length in ((12, 12), (20, 20)):
+        config["original_max_position_embeddings"] = top
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        model = from_pretrained(tmp_path)
+        assert model.cfg.rotary_scaling["rope_type"] == "longrope"
+        assert model.cfg.rotary_scaling["original_max_position_embeddings"] == length
+        reloaded = transformers.Phi3ForCausalLM.from_pretrained(tmp_path).eval()
+        for n_pos in (10, 16, 22):
+            assert max_diff(model, reloaded, tokens(n_pos=n_pos)) < TOL
+    config["rope_scaling"]["long_factor"] = [2.0, 5.0]  # one factor short
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ImportProblem, match="uses rope_type='longrope'; mechlab supports"):
+    with pytest.raises(ValueError, match="long_factor"):
         from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("n_pos", [5, 16, 17, LONG, 48])
+def test_phi3_longrope_matches_hugging_face_below_at_and_past_its_original_length(n_pos, tmp_path):
+    """LongRoPE (Phi-3's long-context checkpoints): the short factors up to
+    original_max_position_embeddings = 16 tokens, the long ones past it; every residual
+    stream and the logits within 1e-5 of Hugging Face's float32 forward (measured <= 4.2e-7),
+    in memory and from a folder. The two sets give logits far apart, so each prompt tells
+    which set was used."""
+    hf = hf_model("phi3-longrope")
+    x = tokens(n=2, n_pos=n_pos)
+    model = from_pretrained(hf)
+    scaling = model.cfg.rotary_scaling
+    assert scaling["rope_type"] == "longrope" and scaling["original_max_position_embeddings"] == 16
+    assert scaling["attention_factor"] == pytest.approx((1 + math.log(48 / 16) / math.log(16)) ** 0.5)
+    assert max_diff(model, hf, x) < TOL
+    assert max(residual_diffs(model, hf, x)) < TOL
+    hf.save_pretrained(tmp_path)
+    assert max_diff(from_pretrained(tmp_path), hf, x) < TOL
+    # the other set of frequencies is far off: the parity says which set each length takes
+    rotary = model.blocks[0].attn.rotary
+    rotary.long_after = 10**9 if n_pos > 16 else 0
+    with torch.no_grad():
+        assert max_diff(model, hf, x) > 1e3 * TOL
+
+
+def test_longrope_frequencies_are_hugging_faces():
+    import transformers
+
+    from tests.models.hf_models import LONGROPE
+
+    config = transformers.Phi3Config(hidden_size=36, num_attention_heads=4, max_position_embeddings=48,
+                                     original_max_position_embeddings=16, rope_parameters=dict(LONGROPE))  # fmt: skip
+    compute = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["longrope"]
+    ours = from_pretrained(transformers.Phi3ForCausalLM(config)).cfg.rotary_scaling
+    for long, seq_len in ((False, 16), (True, 17)):
+        theirs, factor = compute(config, seq_len=seq_len)
+        assert torch.equal(rotary_inv_freq(6, 100.0, ours, long=long), theirs)
+        assert ours["attention_factor"] == factor
 
 
 def test_what_each_architecture_becomes():
@@ -352,9 +407,13 @@ def test_a_model_over_the_size_limit_is_refused_before_any_weight_is_read(tmp_pa
 
 def test_settings_mechlab_cannot_reproduce_are_refused(tmp_path):
     hf = hf_model("llama")
-    hf.config.rope_parameters = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0]}
-    with pytest.raises(ImportProblem, match="rope_type='longrope'; mechlab supports rope_type default, "
-                       "linear, llama3, dynamic, yarn$"):  # fmt: skip
+    hf.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 1e4}
+    with pytest.raises(ImportProblem, match="rope_type='proportional'; mechlab supports rope_type default, "
+                       "linear, llama3, dynamic, yarn, longrope$"):  # fmt: skip
+        from_pretrained(hf)
+    hf.config.rope_parameters = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
+                                 "long_factor": [1.0, 2.0, -1.0, 3.0], "original_max_position_embeddings": 8}  # fmt: skip
+    with pytest.raises(ImportProblem, match="long_factor must be a list of finite numbers|long_factor'. must be a list"):
         from_pretrained(hf)
     hf.config.rope_parameters = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 0.0}
     with pytest.raises(ImportProblem, match=r"rotary_scaling\['factor'\] must be a positive"):

@@ -75,8 +75,16 @@ def test_a_bad_option_is_refused_with_its_choices():
 def test_the_imported_architectures_options_are_checked():
     TC = transformer_config.TransformerConfig
     rotary = {"positional": "rotary", "d_model": 8, "n_heads": 2}
-    with pytest.raises(ValueError, match="rope_type is one of .'linear', 'llama3', 'yarn'."):
-        TC(**rotary, rotary_scaling={"rope_type": "longrope"})
+    with pytest.raises(ValueError, match="rope_type is one of .'linear', 'llama3', 'yarn', 'longrope'."):
+        TC(**rotary, rotary_scaling={"rope_type": "proportional"})
+    longrope = {"rope_type": "longrope", "short_factor": [1.0, 2.0], "long_factor": [1.0, 3.0],
+                "original_max_position_embeddings": 4, "attention_factor": 1.1}  # fmt: skip
+    assert TC(**rotary, rotary_scaling=longrope).rotary_scaling == longrope  # d_head 4: two pairs
+    with pytest.raises(ValueError, match=r"rotary_scaling\['long_factor'\] must be a list of rotary_dim / 2 = 2 "
+                                         r"positive numbers, got 3 value\(s\)"):  # fmt: skip
+        TC(**rotary, rotary_scaling={**longrope, "long_factor": [1.0, 2.0, 3.0]})
+    with pytest.raises(ValueError, match=r"short_factor.*got 2 value\(s\), not all positive numbers"):
+        TC(**rotary, rotary_scaling={**longrope, "short_factor": [1.0, 0.0]})
     with pytest.raises(ValueError, match=r"takes the keys \['factor'\], got \['rope_type'\]"):
         TC(**rotary, rotary_scaling={"rope_type": "linear"})
     with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
