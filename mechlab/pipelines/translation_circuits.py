@@ -93,7 +93,8 @@ def translation_circuits(
 
     Returns:
         ``overlap.json``'s content: ``settings`` (what was run), ``pairs`` (per target its
-        file and count), ``circuits`` (per method and target the files) and ``overlap``
+        file, relative to ``out``, and count), ``circuits`` (per method and target the
+        files, relative to ``out``) and ``overlap``
         (per method :func:`~mechlab.prune.stats.overlap_report` of ``start`` vs
         ``continue``, with each target's held-out metrics per seed).
 
@@ -157,13 +158,13 @@ def translation_circuits(
                                 on_circuit=(lambda stem, c, where: on_circuit(stem)) if on_circuit else None,
                                 **options)  # fmt: skip
             circuits[method][target] = [
-                str(run.files[f"{target}{method_tag(method)}_seed{s}"][0]) for s in seeds
+                f"circuits/{target}{method_tag(method)}_seed{s}.json" for s in seeds
             ]
             found[method] += [
                 dataclasses.replace(c, metadata={**c.metadata, "target": target})
                 for c in run.circuits
             ]
-    report: dict[str, Any] = {"settings": settings, "pairs": {t: {"file": str(files[t]), "n": len(records[t])}
+    report: dict[str, Any] = {"settings": settings, "pairs": {t: {"file": f"pairs/{t}.jsonl", "n": len(records[t])}
                                                              for t in TARGETS}, "circuits": circuits, "overlap": {}}  # fmt: skip
     for method, group in found.items():
         entry = overlap_report(
