@@ -27,10 +27,9 @@ WORDS_HELP = (
 SYMBOLS_HELP = "Symbolic labels (repeatable; default X Q Z K W V J XQ ZK QW)."
 
 
-def _symbols(symbol: list[str]) -> tuple[str, ...]:
-    from mechlab.tasks.translation import SYMBOLS
-
-    return tuple(symbol) or SYMBOLS
+def _symbols(symbol: list[str]) -> dict[str, tuple[str, ...]]:
+    """The ``symbols`` keyword when labels are given (else the pipeline's default pool)."""
+    return {"symbols": tuple(symbol)} if symbol else {}
 
 
 @translation_app.command("across")
@@ -74,7 +73,7 @@ def across(
     try:
         summary = translation_across_training(
             checkpoints if checkpoints is not None else [], out, manifest=manifest, tokenizer=tokenizer, words=words,
-            symbols=_symbols(symbol), n_prompts=prompts, k=k, n_query=queries, seed=seed, threshold=threshold,
+            **_symbols(symbol), n_prompts=prompts, k=k, n_query=queries, seed=seed, threshold=threshold,
             n_boot=boot, force=force, on_checkpoint=lambda step, how: typer.echo(f"step {step}: {how}"),
         )  # fmt: skip
     except KeyboardInterrupt as exc:
@@ -125,10 +124,6 @@ def circuits(
     ),
 ) -> None:
     """Circuits of the start and the continue positions on label-swapped pairs, and their overlap."""
-    from mechlab.tasks.translation import LABEL_KINDS
-
-    if kind not in LABEL_KINDS:
-        raise UsageProblem(f"--kind must be one of {', '.join(LABEL_KINDS)}, got {kind!r}")
     say_loading(True, "torch, the tokenizer and the model")
     from mechlab.pipelines.translation_circuits import translation_circuits
 
@@ -136,7 +131,7 @@ def circuits(
     extra = {"steps": steps} if steps is not None else {}
     try:
         report = translation_circuits(
-            model, out, tokenizer=tokenizer, words=words, kind=kind, symbols=_symbols(symbol), n_pairs=pairs, k=k,
+            model, out, tokenizer=tokenizer, words=words, kind=kind, **_symbols(symbol), n_pairs=pairs, k=k,
             seed=seed, seeds=tuple(search_seed), methods=tuple(method), sparsity=sparsity, n_boot=boot, n_null=null,
             force=force, on_circuit=lambda stem: typer.echo(f"circuit {stem}"), **extra,
         )  # fmt: skip

@@ -105,7 +105,7 @@ def test_circuits_refusals_exit_2_and_write_nothing(series, tmp_path, capsys):
         main(["translation", "circuits", "--model", model, "--out", str(out), "--kind", "plain"])
         == 2
     )
-    assert "--kind must be one of symbolic, semantic" in one_line(capsys)
+    assert "kind must be one of ('symbolic', 'semantic'), got 'plain'" in one_line(capsys)
     assert main(["translation", "across", "--out", str(out)]) == 2
     assert "give --checkpoints" in one_line(capsys)
     assert not out.exists()
