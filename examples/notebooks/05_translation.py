@@ -24,7 +24,9 @@ from mechlab.viz.translation import translation_figure
 
 torch.set_num_threads(2)
 mechlab.viz.notebook_renderers()  # figures stay visible in the saved notebook (PNG: kaleido)
-ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples" / "translation").is_dir())
+ROOT = next(
+    p for p in (Path.cwd(), *Path.cwd().parents) if (p / "examples" / "translation").is_dir()
+)
 HERE = ROOT / "examples" / "translation"
 CHECKPOINTS = HERE / "tiny" / "checkpoints"
 tok = load_tokenizer(CHECKPOINTS)
@@ -36,7 +38,10 @@ print(f"{len(words.entries)} dictionary entries ({words.languages}), {len(droppe
 # under one of the labels. Its first answer is the *start*, the later ones *continue*.
 
 # %%
-prompts = {kind: episodes(words, tok, n=64, kind=kind, k=4, n_query=3, seed=1) for kind in ("symbolic", "semantic")}
+prompts = {
+    kind: episodes(words, tok, n=64, kind=kind, k=4, n_query=3, seed=1)
+    for kind in ("symbolic", "semantic")
+}
 for kind, eps in prompts.items():
     print(f"{kind}: {eps[0].text!r}")
 
@@ -51,7 +56,9 @@ report = start_vs_continue(model, prompts, n_boot=500)
 for kind, metrics in report.items():
     for pos in ("start", "continue"):
         a = metrics[f"{pos}_acc"]
-        print(f"{final.stem} {kind:9s} {pos:8s} accuracy {a['mean']:.2f} [{a['low']:.2f}, {a['high']:.2f}]")
+        print(
+            f"{final.stem} {kind:9s} {pos:8s} accuracy {a['mean']:.2f} [{a['low']:.2f}, {a['high']:.2f}]"
+        )
 
 # %% [markdown]
 # Across training: every fourth checkpoint scored here into a temporary folder (the
@@ -75,11 +82,19 @@ translation_figure(committed)
 # %% [markdown]
 # The circuits of the two positions (label-swapped prompt pairs, `mechlab translation
 # circuits`), committed in `examples/translation/circuits/`: how much the start's and the
-# continuation's circuits share, against random circuits of the same sizes.
+# continuation's circuits share, against random circuits of the same sizes, and how much
+# the label swap moves each position's logit difference at all.
 
 # %%
-overlap = json.loads((HERE / "circuits" / "overlap.json").read_text())
-for method, entry in overlap["overlap"].items():
-    pair = entry["across"]["start vs continue"]
-    print(f"{method}: Jaccard {pair['jaccard_observed']:.3f} (uniform null {pair['null_uniform']['mc_mean']:.3f}, "
-          f"degree-preserving null {pair['null_degree']['mc_mean']:.3f}, p {pair['null_degree']['p_greater']:.3f})")
+for kind in ("symbolic", "semantic"):
+    overlap = json.loads((HERE / "circuits" / kind / "overlap.json").read_text())
+    for method, entry in overlap["overlap"].items():
+        pair = entry["across"]["start vs continue"]
+        diffs = {
+            t: [round(m["logit_diff_full"], 2) for m in entry["metrics"][t]]
+            for t in ("start", "continue")
+        }
+        print(
+            f"{kind} {method}: Jaccard {pair['jaccard_observed']:.3f} (uniform null "
+            f"{pair['null_uniform']['mc_mean']:.3f}); full model's logit differences {diffs}"
+        )

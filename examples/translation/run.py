@@ -4,8 +4,10 @@ Trains a small transformer (mechlab's trainer, task ``bilingual``: the synthetic
 corpus of :mod:`mechlab.tasks.bilingual`) with a checkpoint every ``EVERY`` steps, writes
 its tokenizer and word list beside the checkpoints, then runs the whole pipeline on them:
 start vs continue across the checkpoints (``across/``: per-step JSON, ``across.json``,
-``across.html``) and the circuits of the start and continue positions on the final
-checkpoint with their overlap against the null models (``circuits/``).
+``across.html``, copied to ``examples/figures/translation-across.html`` where plotly.js is
+committed) and the circuits of the start and continue positions on the final
+checkpoint with their overlap against the null models, on symbolic and on semantic labels
+(``circuits/symbolic/``, ``circuits/semantic/``).
 
     python examples/translation/run.py            # what exists is kept (resumed)
     python examples/translation/run.py --force    # retrain and recompute everything (and
@@ -32,13 +34,13 @@ HERE = Path("examples") / "translation"
 MODEL = HERE / "tiny"
 TASK = {"n_words": 40, "episode_share": 0.9, "symbolic_share": 0.7, "max_segments": 3}
 NET = {"arch": "transformer", "d_model": 32, "n_layers": 2, "n_heads": 4}
-STEPS, EVERY = 8000, 500
+STEPS, EVERY = 8000, 1000
 TRAIN = {"steps": STEPS, "batch_size": 32, "lr": 3e-3, "warmup_steps": 100, "loss_reduction": "mean",
-         "eval_every": 1000, "eval_traces": 64, "n_checkpoints": 0, "checkpoint_every": EVERY,
+         "eval_every": 1000, "eval_traces": 64, "n_checkpoints": 10, "checkpoint_every": EVERY,
          "save_every": STEPS, "log_every": 100, "seed": 0}  # fmt: skip
 THRESHOLD = 0.8  # two target languages: 0.5 is what a model that knows the dictionary but not the language gets
 ACROSS = {"n_prompts": 128, "k": 4, "n_query": 3, "threshold": THRESHOLD, "n_boot": 1000, "seed": 0}
-CIRCUITS = {"kind": "symbolic", "n_pairs": 64, "k": 4, "n_query": 3, "seeds": (0, 1, 2), "methods": ("prune", "eap-ig"),
+CIRCUITS = {"n_pairs": 64, "k": 4, "n_query": 3, "seeds": (0, 1, 2), "methods": ("prune", "eap-ig"),
             "sparsity": 0.9, "n_boot": 1000, "n_null": 200, "seed": 0, "progress": False}  # fmt: skip
 
 
@@ -85,15 +87,21 @@ def main(argv: list[str] | None = None) -> int:
                                           **ACROSS,
                                           on_checkpoint=lambda s, how: print(f"step {s}: {how}"))  # fmt: skip
     print(summary["verdict"])
+    figure = (
+        Path("examples") / "figures" / "translation-across.html"
+    )  # beside the committed plotly.min.js
+    page = (HERE / "across" / "across.html").read_text(encoding="utf-8")
+    if figure.is_file() and figure.read_text(encoding="utf-8") != page and not args.force:
+        raise SystemExit(f"{figure} holds another figure; pass --force to replace it")
+    figure.write_text(page, encoding="utf-8")
     final = MODEL / "checkpoints" / f"step_{STEPS:07d}.pt"
-    report = translation_circuits(final, HERE / "circuits", words=words, force=args.force, **CIRCUITS,
-                                  on_circuit=lambda stem: print(f"circuit {stem}"))  # fmt: skip
-    for method, entry in report["overlap"].items():
-        pair = entry["across"]["start vs continue"]
-        print(
-            f"{method}: Jaccard {pair['jaccard_observed']:.3f}, uniform null {pair['null_uniform']['mc_mean']:.3f}, "
-            f"degree null {pair['null_degree']['mc_mean']:.3f} (p {pair['null_degree']['p_greater']:.3f})"
-        )
+    for kind in ("symbolic", "semantic"):
+        report = translation_circuits(final, HERE / "circuits" / kind, words=words, kind=kind, force=args.force,
+                                      **CIRCUITS, on_circuit=lambda stem: print(f"circuit {stem}"))  # fmt: skip
+        for method, entry in report["overlap"].items():
+            pair = entry["across"]["start vs continue"]
+            print(f"{kind} {method}: Jaccard {pair['jaccard_observed']:.3f}, uniform null "
+                  f"{pair['null_uniform']['mc_mean']:.3f}, degree null {pair['null_degree']['mc_mean']:.3f}")  # fmt: skip
     return 0
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mechlab.pipelines.translation_circuits import translation_circuits
+from mechlab.pipelines.translation_prune import translation_circuits
 from mechlab.tasks.translation import load_words
 from tests.pipelines.test_translation import save_checkpoint
 
