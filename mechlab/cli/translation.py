@@ -1,5 +1,5 @@
 """``mechlab translation across`` and ``mechlab translation circuits``: parse, call the
-pipelines (:mod:`mechlab.pipelines.translation`, :mod:`mechlab.pipelines.translation_circuits`),
+pipelines (:mod:`mechlab.pipelines.translation`, :mod:`mechlab.pipelines.translation_prune`),
 print."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def circuits(
 ) -> None:
     """Circuits of the start and the continue positions on label-swapped pairs, and their overlap."""
     say_loading(True, "torch, the tokenizer and the model")
-    from mechlab.pipelines.translation_circuits import translation_circuits
+    from mechlab.pipelines.translation_prune import translation_circuits
 
     use_threads(threads)
     extra = {"steps": steps} if steps is not None else {}

@@ -15,7 +15,7 @@ Modules: :mod:`~mechlab.pipelines.checkpoints` (opening), :mod:`~mechlab.pipelin
 :mod:`~mechlab.pipelines.recall`, :mod:`~mechlab.pipelines.report`,
 :mod:`~mechlab.pipelines.through_training` (circuits of every checkpoint of a run),
 :mod:`~mechlab.pipelines.train`, :mod:`~mechlab.pipelines.sweep`,
-:mod:`~mechlab.pipelines.translation` and :mod:`~mechlab.pipelines.translation_circuits`
+:mod:`~mechlab.pipelines.translation` and :mod:`~mechlab.pipelines.translation_prune`
 (starting vs continuing a translation across checkpoints, and its circuits),
 :mod:`~mechlab.pipelines.outputs` (writing), :mod:`~mechlab.pipelines.preflight` (the checks
 a command makes before torch loads), :mod:`~mechlab.pipelines.stops` (a run stopped by a
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.pipelines.through_training import prune_through_training
     from mechlab.pipelines.train import run_config, train_run
     from mechlab.pipelines.translation import checkpoint_series, translation_across_training
-    from mechlab.pipelines.translation_circuits import translation_circuits
+    from mechlab.pipelines.translation_prune import translation_circuits
 
 _LAZY = {
     "check_method": "mechlab.pipelines.methods",
@@ -99,7 +99,7 @@ _LAZY = {
     "write_outputs": "mechlab.pipelines.sweep",
     "checkpoint_series": "mechlab.pipelines.translation",
     "translation_across_training": "mechlab.pipelines.translation",
-    "translation_circuits": "mechlab.pipelines.translation_circuits",
+    "translation_circuits": "mechlab.pipelines.translation_prune",
 }
 
 
