@@ -39,7 +39,7 @@ print(f"{len(words.entries)} dictionary entries ({words.languages}), {len(droppe
 
 # %%
 prompts = {
-    kind: episodes(words, tok, n=64, kind=kind, k=4, n_query=3, seed=1)
+    kind: episodes(words, tok, n=32, kind=kind, k=4, n_query=3, seed=1)
     for kind in ("symbolic", "semantic")
 }
 for kind, eps in prompts.items():
@@ -47,12 +47,12 @@ for kind, eps in prompts.items():
 
 # %% [markdown]
 # The final checkpoint: top-1 accuracy of the answer's token at the start and at the
-# continuation, with 95% bootstrap intervals over the 64 prompts.
+# continuation, with 95% bootstrap intervals over the 32 prompts.
 
 # %%
 final = sorted(CHECKPOINTS.glob("step_*.pt"))[-1]
 model = mechlab.load_checkpoint(final).model
-report = start_vs_continue(model, prompts, n_boot=500)
+report = start_vs_continue(model, prompts, n_boot=200)
 for kind, metrics in report.items():
     for pos in ("start", "continue"):
         a = metrics[f"{pos}_acc"]
@@ -70,7 +70,7 @@ for kind, metrics in report.items():
 few = sorted(CHECKPOINTS.glob("step_*.pt"))[::4]
 with tempfile.TemporaryDirectory() as out:
     summary = mechlab.pipelines.translation_across_training(
-        few, Path(out) / "across", words=words, n_prompts=32, threshold=0.8, n_boot=200
+        few, Path(out) / "across", words=words, n_prompts=16, threshold=0.8, n_boot=100
     )
 print(summary["verdict"])
 
