@@ -202,6 +202,7 @@ def _mechlab_run(folder, n_layers=1, steps=(10, 20)):
     return folder, folder.parent / "words.tsv"
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_a_series_of_mechlab_checkpoint_files(tmp_path):
     run, words = _mechlab_run(tmp_path / "run" / "checkpoints")
     assert [(s, f.name) for s, f in checkpoint_series(run)] == [(10, "step_0000010.pt"), (20, "step_0000020.pt")]
