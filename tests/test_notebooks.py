@@ -22,9 +22,9 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "examples" / "notebooks"
 SCRIPTS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 
 
-def test_there_are_the_four_notebooks():
+def test_there_are_the_five_notebooks():
     names = [p.stem for p in SCRIPTS]
-    assert names == ["01_quickstart", "02_circuits", "03_recall", "04_custom_patching"]
+    assert names == ["01_quickstart", "02_circuits", "03_recall", "04_custom_patching", "05_translation"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)

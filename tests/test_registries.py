@@ -84,7 +84,7 @@ def test_the_task_registry_holds_the_built_in_tasks():
     from mechlab.train.task import LDSTask, make_task
 
     assert task_registry.get_task("lds").trainer is LDSTask  # attached by the training layer
-    with pytest.raises(ValueError, match=r"^unknown task 'nope'; choose one of \['induction', 'lds', 'state_tracking'\]$"):
+    with pytest.raises(ValueError, match=r"^unknown task 'nope'; choose one of \['bilingual', 'induction', 'lds', 'state_tracking'\]$"):
         make_task("nope", {})
 
 

@@ -10,7 +10,8 @@ line each (``mechlab: warning: ...``).
 Modules, one per command group: :mod:`~mechlab.cli.train` (``info``, ``train``),
 :mod:`~mechlab.cli.evaluate` (``eval``, ``report``, ``recall``),
 :mod:`~mechlab.cli.circuits` (``prune``, ``view``, ``overlap``, ``curve``, ``pairs ioi``),
-:mod:`~mechlab.cli.sweep` (``sweep``), :mod:`~mechlab.cli.bench` (``bench ...``); the
+:mod:`~mechlab.cli.sweep` (``sweep``), :mod:`~mechlab.cli.translation` (``translation across``,
+``translation circuits``), :mod:`~mechlab.cli.bench` (``bench ...``); the
 application and what they share: :mod:`~mechlab.cli.app`, :mod:`~mechlab.cli.main`.
 The commands import the pipelines (and torch) only when they run, so ``--help`` is fast,
 and check first what needs neither torch nor the model
@@ -31,6 +32,7 @@ from mechlab.cli.evaluate import eval_, recall, report
 from mechlab.cli.main import main
 from mechlab.cli.sweep import sweep_
 from mechlab.cli.train import info, train
+from mechlab.cli.translation import translation_app
 
 # The commands, in the order --help lists them.
 app.command()(info)
@@ -47,5 +49,6 @@ pairs_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Prompt pairs for mechlab prune --pairs.")  # fmt: skip
 pairs_app.command("ioi")(pairs_ioi)
 app.add_typer(pairs_app, name="pairs")
+app.add_typer(translation_app, name="translation")
 
 __all__ = ["UsageProblem", "app", "bench_app", "main"]

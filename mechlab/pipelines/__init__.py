@@ -15,6 +15,8 @@ Modules: :mod:`~mechlab.pipelines.checkpoints` (opening), :mod:`~mechlab.pipelin
 :mod:`~mechlab.pipelines.recall`, :mod:`~mechlab.pipelines.report`,
 :mod:`~mechlab.pipelines.through_training` (circuits of every checkpoint of a run),
 :mod:`~mechlab.pipelines.train`, :mod:`~mechlab.pipelines.sweep`,
+:mod:`~mechlab.pipelines.translation` and :mod:`~mechlab.pipelines.translation_prune`
+(starting vs continuing a translation across checkpoints, and its circuits),
 :mod:`~mechlab.pipelines.outputs` (writing), :mod:`~mechlab.pipelines.preflight` (the checks
 a command makes before torch loads), :mod:`~mechlab.pipelines.stops` (a run stopped by a
 signal: what it kept).
@@ -54,6 +56,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.pipelines.sweep import sweep_spec, write_outputs
     from mechlab.pipelines.through_training import prune_through_training
     from mechlab.pipelines.train import run_config, train_run
+    from mechlab.pipelines.translation import checkpoint_series, translation_across_training
+    from mechlab.pipelines.translation_prune import translation_circuits
 
 _LAZY = {
     "check_method": "mechlab.pipelines.methods",
@@ -93,6 +97,9 @@ _LAZY = {
     "view_circuits": "mechlab.pipelines.circuits",
     "write_ioi_pairs": "mechlab.pipelines.prompts",
     "write_outputs": "mechlab.pipelines.sweep",
+    "checkpoint_series": "mechlab.pipelines.translation",
+    "translation_across_training": "mechlab.pipelines.translation",
+    "translation_circuits": "mechlab.pipelines.translation_prune",
 }
 
 
@@ -116,6 +123,7 @@ __all__ = [
     "Source",
     "check_method",
     "check_prune_targets",
+    "checkpoint_series",
     "checkpoint_prune_data",
     "circuit_data",
     "curve_checkpoint",
@@ -141,6 +149,8 @@ __all__ = [
     "run_suite",
     "sweep_spec",
     "train_run",
+    "translation_across_training",
+    "translation_circuits",
     "view_circuits",
     "write_ioi_pairs",
     "write_outputs",

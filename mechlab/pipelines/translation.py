@@ -1,10 +1,13 @@
 """Starting vs continuing a translation across a language model's training checkpoints.
 
 A *series* is a set of checkpoint folders of one model (``save_pretrained`` folders, such
-as the revisions OLMo, OLMo 2 and Pythia publish), ordered by training step: the step is
-read from each folder's name (``step20000-tokens84B``, ``step_1000``, ``global_step300``:
-the digits after ``step``), or from a manifest (a JSON list of ``{"folder": ..., "step":
-...}``, or a TSV of ``folder<TAB>step`` lines; folders relative to the manifest's own).
+as the revisions OLMo, OLMo 2 and Pythia publish), or of mechlab checkpoint files of one
+run (``step_0000100.pt``, as ``checkpoint_every`` writes them; their tokenizer is a
+``save_pretrained`` tokenizer in the files' folder or given apart), ordered by training
+step: the step is read from each name (``step20000-tokens84B``, ``step_1000``,
+``global_step300``: the digits after ``step``), or from a manifest (a JSON list of
+``{"folder": ..., "step": ...}``, or a TSV of ``folder<TAB>step`` lines; paths relative to
+the manifest's own).
 
 :func:`translation_across_training` builds the prompts once
 (:mod:`mechlab.tasks.translation`: symbolic and semantic labels, plain and misdirected),
@@ -28,8 +31,9 @@ start's interval lies wholly after its continuation's; *undecided* otherwise (a 
 never emerges, or overlapping symbolic intervals).
 
 Refused, one line each and before anything is written: folders of different architectures
-(their ``config.json`` differ beyond names and versions) or tokenizers (their tokenizer
-files differ), names without a step and no manifest, two folders of one step, a word the
+(their ``config.json`` differ beyond names and versions; for checkpoint files, their model
+configs differ) or tokenizers (their tokenizer files differ), folders mixed with checkpoint
+files, names without a step and no manifest, two folders of one step, a word the
 tokenizer cannot encode, a label that is a word of the word list.
 """
 
@@ -118,8 +122,10 @@ def checkpoint_series(
             if not parent.is_dir():
                 raise ValueError(f"checkpoints {str(parent)!r} is not a folder")
             folders = sorted(p for p in parent.iterdir() if (p / "config.json").is_file())
+            folders = folders or sorted(p for p in parent.iterdir() if _is_checkpoint_file(p))
             if not folders:
-                raise ValueError(f"{str(parent)!r} holds no checkpoint folder (a subfolder with config.json)")
+                raise ValueError(f"{str(parent)!r} holds no checkpoint (a subfolder with config.json, or "
+                                 "mechlab checkpoint files named by step)")  # fmt: skip
         else:
             folders = [Path(p) for p in checkpoints]
         series = []
@@ -132,8 +138,15 @@ def checkpoint_series(
     if not series:
         raise ValueError("no checkpoint folders given")
     for _, folder in series:
-        if not (folder / "config.json").is_file():
+        if folder.is_file():
+            if not _is_checkpoint_file(folder):
+                raise ValueError(f"{str(folder)!r} is not a checkpoint folder or a mechlab checkpoint file "
+                                 f"({', '.join(outputs.CHECKPOINT_SUFFIXES)})")  # fmt: skip
+        elif not (folder / "config.json").is_file():
             raise ValueError(f"checkpoint folder {str(folder)!r} has no config.json")
+    if len({folder.is_file() for _, folder in series}) > 1:
+        raise ValueError("the series mixes save_pretrained folders and mechlab checkpoint files; "
+                         "a series is one model's checkpoints, all of one kind")  # fmt: skip
     series.sort(key=lambda pair: pair[0])
     for a, b in zip(series, series[1:], strict=False):
         if a[0] == b[0]:
@@ -141,7 +154,19 @@ def checkpoint_series(
     return series
 
 
+def _is_checkpoint_file(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in outputs.CHECKPOINT_SUFFIXES
+
+
 def _config(folder: Path) -> dict[str, Any]:
+    if folder.is_file():  # a mechlab checkpoint: its model's config
+        from mechlab.checkpoint import load_checkpoint
+
+        try:
+            return dict(load_checkpoint(folder).config.to_dict())
+        except (OSError, ValueError) as err:
+            reason = " ".join(str(err).split())[:160]
+            raise ValueError(f"cannot read the checkpoint {str(folder)!r}: {reason}") from None
     try:
         data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -150,6 +175,8 @@ def _config(folder: Path) -> dict[str, Any]:
 
 
 def _tokenizer_files(folder: Path) -> dict[str, str]:
+    if folder.is_file():  # checkpoint files share their folder's (or the given) tokenizer
+        return {}
     return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
             for name in TOKENIZER_FILES if (folder / name).is_file()}  # fmt: skip
 
@@ -255,7 +282,8 @@ def summarize(reports: dict[int, dict[str, Any]], threshold: float) -> dict[str,
 
 def _tokenizer(tokenizer: Any, series: Sequence[tuple[int, Path]]) -> Any:
     if tokenizer is None:
-        return load_tokenizer(series[0][1])
+        first = series[0][1]
+        return load_tokenizer(first.parent if first.is_file() else first)
     if isinstance(tokenizer, (str, Path)):
         return load_tokenizer(tokenizer)
     return tokenizer
@@ -287,7 +315,8 @@ def translation_across_training(
             :func:`checkpoint_series`).
         out: The output folder (resumed per checkpoint).
         manifest: A file of folder and step, instead of steps in folder names.
-        tokenizer: A tokenizer, or its folder (default: the first checkpoint's folder).
+        tokenizer: A tokenizer, or its folder (default: the first checkpoint's folder, or
+            the folder of checkpoint files).
         words: A word list (TSV path or :class:`~mechlab.tasks.translation.WordList`;
             default: the bundled one).
         symbols: The pool of symbolic labels.
@@ -299,8 +328,10 @@ def translation_across_training(
         batch_size: Prompts per forward pass.
         n_boot: Bootstrap resamples.
         force: Replace step files of other settings (and write where git tracks files).
-        load_model: Folder -> model (default:
-            :func:`mechlab.models.importers.from_pretrained`).
+        load_model: Folder or file -> model (default:
+            :func:`mechlab.pipelines.prompts.open_model`: a folder imported with
+            :func:`mechlab.models.importers.from_pretrained`, a file loaded as a mechlab
+            checkpoint).
         on_checkpoint: Called with ``(step, "scored" or "reused")`` per checkpoint.
 
     Returns:
@@ -326,11 +357,16 @@ def translation_across_training(
     prompt_sha = hashlib.sha256(json.dumps({name: [e.tokens for e in eps] for name, eps in prompts.items()})
                                 .encode()).hexdigest()  # fmt: skip
     if load_model is None:
-        from mechlab.models.importers import from_pretrained as load_model
+        from mechlab.pipelines.prompts import open_model
+
+        def load_model(path: Path) -> Any:
+            return open_model(path)[0]
+
     folder = outputs.OutputFolder(out, "translation", force=force, inputs=[f for _, f in series])
     records = {
         step: {"step": step, "folder": str(path.resolve()), "config": _config(path),
-               "weights": sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file()
+               "weights": [(path.name, outputs.file_sha256(path))] if path.is_file() else
+                          sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file()
                                  and p.suffix in outputs.CHECKPOINT_SUFFIXES),
                "prompts_sha256": prompt_sha, "n_boot": n_boot, "seed": seed}
         for step, path in series

@@ -203,3 +203,9 @@ register(Task(
     target_refusal="target {target!r} is not one of the induction task's; use all (the predictable "
     "positions of the repeat)",
 ))  # fmt: skip
+register(Task(
+    "bilingual", ("start", "continue"), _Named("mechlab.tasks.bilingual:BilingualConfig"),
+    _Deferred("mechlab.tasks.translation_pairs:task_prune_data"), default_corruption="label_swap",
+    target_refusal="target {target!r} is not one of the bilingual task's; use start (the query's first "
+    "answer) or continue (its second)",
+))  # fmt: skip

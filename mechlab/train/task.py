@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from mechlab.models.base import predict_in_chunks
-from mechlab.tasks import induction
+from mechlab.tasks import bilingual, induction
 from mechlab.tasks.lds import OBS, OPEN, LDSConfig, make_libraries, sample_batch
 from mechlab.tasks.registry import attach_trainer, get_task, task_names
 from mechlab.tasks.state_tracking import (
@@ -271,7 +271,52 @@ class InductionTask(TokenTask):
         return out
 
 
-for _name, _cls in (("lds", LDSTask), ("state_tracking", StateTrackingTask), ("induction", InductionTask)):
+class BilingualTask(TokenTask):
+    """A token language model on the synthetic bilingual corpus (:mod:`mechlab.tasks.bilingual`):
+    token cross-entropy on every next token."""
+
+    def __init__(self, overrides: dict[str, Any]):
+        self.cfg = bilingual.BilingualConfig.from_dict(overrides)
+        self.vocab = bilingual.vocabulary(self.cfg)
+        self.val = bilingual.validation_set(self.cfg, self.vocab)
+
+    def model_fields(self) -> dict[str, Any]:
+        V = len(self.vocab.tokens)
+        return {"io": "tokens", "d_vocab": V, "d_vocab_out": V, "n_ctx": self.cfg.n_ctx}
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.cfg.to_dict()
+
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        return bilingual.batch(self.cfg, self.vocab, batch_size, generator)
+
+    def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
+        """Loss and next-token accuracy on the fixed validation set; start and continue
+        accuracy (:func:`mechlab.evals.translation.start_vs_continue`) on
+        ``cfg.eval_traces`` translation prompts per label kind."""
+        from mechlab.evals.translation import start_vs_continue
+        from mechlab.tasks.translation import episodes
+
+        device = next(model.parameters()).device
+        val = self.val.to(device)
+        logits = predict_in_chunks(model, val[:, :-1])
+        mask = torch.ones_like(val[:, 1:], dtype=torch.bool)
+        out = {"val_loss": float(masked_cross_entropy(logits, val[:, 1:], mask)),
+               "val_accuracy": float((logits.argmax(-1) == val[:, 1:]).float().mean())}  # fmt: skip
+        tok = bilingual.tokenizer(self.vocab)
+        n = int(cfg.eval_traces)
+        prompts = {kind: episodes(self.vocab.words, tok, n=n, kind=kind, k=min(4, self.cfg.max_k),
+                                  n_query=min(3, self.cfg.max_query), seed=i)
+                   for i, kind in enumerate(("symbolic", "semantic"))}  # fmt: skip
+        report = start_vs_continue(model, prompts, n_boot=1)
+        for kind, metrics in report.items():
+            for pos in ("start", "continue"):
+                out[f"{kind}_{pos}_acc"] = metrics[f"{pos}_acc"]["mean"]
+        return out
+
+
+for _name, _cls in (("lds", LDSTask), ("state_tracking", StateTrackingTask), ("induction", InductionTask),
+                   ("bilingual", BilingualTask)):  # fmt: skip
     attach_trainer(_name, _cls)  # the task registry (mechlab.tasks.registry) holds every task's trainer
 del _name, _cls
 

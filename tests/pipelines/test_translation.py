@@ -182,3 +182,56 @@ def test_refusals_write_nothing(series, tmp_path):
     with pytest.raises(ValueError, match="two checkpoint folders of step 1"):
         translation_across_training([], out, manifest=manifest, **SETTINGS)
     assert not out.exists()
+
+
+def _mechlab_run(folder, n_layers=1, steps=(10, 20)):
+    """A folder of mechlab checkpoint files of a token transformer, named by step, with the
+    bilingual corpus's tokenizer beside them; returns the folder and the word list."""
+    from mechlab.checkpoint import save_checkpoint as save
+    from mechlab.models import build_model
+    from mechlab.tasks import bilingual
+
+    vocab = bilingual.vocabulary(bilingual.BilingualConfig())
+    for i, step in enumerate(steps):
+        torch.manual_seed(i)
+        model = build_model({"arch": "transformer", "io": "tokens", "d_model": 16, "n_layers": n_layers, "n_heads": 2,
+                             "d_vocab": len(vocab.tokens), "d_vocab_out": len(vocab.tokens), "n_ctx": 64})  # fmt: skip
+        save(model, folder / f"step_{step:07d}.pt", step=step)
+    bilingual.tokenizer(vocab).save_pretrained(folder)
+    bilingual.write_word_list(vocab, folder.parent / "words.tsv")
+    return folder, folder.parent / "words.tsv"
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_series_of_mechlab_checkpoint_files(tmp_path):
+    run, words = _mechlab_run(tmp_path / "run" / "checkpoints")
+    assert [(s, f.name) for s, f in checkpoint_series(run)] == [(10, "step_0000010.pt"), (20, "step_0000020.pt")]
+    out = tmp_path / "out"
+    seen = []
+    summary = translation_across_training(run, out, words=words, on_checkpoint=lambda s, how: seen.append((s, how)),
+                                          **SETTINGS)  # fmt: skip
+    assert summary["steps"] == [10, 20] and seen == [(10, "scored"), (20, "scored")]
+    # the same numbers as scoring the model directly
+    from mechlab.evals.translation import start_vs_continue
+    from mechlab.pipelines.prompts import open_model
+    from mechlab.tasks import bilingual
+    from mechlab.tasks.translation import episodes
+
+    tok = bilingual.tokenizer(bilingual.vocabulary(bilingual.BilingualConfig()))
+    prompts = {"symbolic": episodes(load_words(words), tok, n=4, kind="symbolic", k=1, n_query=2, seed=0)}
+    direct = start_vs_continue(open_model(run / "step_0000020.pt")[0], prompts, n_boot=50)
+    assert summary["curves"]["symbolic"]["start"][1] == direct["symbolic"]["start_acc"]
+    seen.clear()
+    translation_across_training(run, out, words=words, on_checkpoint=lambda s, how: seen.append((s, how)), **SETTINGS)
+    assert seen == [(10, "reused"), (20, "reused")]
+    save_checkpoint(tmp_path / "mixed" / "step5")
+    manifest = tmp_path / "m.tsv"
+    manifest.write_text(f"{tmp_path / 'mixed' / 'step5'}\t5\n{run / 'step_0000010.pt'}\t10\n")
+    with pytest.raises(ValueError, match="mixes save_pretrained folders and mechlab checkpoint files"):
+        translation_across_training([], tmp_path / "out2", manifest=manifest, words=words, **SETTINGS)
+    other, _ = _mechlab_run(tmp_path / "other" / "checkpoints", steps=(10,))
+    _mechlab_run(tmp_path / "deeper", n_layers=2, steps=(30,))
+    (tmp_path / "deeper" / "step_0000030.pt").rename(other / "step_0000030.pt")
+    with pytest.raises(ValueError, match=r"steps 10 and 30 are different architectures \(n_layers: 1 vs 2\)"):
+        translation_across_training(other, tmp_path / "out2", words=words, **SETTINGS)
+    assert not (tmp_path / "out2").exists()
