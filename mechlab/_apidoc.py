@@ -58,7 +58,7 @@ def _deprecations() -> list[str]:
     from mechlab._deprecated import MOVED, REMOVED_IN, RENAMED_OPTIONS
 
     out = ["## Deprecations", "",
-           "Names that moved in the restructuring of issue 20. The old names still work, with a",
+           "Names that moved when the package was restructured. The old names still work, with a",
            f"`DeprecationWarning` that names the new one, and go in mechlab {REMOVED_IN}.", "",
            "| old | new |", "|---|---|"]  # fmt: skip
     out += [f"| `{old.replace(':', '.')}` | `{new.replace(':', '.')}` |" for old, new in MOVED.items()]

@@ -2,8 +2,8 @@
 the measured reason, computed from the row's own figures at render time.
 
 ``docs/benchmarks.md`` renders these as a last column (:func:`mechlab.bench.tables.render`),
-so a regenerated table can never claim a goal its numbers miss. The goals are issue 25's
-(caching, pruning) and the ones the page stated before (scans, start-up); ``bench train``
+so a regenerated table can never claim a goal its numbers miss. The goals are the ones
+set for caching and pruning and the ones the page stated before (scans, start-up); ``bench train``
 states its goals in its own notes. A reason says what the same run measured beside the
 missed figure (the cache without the big maps, the CPU-time ratio, the two buffers every
 pruning step must hold); the profiles behind them are in the page's prose.
