@@ -231,8 +231,8 @@ class LSTMMixer(nn.Module):
         gates, cs, hs = rows[..., : 4 * d], rows[..., 4 * d : 5 * d], rows[..., 5 * d : 6 * d]
         h_one = rows[..., 5 * d : 6 * d + 1]  # [batch, pos, d + 1]: h_t, then 1
         # tanh(a) = 2 sigmoid(2a) - 1: with the g rows of the weights and bias doubled (exact
-        # in floating point) one sigmoid over the step's row serves all four gates; the cell
-        # update reads s = (g + 1) / 2 as it is, and one pass after the loop turns s into g
+        # in floating point) one sigmoid over the step's row serves all four gates, and one
+        # small fix-up turns (g + 1) / 2 into g
         double_g = torch.ones(4 * d, dtype=x.dtype, device=x.device)
         double_g[2 * d : 3 * d] = 2
         bias = (rnn.bias_ih_l0 + rnn.bias_hh_l0) * double_g
@@ -246,17 +246,17 @@ class LSTMMixer(nn.Module):
             h_prev, c = x.new_empty(batch, d + 1), initial_state[:, 1]
             h_prev[:, :d] = initial_state[:, 0]
         h_prev[:, d] = 1
+        minus_one = x.new_full((), -1.0).expand(batch, d)
         # every step's views made once (per-step slicing costs more than the small kernels)
         i, f, g, o = gates.chunk(4, dim=-1)  # views, [batch, pos, d] each
         steps = zip(gates.unbind(1), i.unbind(1), f.unbind(1), g.unbind(1), o.unbind(1),
                     cs.unbind(1), hs.unbind(1), h_one.unbind(1), strict=True)  # fmt: skip
-        for step, i_t, f_t, s_t, o_t, c_t, h_t, h_one_t in steps:
-            step.addmm_(h_prev, w_hh).sigmoid_()  # [batch, 4 * d]: i, f, s = (g + 1) / 2, o
-            # c_t = f c + i g = f c - i + 2 i s: g itself is made once after the loop
-            c = torch.mul(f_t, c, out=c_t).sub_(i_t).addcmul_(i_t, s_t, value=2)
+        for step, i_t, f_t, g_t, o_t, c_t, h_t, h_one_t in steps:
+            step.addmm_(h_prev, w_hh).sigmoid_()  # [batch, 4 * d]: i, f, (g + 1) / 2, o
+            torch.add(minus_one, g_t, alpha=2, out=g_t)
+            c = torch.mul(i_t, g_t, out=c_t).addcmul_(f_t, c)
             torch.tanh(c, out=h_t).mul_(o_t)
             h_prev = h_one_t
-        g.mul_(2).sub_(1)  # every step's g = 2 s - 1 in one pass
         values = {"i": i, "f": f, "g": g, "o": o, "c": cs, "h": hs}
         return values, torch.stack([h_prev[:, :d], c], dim=1)
 
