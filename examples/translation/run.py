@@ -9,9 +9,13 @@ committed) and the circuits of the start and continue positions on the final
 checkpoint with their overlap against the null models, on symbolic and on semantic labels
 (``circuits/symbolic/``, ``circuits/semantic/``).
 
-    python examples/translation/run.py            # what exists is kept (resumed)
+    python examples/translation/run.py            # what exists is kept (resumed); in this
+                                                  # repository git tracks the outputs, so it
+                                                  # refuses to write there: use a flag below
     python examples/translation/run.py --force    # retrain and recompute everything (and
                                                   # write where git tracks the outputs)
+    python examples/translation/run.py --recompute  # keep the model, recompute its results
+                                                    # (after a change to the pipeline)
 
 One torch thread throughout (the timing in docs/reproduction.md is for one thread).
 """
@@ -74,7 +78,9 @@ def train(force: bool) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="Retrain and recompute what exists.")
+    parser.add_argument("--recompute", action="store_true", help="Keep the trained model; recompute its results.")
     args = parser.parse_args(argv)
+    redo = args.force or args.recompute
     torch.set_num_threads(1)
     os.chdir(ROOT)
     from mechlab.pipelines import translation_across_training, translation_circuits
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for old in (HERE / "across", HERE / "circuits"):
             shutil.rmtree(old, ignore_errors=True)
     words = MODEL / "words.tsv"
-    summary = translation_across_training(MODEL / "checkpoints", HERE / "across", words=words, force=args.force,
+    summary = translation_across_training(MODEL / "checkpoints", HERE / "across", words=words, force=redo,
                                           **ACROSS,
                                           on_checkpoint=lambda s, how: print(f"step {s}: {how}"))  # fmt: skip
     print(summary["verdict"])
@@ -91,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         Path("examples") / "figures" / "translation-across.html"
     )  # beside the committed plotly.min.js
     page = (HERE / "across" / "across.html").read_text(encoding="utf-8")
-    if figure.is_file() and figure.read_text(encoding="utf-8") != page and not args.force:
+    if figure.is_file() and figure.read_text(encoding="utf-8") != page and not redo:
         raise SystemExit(f"{figure} holds another figure; pass --force to replace it")
     figure.write_text(page, encoding="utf-8")
     final = MODEL / "checkpoints" / f"step_{STEPS:07d}.pt"
     for kind in ("symbolic", "semantic"):
-        report = translation_circuits(final, HERE / "circuits" / kind, words=words, kind=kind, force=args.force,
+        report = translation_circuits(final, HERE / "circuits" / kind, words=words, kind=kind, force=redo,
                                       **CIRCUITS, on_circuit=lambda stem: print(f"circuit {stem}"))  # fmt: skip
         for method, entry in report["overlap"].items():
             pair = entry["across"]["start vs continue"]

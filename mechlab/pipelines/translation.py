@@ -364,7 +364,8 @@ def translation_across_training(
 
     folder = outputs.OutputFolder(out, "translation", force=force, inputs=[f for _, f in series])
     records = {
-        step: {"step": step, "folder": str(path.resolve()), "config": _config(path),
+        # the checkpoint by name and content, not by where this copy of it lies
+        step: {"step": step, "folder": path.name, "config": _config(path),
                "weights": [(path.name, outputs.file_sha256(path))] if path.is_file() else
                           sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file()
                                  and p.suffix in outputs.CHECKPOINT_SUFFIXES),

@@ -177,7 +177,17 @@ def translation_circuits(
             for target in TARGETS
         }
         report["overlap"][method] = entry
+    record = {**report, **outputs.settings_record(settings)}
     with outputs.OutputFolder(out, "translation circuits", force=force, inputs=inputs) as folder:
-        if status["overlap.json"] != "same":
-            folder.write_json("overlap.json", {**report, **outputs.settings_record(settings)})
+        # the same settings, but circuits made anew (the search's defaults moved): the summary follows them
+        if status["overlap.json"] != "same" or _stored(folder.file("overlap.json")) != json.loads(json.dumps(record)):
+            folder.write_json("overlap.json", record)
     return report
+
+
+def _stored(path: Path) -> Any:
+    """The JSON at ``path``, or None when there is none (or it cannot be read)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

@@ -98,3 +98,20 @@ def test_refusals_write_nothing(model, tmp_path):
         translation_circuits(tmp_path / "nope", out, **FAST)
     assert not out.exists()
     assert load_words().languages == ("spanish", "french")
+
+
+def test_a_summary_that_no_longer_matches_its_circuits_is_rewritten(model, tmp_path):
+    """Circuits recomputed under the same settings (the search's defaults moved, so each
+    circuit's own settings differ) leave overlap.json behind them unless it follows: a
+    summary whose content differs from what its circuits give is written again."""
+    import json
+
+    out = tmp_path / "out"
+    report = translation_circuits(model, out, methods=("eap",), **FAST)
+    path = out / "overlap.json"
+    stale = json.loads(path.read_text())
+    stale["overlap"]["eap"]["within"] = {}
+    path.write_text(json.dumps(stale))
+    again = translation_circuits(model, out, methods=("eap",), **FAST)
+    assert json.loads(path.read_text())["overlap"] == json.loads(json.dumps(again["overlap"]))
+    assert again["overlap"]["eap"]["within"] == json.loads(json.dumps(report["overlap"]["eap"]["within"]))
