@@ -99,9 +99,8 @@ def prune(
         raise UsageProblem("--dtype applies with --model FOLDER only (a mechlab checkpoint keeps its dtype)")
     if stability == 1:
         raise UsageProblem("--stability must be 0 (off) or at least 2 bootstrap resamples")
-    if stability and (pairs is not None or share):
-        raise UsageProblem(f"--stability applies to circuits of --ckpt or --checkpoints traces, not with "
-                           f"--{'pairs' if pairs is not None else 'share'}")  # fmt: skip
+    if stability and share:
+        raise UsageProblem("--stability applies to circuits pruned one target at a time, not with --share")
     prompt_only = {"tokenizer", "metric", "position", "test_fraction"} & given
     if pairs is None and prompt_only:
         raise UsageProblem(f"--{sorted(prompt_only)[0].replace('_', '-')} applies with --pairs only")
@@ -127,7 +126,7 @@ def prune(
         _prune_pairs(ctx, ckpt if ckpt is not None else model, pairs, seed, out, tokenizer=tokenizer,
                      metric=metric, position=position, test_fraction=test_fraction, sparsity=sparsity,
                      ablation=ablation, device=device, progress=progress, threads=threads, force=force, **chosen,
-                     **({} if dtype is None else {"dtype": dtype}),
+                     **({} if dtype is None else {"dtype": dtype}), **({"stability": stability} if stability else {}),
                      **_prune_only(method, loss=loss, steps=steps, lr=lr, lambda_lr=lambda_lr,
                                    normalize_loss=normalize_loss, node_sparsity=node_sparsity))  # fmt: skip
         return
@@ -309,6 +308,8 @@ def _print_prompt_circuit(stem: str, circuit, out: Path) -> None:
         typer.echo(f"  logit difference: full {m['logit_diff_full']:.3f}  circuit {m['logit_diff_circuit']:.3f}  "
                    f"all ablated {m['logit_diff_ablated']:.3f}  complement {m['logit_diff_complement']:.3f}  "
                    f"(recovered {m['logit_diff_recovered']:.3f})")  # fmt: skip
+    if isinstance(meta.get("stability"), dict):
+        typer.echo(f"  {meta['stability'].get('summary', 'bootstrap stability recorded')}")
     if meta.get("sparsity_limited_by_open_edges"):
         typer.echo(f"mechlab: {stem}: {budget_note(meta, circuit.n_edges)}", err=True)
     for line in meta["warnings"]:

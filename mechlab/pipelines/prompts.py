@@ -30,11 +30,13 @@ from mechlab.limits import MAX_PROMPT_PAIRS, check_at_most
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import check_finite_parameters, open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
+from mechlab.pipelines.prune import check_stability
 from mechlab.pipelines.resume import keeper, resume_each
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
 from mechlab.prune.config import RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.prune.evaluate import target_outputs
+from mechlab.prune.stability import bootstrap_stability
 from mechlab.tasks import ioi
 from mechlab.tasks.prompts import (
     METRICS,
@@ -45,6 +47,7 @@ from mechlab.tasks.prompts import (
     pairs_from_records,
     read_jsonl,
 )
+from mechlab.traces import PruneData
 
 FAITHFULNESS_WARNING = "circuit for"  # the engine's warning, kept in metadata["warnings"]
 
@@ -193,6 +196,7 @@ def prune_prompts(
     acdc_max_edges: int | None = None,
     force: bool = False,
     dtype: str | None = None,
+    stability: int = 0,
     **prune_kwargs: Any,
 ) -> PromptRun:
     """Prune a model on prompt pairs, one circuit per seed (module docstring).
@@ -227,6 +231,11 @@ def prune_prompts(
             folder git tracks.
         dtype: A model folder's import dtype (``"bfloat16"``, ...; default: the checkpoint's
             own), checked before anything is written; recorded in the circuits' settings.
+        stability: Bootstrap replicates of each circuit's stability over resampled training
+            pairs (:func:`~mechlab.prune.stability.bootstrap_stability`: the same method and
+            settings on each resample of the seed's training pairs, resampled with the seed;
+            the held-out pairs kept), recorded as ``metadata["stability"]`` and in the
+            circuit's settings; 0 (the default): not measured.
         **prune_kwargs: :func:`mechlab.prune.prune`'s settings (``steps``, ``ablation``,
             ``loss``, ...).
 
@@ -238,6 +247,7 @@ def prune_prompts(
             before any work.
     """
     check_prune_args(sparsity, **prune_kwargs)
+    check_stability(stability)
     by_method = not is_edge_pruning(method) or n_edges is not None
     check_method(method, prune_kwargs, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
     if dtype is not None:
@@ -265,6 +275,8 @@ def prune_prompts(
     tag = method_tag(method)
     chosen = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps, "acdc_max_edges": acdc_max_edges}
     extra = {k: v for k, v in chosen.items() if v is not None} if by_method else {}
+    if stability:  # (recorded when measured, so circuits made without it still read back)
+        extra["stability_boots"] = stability
     planned = {f"{stem_base}{tag}_seed{s}": {**base, **_search_record({**prune_kwargs, "seed": s}),
                                              **extra}
                for s in seeds}  # fmt: skip
@@ -279,17 +291,24 @@ def prune_prompts(
                          acdc_max_edges=acdc_max_edges)  # fmt: skip
         seed_of = dict(zip(planned, seeds, strict=True))
 
+        def find(data: PruneData, s: int, replicate: bool = False) -> Circuit:
+            shown = {"progress": False} if replicate and "progress" in prune_kwargs else {}
+            kwargs = {**prune_kwargs, **shown}
+            if by_method:
+                return run_method(model, data, TARGET, method, sparsity, n_edges=n_edges, ig_steps=ig_steps,
+                                  acdc_max_edges=acdc_max_edges, seed=s, **kwargs)  # fmt: skip
+            return check_finite(prune(model, data, TARGET, sparsity, seed=s, **kwargs))
+
         def compute(stem: str) -> Circuit:
             s = seed_of[stem]
             data = found.prune_data(test_fraction, seed=s)
             with warnings.catch_warnings():  # the metadata keeps them (callers print them)
                 warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-                if by_method:
-                    circuit = run_method(model, data, TARGET, method, sparsity, n_edges=n_edges,
-                                         ig_steps=ig_steps, acdc_max_edges=acdc_max_edges, seed=s,
-                                         **prune_kwargs)  # fmt: skip
-                else:
-                    circuit = check_finite(prune(model, data, TARGET, sparsity, seed=s, **prune_kwargs))
+                circuit = find(data, s)
+                if stability:  # the same method and settings on resampled training pairs
+                    measured = bootstrap_stability(lambda d: find(d, s, replicate=True), data, stability,
+                                                   seed=s, reference=circuit)  # fmt: skip
+                    circuit.metadata["stability"] = measured.to_dict()
             meta = circuit.metadata
             meta.setdefault("method", DEFAULT_METHOD)
             meta.update(model=str(model_source), model_kind=kind, pairs=str(pairs), metric=metric)

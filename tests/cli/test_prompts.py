@@ -219,3 +219,53 @@ def test_ctrl_c_during_a_prompt_prune_keeps_the_seeds_written_and_the_rerun_read
     assert main(args) == 0
     assert "read back 1 circuit(s) found before with the same settings: repeats_seed0" in capsys.readouterr().out
     assert (out / "repeats_seed0.html").is_file() and (out / "repeats_seed1.json").is_file()
+
+
+def test_stability_of_a_prompt_circuit_is_the_methods_circuits_on_resampled_training_pairs(
+    gpt2_folder, ioi_file, tmp_path, capsys
+):
+    """``--stability N`` with ``--pairs``: each replicate is the same method on the seed's
+    training pairs resampled with the seed (recomputed here by hand), its Jaccard with the
+    circuit recorded and printed; the replicates are part of the settings (a rerun without
+    them is refused naming them; the same rerun reads back)."""
+    from mechlab.prune.circuit import jaccard
+    from mechlab.prune.methods import find_circuit
+    from mechlab.prune.stability import bootstrap_samples
+    from mechlab.tasks.prompts import TARGET
+
+    out = tmp_path / "c"
+    args = ["prune", "--model", str(gpt2_folder), "--pairs", str(ioi_file), "--method", "eap", "--edges", "6",
+            "--seed", "3", "--stability", "3", "--no-progress", "--out", str(out), "--threads", "1"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    circuit = Circuit.from_json(out / "ioi_eap_seed3.json")
+    measured = circuit.metadata["stability"]
+    assert measured["n_boot"] == 3 and measured["seed"] == 3 and len(measured["jaccards"]) == 3
+    assert circuit.metadata["settings"]["stability_boots"] == 3
+    assert "bootstrap" in printed and f"{measured['mean_jaccard']:.2f}" in printed
+
+    model = from_pretrained(gpt2_folder).eval()
+    data = load_pairs(ioi_file, gpt2_folder).prune_data(0.5, seed=3)
+    edges = {tuple(e) for e in circuit.edges}
+    by_hand = []
+    for replicate in bootstrap_samples(data, 3, seed=3):
+        found = find_circuit(model, replicate, TARGET, "eap", None, n_edges=6)
+        by_hand.append(jaccard(edges, {tuple(e) for e in found.edges}))
+    assert measured["jaccards"] == pytest.approx(by_hand, abs=1e-12)
+    assert measured["mean_jaccard"] == pytest.approx(sum(by_hand) / 3)
+
+    written = (out / "ioi_eap_seed3.json").read_bytes()
+    assert main(args) == 0 and "read back 1 circuit(s)" in capsys.readouterr().out
+    at = args.index("--stability")
+    without = args[:at] + args[at + 2 :]
+    assert main(without) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stability_boots" in err[0] and (out / "ioi_eap_seed3.json").read_bytes() == written
+
+
+def test_stability_is_refused_with_share(tmp_path, capsys):
+    code = main(["prune", "--ckpt", "examples/checkpoints/recall-cpu/last.pt", "--target", "1-after",
+                 "--target", "2-after", "--share", "1", "--stability", "2", "--out", str(tmp_path / "o")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["mechlab: error: --stability applies to circuits pruned one target at a time, "
+                                 "not with --share"] and not (tmp_path / "o").exists()  # fmt: skip
