@@ -181,7 +181,8 @@ def prune_checkpoint(
                                          stability=stability, **prune_kwargs)  # fmt: skip
     elif prune_kwargs or _given(sparsity=sparsity, n_haystack=n_haystack, seg_len=seg_len, data_seed=data_seed,
                                 loss_scale=loss_scale, length=length, n_edges=n_edges, ig_steps=ig_steps,
-                                acdc_max_edges=acdc_max_edges):  # fmt: skip
+                                acdc_max_edges=acdc_max_edges) or (n_train, n_test, corruption, recipe, method,
+                                stability) != (256, 512, DEFAULT_CORRUPTION, "default", DEFAULT_METHOD, 0):  # fmt: skip
         raise ValueError("give the settings in the request or as keywords, not both")
     ckpt = open_checkpoint(source, device)
     return prune_request(ckpt, request, target, traces=traces, path=source_path(source))

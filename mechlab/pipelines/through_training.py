@@ -168,6 +168,7 @@ def prune_through_training(
     chosen = thin_checkpoints(run_checkpoints(run_dir, device), every)
     result = ThroughTraining(Path(out) if out is not None
                              else outputs.default_out(run_dir / "last.pt", "through-training"))  # fmt: skip
+    nearby_budgets = settings.pop("nearby_budgets", False)
     request = _request(recipe, settings, request)  # every setting resolved and checked once
     # The run's inputs are its checkpoints (not every file under it: OUT may sit in the run).
     top = outputs.OutputFolder(result.out, "prune", force=force, inputs=[c.path for c in chosen])
@@ -179,7 +180,8 @@ def prune_through_training(
         folder = outputs.OutputFolder(result.out / step_folder(ckpt), "prune", force=force,
                                       inputs=[ckpt.path])  # fmt: skip
         built[step_folder(ckpt)] = TraceCache(ckpt, request)
-        planned, _ = plan_targets(ckpt, targets, seeds, folder, request=request, traces=built[step_folder(ckpt)])
+        planned, _ = plan_targets(ckpt, targets, seeds, folder, nearby_budgets=nearby_budgets, request=request,
+                                  traces=built[step_folder(ckpt)])  # fmt: skip
         circuit_records[step_folder(ckpt)] = {
             stem: outputs.settings_record(rec)["settings_sha256"] for stem, (_, _, rec) in planned.items()
         }
@@ -200,7 +202,7 @@ def prune_through_training(
                 with opened_once(ckpt, device):  # checked once (prune_targets does not check it again)
                     result.runs[step_folder(ckpt)] = prune_targets(
                         ckpt, targets, seeds, where, on_circuit=on_circuit, force=force, device=device,
-                        request=request, traces=built.pop(step_folder(ckpt)),
+                        nearby_budgets=nearby_budgets, request=request, traces=built.pop(step_folder(ckpt)),
                     )  # fmt: skip
             except KeyboardInterrupt as exc:  # what every checkpoint kept, for the one line
                 here = exc.kept if isinstance(exc, stops.Interrupted) else []
