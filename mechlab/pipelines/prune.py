@@ -367,6 +367,7 @@ def prune_targets(
         The :class:`PruneRun`.
     """
     device = settings.pop("device", None)
+    _check_nearby(nearby_budgets, request.method_settings if request is not None else settings)
     request = _request(recipe, settings, request)  # every setting resolved and checked once
     run = PruneRun(
         Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
@@ -443,6 +444,15 @@ def prune_targets(
     return run
 
 
+def _check_nearby(nearby_budgets: bool, method_settings: dict[str, Any]) -> None:
+    """One-line ValueError for nearby budgets with a method other than edge pruning or a
+    budget in edges (checked before the method's own settings)."""
+    method = method_settings.get("method") or DEFAULT_METHOD
+    if nearby_budgets and (not is_edge_pruning(method) or method_settings.get("n_edges") is not None):
+        raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
+                         f"--method {method} or --edges)")  # fmt: skip
+
+
 def _request(recipe: str, settings: dict[str, Any], request: CircuitRequest | None) -> CircuitRequest:
     """The request a pipeline runs: the one given, else the recipe's with ``settings`` on top
     (resolved once; one-line ValueError for any bad setting)."""
@@ -497,9 +507,7 @@ def plan_targets(
     built = traces if traces is not None else TraceCache(ckpt, request)
     if built.request != request:
         raise ValueError("the traces given were built under other settings than the request's")
-    if nearby_budgets and request.by_method:
-        raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
-                         f"--method {request.method} or --edges)")  # fmt: skip
+    _check_nearby(nearby_budgets, request.method_settings)
     # every target checked (and resolved) on its traces, before any pruning
     resolved = {(i, s): built.get(name, s) for i, name in enumerate(targets) for s in seeds}
     if request.by_method:  # refused before the first circuit: each target's budget, on its first seed's traces
