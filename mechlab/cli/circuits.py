@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -26,6 +27,9 @@ from mechlab.cli.app import (
     warn,
 )
 from mechlab.cli.evaluate import NIH_HELP
+
+if TYPE_CHECKING:  # the pipelines load after the options are checked
+    from mechlab.pipelines.request import CircuitRequest
 
 RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, "
                "misdirection to the next); uniform: the same on uniformly drawn NiH; fast: the default without its "
@@ -153,7 +157,7 @@ def prune(
 
 
 def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], seed: list[int], out: Path | None,
-                request, *, share: list[str], threads: int | None, every: int | None, force: bool,
+                request: CircuitRequest, *, share: list[str], threads: int | None, every: int | None, force: bool,
                 nearby_budgets: bool, device: str) -> None:  # fmt: skip
     """``mechlab prune`` of a checkpoint (``--share``: jointly) or of every checkpoint of a run."""
     from mechlab.pipelines import joint_prune_targets, prune_targets
