@@ -733,8 +733,8 @@ def test_issue_19_a_killed_multi_seed_prune_resumes_and_leaves_no_temp_files(cap
     left = sorted(os.listdir(tmp_path / "k"))
     assert "1-after_seed0.json" in left and any(n.startswith(".1-after_seed0.html.") for n in left)
     pruned = []
-    real = pipeline.prune_checkpoint
-    monkeypatch.setattr(pipeline, "prune_checkpoint", lambda *a, **k: pruned.append(k["seed"]) or real(*a, **k))
+    real = pipeline.prune_request  # one circuit's search
+    monkeypatch.setattr(pipeline, "prune_request", lambda *a, **k: pruned.append(a[1].seed) or real(*a, **k))
     code, out, err = cli(capsys, *args)
     assert code == 0, err
     assert pruned == [1] and "read back 1 circuit(s) of the same settings and rewrote them with this run's " \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -26,6 +27,9 @@ from mechlab.cli.app import (
     warn,
 )
 from mechlab.cli.evaluate import NIH_HELP
+
+if TYPE_CHECKING:  # the pipelines load after the options are checked
+    from mechlab.pipelines.request import CircuitRequest
 
 RECIPE_HELP = ("default: mechlab's settings (sparsity 0.95) on the study's NiH (oldest system queried, "
                "misdirection to the next); uniform: the same on uniformly drawn NiH; fast: the default without its "
@@ -119,6 +123,7 @@ def prune(
                        force=force)  # fmt: skip
     say_loading(progress)  # only now torch, the pipelines and the model load
     from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
+    from mechlab.pipelines.request import CircuitRequest
 
     chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
                              acdc_max_edges=acdc_max_edges, check=check_method)  # fmt: skip
@@ -133,43 +138,38 @@ def prune(
 
     if recipe not in PRUNE_PROTOCOLS:
         raise UsageProblem(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
-    # A recipe's setting applies unless the option was given on the command line.
-    settings = {"sparsity": sparsity, "loss": loss, "node_sparsity": node_sparsity, "steps": steps,
-                "normalize_loss": normalize_loss}  # fmt: skip
-    for key in PRUNE_PROTOCOLS[recipe]:
-        source = ctx.get_parameter_source(key)  # typer may bundle its own click: compare names
-        if key in settings and getattr(source, "name", None) == "DEFAULT":
-            settings[key] = None
-    common = {"recipe": recipe, "n_train": traces, "n_test": test_traces, "n_haystack": haystack,
-              "seg_len": seg_len, "corruption": corruption, "device": device, "ablation": ablation,
-              "lr": lr, "lambda_lr": lambda_lr, "progress": progress, **settings}  # fmt: skip
+    options = {"sparsity": sparsity, "loss": loss, "node_sparsity": node_sparsity, "steps": steps,
+               "normalize_loss": normalize_loss, "n_train": traces, "n_test": test_traces, "n_haystack": haystack,
+               "seg_len": seg_len, "corruption": corruption, "ablation": ablation, "lr": lr, "lambda_lr": lambda_lr,
+               "progress": progress}  # fmt: skip
     if not is_edge_pruning(method) or edges is not None:
-        common = {k: v for k, v in common.items() if is_edge_pruning(method) or k not in (*PRUNE_ONLY, "loss")}
-        common.update(chosen)
-    if stability:
-        common["stability"] = stability
+        options = {k: v for k, v in options.items() if is_edge_pruning(method) or k not in (*PRUNE_ONLY, "loss")}
+        options.update(chosen)
+    # every setting resolved once: a recipe's setting applies unless the option was given on the command line
+    request = CircuitRequest.resolve(recipe, given=given, stability=stability,
+                                     length=None if share or checkpoints is not None else length, **options)  # fmt: skip
     try:
-        _prune_ckpt(ckpt, checkpoints, target, seed, out, share=share, threads=threads, every=every, force=force,
-                    length=length, nearby_budgets=nearby_budgets, **common)  # fmt: skip
+        _prune_ckpt(ckpt, checkpoints, target, seed, out, request, share=share, threads=threads, every=every,
+                    force=force, nearby_budgets=nearby_budgets, device=device)  # fmt: skip
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
         stopped(ctx, exc)
 
 
-def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], seed: list[int], out: Path | None, *,
-                share: list[str], threads: int | None, every: int | None, force: bool, length: int | None,
-                nearby_budgets: bool, **common) -> None:  # fmt: skip
+def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], seed: list[int], out: Path | None,
+                request: CircuitRequest, *, share: list[str], threads: int | None, every: int | None, force: bool,
+                nearby_budgets: bool, device: str) -> None:  # fmt: skip
     """``mechlab prune`` of a checkpoint (``--share``: jointly) or of every checkpoint of a run."""
     from mechlab.pipelines import joint_prune_targets, prune_targets
 
     if checkpoints is not None:
         use_threads(threads)
         _prune_run(checkpoints, target, seed, out, every=every or 1, force=force,
-                   nearby_budgets=nearby_budgets, **common)  # fmt: skip
+                   nearby_budgets=nearby_budgets, request=request, device=device)  # fmt: skip
         return
     if share:
         shares = [_share(v) for v in share]
         use_threads(threads)
-        run = joint_prune_targets(ckpt, target, shares, seed, out, force=force, **common)
+        run = joint_prune_targets(ckpt, target, shares, seed, out, force=force, device=device, **request.keywords())
         for stem, circuit in run.circuits.items():
             for line in circuit.metadata["warnings"]:
                 warn(f"joint {stem}: {line}")
@@ -178,8 +178,8 @@ def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], 
         typer.echo(f"wrote {run.table} and the circuits under {run.out}/share-*/")
         return
     use_threads(threads)
-    result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, length=length, force=force,
-                           nearby_budgets=nearby_budgets, **common)  # fmt: skip
+    result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, force=force,
+                           nearby_budgets=nearby_budgets, request=request, device=device)  # fmt: skip
     _print_resumed(result.reused, result.replaced, result.updated)
     from mechlab.pipelines.circuits import pair_line
 

@@ -9,6 +9,9 @@ the file, verifies it and builds its model one time, then hands the same
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,9 @@ from mechlab.tasks.lds import LDSConfig
 
 Source = Checkpoint | str | Path
 """A checkpoint already opened, or the path of one."""
+
+_CHECKED: ContextVar[frozenset[int]] = ContextVar("mechlab_checked_checkpoints", default=frozenset())
+"""Checkpoints (by ``id``) that a command opened and checked (:func:`opened_once`)."""
 
 
 def open_checkpoint(source: Source, device: str | None = None) -> Checkpoint:
@@ -37,12 +43,36 @@ def open_checkpoint(source: Source, device: str | None = None) -> Checkpoint:
             whose weights are not finite.
     """
     if isinstance(source, Checkpoint):  # loaded elsewhere, perhaps with allow_non_finite=True
-        check_finite_parameters(source.model, f"checkpoint {str(source.path)!r}")
+        if id(source) not in _CHECKED.get():  # not checked already by the command running
+            check_finite_parameters(source.model, f"checkpoint {str(source.path)!r}")
         if device is not None:
             source.model.to(device)
         return source
     path = check_checkpoint_file(source)
     return load_checkpoint(path, map_location=device or "cpu")  # refuses non-finite weights
+
+
+@contextlib.contextmanager
+def opened_once(source: Source, device: str | None = None) -> Iterator[Checkpoint]:
+    """A checkpoint opened and checked once for a whole command.
+
+    Inside the block, :func:`open_checkpoint` given this checkpoint returns it without
+    checking its parameters again (every stage of the command opens it so), and still moves
+    its model to a device asked for.
+
+    Args:
+        source: A checkpoint or its file.
+        device: Where its model goes (as :func:`open_checkpoint`).
+
+    Yields:
+        The opened :class:`~mechlab.checkpoint.Checkpoint`.
+    """
+    ckpt = open_checkpoint(source, device)
+    token = _CHECKED.set(_CHECKED.get() | {id(ckpt)})
+    try:
+        yield ckpt
+    finally:
+        _CHECKED.reset(token)
 
 
 def check_finite_parameters(model: Any, source: str) -> None:

@@ -10,6 +10,7 @@ checkpoint and no task.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,59 +19,28 @@ from typing import Any
 
 from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.pipelines import outputs, stops
-from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
-from mechlab.pipelines.data import (
-    check_targets,
-    checkpoint_task,
-    sample_data,
-    task_data,
-    task_haystack,
+from mechlab.pipelines.checkpoints import Source, open_checkpoint, opened_once, source_path
+from mechlab.pipelines.methods import check_budget, check_finite, run_method
+from mechlab.pipelines.request import (  # noqa: F401 -- the recipes and their checks are also read from here
+    NIH_OF_RECIPE,
+    PRUNE_PROTOCOLS,
+    CircuitRequest,
+    TraceCache,
+    check_stability,
+    prune_protocol,
 )
-from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
 from mechlab.pipelines.resume import keeper, resume_each
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
-from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, resolved_settings
+from mechlab.prune.config import RUN_ARGUMENTS
 from mechlab.prune.consensus import attach_consensus, nearby_sparsities
-from mechlab.prune.engine import check_prune_args, prune
+from mechlab.prune.engine import prune
 from mechlab.prune.stability import bootstrap_stability
 from mechlab.tasks.registry import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, check_target, target_name
 
-NIH_OF_RECIPE = {"default": "study", "uniform": "uniform", "fast": "study", "thorough": "study", "study": "study"}
-PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
-    name: {"nih": NIH_OF_RECIPE[name], "sparsity": cfg.sparsity, **cfg.overrides()}
-    for name, cfg in PROTOCOLS.items()
-}
-"""The pruning recipes (``--recipe``): each one's NiH construction (``nih``, the data
-side) and its search settings (the :class:`~mechlab.prune.config.PruneConfig` instances
-of :data:`mechlab.prune.config.PROTOCOLS`, as the fields that differ from the defaults).
-``default``: mechlab's default search at 95% edge sparsity on the study's NiH (oldest
-system queried, misdirection to the next); ``uniform``: the same on uniformly drawn NiH
-traces; ``fast``: the default search without its second ranking (no exact scores) and
-``thorough``: the exact warm start, EAP-IG's ranking in the pool, 200 steps of 64 traces, both
-on the study's NiH; ``study``: the recall study's settings (99% edge sparsity, node masks at
-80%, loss 1000 x raw MSE to the ground truth, 3000 steps, the Lagrangian) on the study's NiH. A
-circuit records its recipe as ``metadata["protocol"]``."""
-
 CONSENSUS_NOTE = "written before their consensus, which the rerun adds"
 """What an interrupted prune of two or more seeds (or nearby budgets) says of the circuits it kept."""
 FAITHFULNESS_WARNING = "circuit for"  # the engine's warning, also in metadata["warnings"]
-
-
-def prune_protocol(recipe: str, **given: Any) -> dict[str, Any]:
-    """The settings a recipe prunes with, explicit settings on top.
-
-    Args:
-        recipe: A key of :data:`PRUNE_PROTOCOLS`.
-        **given: Settings asked for explicitly (``sparsity`` or any :func:`prune` keyword);
-            ``None`` means "not given".
-
-    Returns:
-        ``nih`` (the NiH construction), ``sparsity`` and the :func:`prune` keywords to use.
-    """
-    if recipe not in PRUNE_PROTOCOLS:
-        raise ValueError(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
-    return {**PRUNE_PROTOCOLS[recipe], **{k: v for k, v in given.items() if v is not None}}
 
 
 def _recipe(recipe: str, kwargs: dict[str, Any], where: str) -> str:
@@ -103,31 +73,14 @@ def prune_settings(
     arguments, resolved (the recipe's values, the engine's defaults, the run's haystack),
     with the checkpoint's sha256: what the circuit records (``metadata["settings"]``) and
     a resumed ``mechlab prune`` or ``report`` compares. None for a callable target (no
-    name to record it by)."""
+    name to record it by). The same as :meth:`CircuitRequest.settings
+    <mechlab.pipelines.request.CircuitRequest.settings>` of the request these arguments make."""
     if callable(target):
         return None
-    settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
-    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
-    # resolved through PruneConfig (its defaults, the effective warm-ups) and prune's run
-    # defaults (seed, position_aware), so a default and the same value given record alike
-    run = outputs.with_defaults(prune, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
-    settings = {**{k: v for k, v in run.items() if k != "config"},
-                **resolved_settings({**settings, "sparsity": sparsity})}  # fmt: skip
-    sparsity = settings.pop("sparsity")
-    data: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "corruption": corruption,
-                            "data_seed": settings["seed"] if data_seed is None else data_seed}  # fmt: skip
-    task = checkpoint_task(ckpt)
-    if task.resolves_targets:  # named on its traces (state tracking: <target>_n<length>)
-        _, resolved = task_data(ckpt, target, length=length, n_train=1, n_test=1, corruption=corruption)
-        name = target_name(resolved)
-    else:
-        name = target_name(target)
-    if task.takes_length:
-        data["length"] = length
-    if task.haystack is not None:
-        data.update(nih=nih, **task_haystack(task, ckpt, n_haystack, seg_len))
-    return {"analysis": "prune", "checkpoint_sha256": ckpt.sha256, "target": name, "recipe": recipe,
-            "sparsity": sparsity, **data, **settings}  # fmt: skip
+    request = CircuitRequest.resolve(recipe, sparsity=sparsity, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
+                                     seg_len=seg_len, corruption=corruption, data_seed=data_seed,
+                                     loss_scale=loss_scale, length=length, **prune_kwargs)  # fmt: skip
+    return request.settings(ckpt, target)
 
 
 def _run_defaults(fn: Any, settings: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +109,8 @@ def prune_checkpoint(
     ig_steps: int | None = None,
     acdc_max_edges: int | None = None,
     stability: int = 0,
+    request: CircuitRequest | None = None,
+    traces: tuple[PruneData, Target] | None = None,
     **prune_kwargs: Any,
 ) -> Circuit:
     """Prune a checkpoint of the interleaved-systems task on needle-in-a-haystack traces.
@@ -191,6 +146,12 @@ def prune_checkpoint(
             traces (:func:`~mechlab.prune.stability.bootstrap_stability`: the same method
             and settings on each resample, seeded with the pruning ``seed``), recorded as
             ``metadata["stability"]``; 0 (the default): not measured.
+        request: Every setting at once, resolved
+            (:class:`~mechlab.pipelines.request.CircuitRequest`); then the settings above
+            (but ``device``) and ``prune_kwargs`` must not be given.
+        traces: ``(traces, resolved target)`` of ``target`` built before under these
+            settings (:class:`~mechlab.pipelines.request.TraceCache`), so that they are not
+            built again; default: built here.
         **prune_kwargs: Passed to :func:`prune` (``ablation``, ``steps``, ``seed``, ...);
             ``protocol`` is the old name of ``recipe``.
 
@@ -212,57 +173,72 @@ def prune_checkpoint(
             keeps no edge), learning rate or batch size: all before any pruning work.
     """
     recipe = _recipe(recipe, prune_kwargs, "prune_checkpoint")
-    check_stability(stability)
-    settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
-    sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
-    check_prune_args(sparsity, **settings)
-    data_seed = settings.get("seed", 0) if data_seed is None else data_seed
-    method_settings = {"method": method, "n_edges": n_edges, "ig_steps": ig_steps,
-                       "acdc_max_edges": acdc_max_edges}  # fmt: skip
-    check_method(
-        method, settings, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges
-    )
+    if request is None:
+        request = CircuitRequest.resolve(recipe, sparsity=sparsity, n_train=n_train, n_test=n_test,
+                                         n_haystack=n_haystack, seg_len=seg_len, corruption=corruption,
+                                         data_seed=data_seed, loss_scale=loss_scale, length=length, method=method,
+                                         n_edges=n_edges, ig_steps=ig_steps, acdc_max_edges=acdc_max_edges,
+                                         stability=stability, **prune_kwargs)  # fmt: skip
+    elif prune_kwargs or _given(sparsity=sparsity, n_haystack=n_haystack, seg_len=seg_len, data_seed=data_seed,
+                                loss_scale=loss_scale, length=length, n_edges=n_edges, ig_steps=ig_steps,
+                                acdc_max_edges=acdc_max_edges) or (n_train, n_test, corruption, recipe, method,
+                                stability) != (256, 512, DEFAULT_CORRUPTION, "default", DEFAULT_METHOD, 0):  # fmt: skip
+        raise ValueError("give the settings in the request or as keywords, not both")
     ckpt = open_checkpoint(source, device)
-    data, target = task_data(ckpt, target, length=length, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
-                             seg_len=seg_len, nih=nih, corruption=corruption, data_seed=data_seed)  # fmt: skip
+    return prune_request(ckpt, request, target, traces=traces, path=source_path(source))
+
+
+def _given(**options: Any) -> bool:
+    """Whether any of these options (default None) was given."""
+    return any(v is not None for v in options.values())
+
+
+def prune_request(
+    ckpt: Any,
+    request: CircuitRequest,
+    target: Target,
+    *,
+    traces: tuple[PruneData, Target] | None = None,
+    path: str | Path | None = None,
+    record: dict[str, Any] | None = None,
+) -> Circuit:
+    """The circuit of one request on an opened checkpoint (:func:`prune_checkpoint`'s work).
+
+    Args:
+        ckpt: The opened :class:`~mechlab.checkpoint.Checkpoint`.
+        request: The resolved settings (its seed is the pruning seed).
+        target: The target asked for.
+        traces: ``(traces, resolved target)`` built before (default: built here, once).
+        path: The checkpoint's file as the caller named it (default: the checkpoint's own).
+        record: The settings record to keep, made before (default: the request's,
+            :meth:`~mechlab.pipelines.request.CircuitRequest.record`).
+
+    Returns:
+        The :class:`~mechlab.prune.circuit.Circuit`, its settings recorded
+        (``metadata["settings"]``; none for a callable target).
+    """
+    data, target = traces if traces is not None else request.traces(ckpt, target)
     check_target(target, data.train)
-    record = prune_settings(ckpt, target, sparsity, n_train=n_train, n_test=n_test, n_haystack=n_haystack,
-                            seg_len=seg_len, corruption=corruption, data_seed=data_seed, recipe=recipe,
-                            length=length, **settings)  # fmt: skip
+    settings, sparsity = dict(request.search), request.sparsity
 
     # the engine builds the (windowed) graph and checks the sparsity, once, before any work
     def find(d: PruneData, replicate: bool = False) -> Circuit:
         shown = {"progress": False} if replicate and "progress" in settings else {}
         return _find(ckpt.model, d, target, sparsity, checkpoint_sha256=ckpt.sha256,
-                     **method_settings, **{**settings, **shown})  # fmt: skip
+                     **request.method_settings, **{**settings, **shown})  # fmt: skip
 
     circuit = find(data)
-    if stability:  # the same method and settings on resampled training traces
-        measured = bootstrap_stability(lambda d: find(d, replicate=True), data, stability,
-                                       seed=settings.get("seed", 0), reference=circuit)  # fmt: skip
+    if request.stability:  # the same method and settings on resampled training traces
+        measured = bootstrap_stability(lambda d: find(d, replicate=True), data, request.stability,
+                                       seed=request.seed, reference=circuit)  # fmt: skip
         circuit.metadata["stability"] = measured.to_dict()
-    circuit.metadata["checkpoint"] = str(source_path(source))
+    circuit.metadata["checkpoint"] = str(source_path(ckpt) if path is None else path)
     circuit.metadata["checkpoint_step"] = ckpt.step
-    circuit.metadata["protocol"] = recipe
+    circuit.metadata["protocol"] = request.recipe
+    record = request.record(ckpt, target, target) if record is None else record
     if record is not None:
-        record = _with_stability(_with_method(record, method_settings), stability)
         circuit.metadata.update(outputs.settings_record(record))
     return circuit
-
-
-def check_stability(stability: Any) -> None:
-    """One-line ValueError unless ``stability`` is 0 (off) or bootstrap replicates >= 2."""
-    if isinstance(stability, bool) or not isinstance(stability, int) or stability < 0 or stability == 1:
-        raise ValueError(f"--stability must be 0 (off) or a number of bootstrap resamples >= 2, got {stability!r}")
-
-
-def _with_stability(record: dict[str, Any] | None, stability: int) -> dict[str, Any] | None:
-    """A settings record with the bootstrap replicates when stability is measured (so that a
-    circuit made without it is not read back as one with it, nor the other way round; a
-    run without it records what it did before)."""
-    if record is None or not stability:
-        return record
-    return {**record, "stability_boots": stability}
 
 
 def _with_consensus(
@@ -277,21 +253,6 @@ def _with_consensus(
         return record
     return {**record, "consensus_seeds": sorted(int(s) for s in seeds),
             **({"nearby_budgets": True} if nearby_budgets else {})}  # fmt: skip
-
-
-def _with_method(
-    record: dict[str, Any] | None, method_settings: dict[str, Any]
-) -> dict[str, Any] | None:
-    """A settings record with the method's settings when they are not edge pruning's
-    defaults (so that a plain pruning run's record stays what it was)."""
-    method = method_settings.get("method") or DEFAULT_METHOD
-    if record is None or (is_edge_pruning(method) and method_settings.get("n_edges") is None):
-        return record
-    return {
-        **record,
-        **{k: v for k, v in method_settings.items() if v is not None},
-        "method": method,
-    }
 
 
 def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, method: str = DEFAULT_METHOD,
@@ -309,25 +270,14 @@ def _find(model: Any, data: PruneData, target: Target, sparsity: float, *, metho
     return run_method(model, data, target, method, sparsity, n_edges=n_edges, **settings)
 
 
-def _check_budgets(
-    ckpt: Any,
-    targets: Sequence[Target],
-    method: str,
-    sparsity: float | None,
-    *,
-    n_edges: int | None = None,
-    ablation: str = "interchange",
-    acdc_max_edges: int | None = None,
-    recipe: str = "default",
-    **data_settings: Any,
-) -> None:
+def _check_budgets(ckpt: Any, request: CircuitRequest, built: dict[Any, tuple[PruneData, Target]]) -> None:
     """:func:`~mechlab.pipelines.methods.check_budget` for every target of an opened checkpoint,
-    on a trace of its task (so that a budget or ACDC's limit is refused before the first circuit)."""
-    sparsity = prune_protocol(recipe, sparsity=sparsity)["sparsity"]
-    for target in targets:
-        data, target = sample_data(ckpt, target, nih=prune_protocol(recipe)["nih"], **data_settings)
-        check_budget(ckpt.model, data, target, method, sparsity, n_edges=n_edges, ablation=ablation,
-                     acdc_max_edges=acdc_max_edges)  # fmt: skip
+    on its traces (``built``: target -> ``(traces, resolved target)``), so that a budget or
+    ACDC's limit is refused before the first circuit."""
+    for data, target in built.values():
+        check_budget(ckpt.model, data, target, request.method, request.sparsity, n_edges=request.n_edges,
+                     ablation=request.search.get("ablation", "interchange"),
+                     acdc_max_edges=request.acdc_max_edges)  # fmt: skip
 
 
 @dataclass
@@ -367,6 +317,8 @@ def prune_targets(
     on_circuit: Callable[[str, Circuit, Path], None] | None = None,
     force: bool = False,
     nearby_budgets: bool = False,
+    request: CircuitRequest | None = None,
+    traces: TraceCache | None = None,
     **settings: Any,
 ) -> PruneRun:
     """``mechlab prune``: every target with every seed, on one opened checkpoint.
@@ -379,7 +331,10 @@ def prune_targets(
     instead of pruned again, so an interrupted run resumes. With two or more seeds (or
     ``nearby_budgets``) every circuit records the consensus of its target's runs, so its
     settings record the seeds (``consensus_seeds``) and ``nearby_budgets`` too: a rerun
-    with other seeds reads back nothing whose consensus it would rewrite.
+    with other seeds reads back nothing whose consensus it would rewrite. The settings are
+    resolved once (:class:`~mechlab.pipelines.request.CircuitRequest`), the checkpoint is
+    opened and checked once, and each (target, seed)'s traces are built once: its target
+    is checked, named and pruned on them.
 
     Args:
         source: A checkpoint or its file (opened once).
@@ -396,6 +351,10 @@ def prune_targets(
             written, rerun on a resume), so that each circuit's consensus counts seeds and
             budgets; part of each circuit's settings. Without it, two or more seeds give a
             consensus over the seeds.
+        request: Every setting at once, resolved (then ``recipe`` and ``settings`` other
+            than ``device`` are not given).
+        traces: Traces of ``source`` (opened) under ``request`` built before (by
+            :func:`plan_targets`); default: built here.
         **settings: As :func:`prune_checkpoint` (``None`` values: the recipe's). With
             ``method`` other than ``prune`` (or a budget ``n_edges``) the method's settings
             and every target's budget are checked before the first circuit, and the
@@ -408,8 +367,8 @@ def prune_targets(
         The :class:`PruneRun`.
     """
     device = settings.pop("device", None)
-    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _SEARCH_SETTINGS})
-    check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
+    _check_nearby(nearby_budgets, request.method_settings if request is not None else settings)
+    request = _request(recipe, settings, request)  # every setting resolved and checked once
     run = PruneRun(
         Path(out) if out is not None else outputs.default_out(source_path(source), "circuits")
     )
@@ -418,18 +377,23 @@ def prune_targets(
     # circuits whose JSON is on disk, for the line of an interrupted run (Ctrl-C or SIGTERM: what is
     # written stays, the rerun reads it back)
     tally = stops.Tally(run.out, len(targets) * len(seeds), note=CONSENSUS_NOTE if consensus else "")
-    with stops.resumable(tally), folder:
-        ckpt = open_checkpoint(source, device)
-        planned, status = plan_targets(ckpt, targets, seeds, folder, recipe=recipe,
-                                       nearby_budgets=nearby_budgets, **settings)
+    with stops.resumable(tally), folder, opened_once(source, device) as ckpt:
+        built = traces if traces is not None and traces.ckpt is ckpt else TraceCache(ckpt, request)
+        planned, status = plan_targets(ckpt, targets, seeds, folder, nearby_budgets=nearby_budgets,
+                                       request=request, traces=built)  # fmt: skip
         tally.total = len(planned)
         found: dict[str, Circuit] = {}
+        path = source_path(source)
 
-        def compute(stem: str) -> Circuit:
-            name, s, _ = planned[stem]
+        def circuit_of(name: Target, s: int, asked: CircuitRequest, record: dict[str, Any] | None = None) -> Circuit:
             with warnings.catch_warnings():  # the metadata keeps them (callers print them)
                 warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-                return prune_checkpoint(ckpt, name, seed=s, recipe=recipe, **settings)
+                return prune_request(ckpt, asked.with_seed(s), name, traces=built.get(name, s), path=path,
+                                     record=record)  # fmt: skip
+
+        def compute(stem: str) -> Circuit:  # the traces its plan built, the settings record it made
+            name, s, record = planned[stem]
+            return circuit_of(name, s, request, record)
 
         def write(stem: str, circuit: Circuit, json_name: str) -> None:
             record = planned[stem][2]
@@ -453,12 +417,10 @@ def prune_targets(
             name, s, _ = planned[stem]
             asked = circuit.metadata["sparsity_asked"]
             for nearby in nearby_sparsities(circuit.metadata["n_edges_countable"], asked):
-                if nearby != asked:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", message=FAITHFULNESS_WARNING, category=UserWarning)
-                        runs[target_name(name)].append(
-                            prune_checkpoint(ckpt, name, seed=s, recipe=recipe,
-                                             **{**settings, "sparsity": nearby, "stability": 0}))
+                if nearby != asked:  # on the same traces
+                    nearby_request = dataclasses.replace(request, sparsity=nearby, stability=0)
+                    runs[target_name(name)].append(circuit_of(name, s, nearby_request))
+        built.clear()  # every circuit is found
         if consensus:  # each circuit records how often its target's runs keep each edge
             for group in runs.values():  # in one order whatever the order of --seed (ties keep it)
                 group.sort(key=lambda c: (c.metadata.get("seed", 0), -c.metadata.get("sparsity_asked", 0.0)))
@@ -482,6 +444,25 @@ def prune_targets(
     return run
 
 
+def _check_nearby(nearby_budgets: bool, method_settings: dict[str, Any]) -> None:
+    """One-line ValueError for nearby budgets with a method other than edge pruning or a
+    budget in edges (checked before the method's own settings)."""
+    method = method_settings.get("method") or DEFAULT_METHOD
+    if nearby_budgets and (not is_edge_pruning(method) or method_settings.get("n_edges") is not None):
+        raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
+                         f"--method {method} or --edges)")  # fmt: skip
+
+
+def _request(recipe: str, settings: dict[str, Any], request: CircuitRequest | None) -> CircuitRequest:
+    """The request a pipeline runs: the one given, else the recipe's with ``settings`` on top
+    (resolved once; one-line ValueError for any bad setting)."""
+    if request is None:
+        return CircuitRequest.resolve(recipe, **settings)
+    if settings or recipe != "default":
+        raise ValueError("give the settings in the request or as keywords, not both")
+    return request
+
+
 def plan_targets(
     ckpt: Any,
     targets: Sequence[Target],
@@ -490,13 +471,29 @@ def plan_targets(
     *,
     recipe: str = "default",
     nearby_budgets: bool = False,
+    request: CircuitRequest | None = None,
+    traces: TraceCache | None = None,
     **settings: Any,
 ) -> tuple[dict[str, tuple[Target, int, dict[str, Any] | None]], dict[str, str]]:
     """Every check :func:`prune_targets` makes on an opened checkpoint before its first
     circuit (targets, method, budgets, repeated targets or seeds), and the plan of its
     folder (:meth:`~mechlab.pipelines.outputs.OutputFolder.plan`); nothing is written, so
     a caller pruning several checkpoints checks them all first
-    (:mod:`mechlab.pipelines.through_training`).
+    (:mod:`mechlab.pipelines.through_training`). Every (target, seed)'s traces are built
+    here, once (into ``traces``: the pruning takes them from there): the target is checked
+    and named on them.
+
+    Args:
+        ckpt: The opened checkpoint.
+        targets: The targets.
+        seeds: The seeds.
+        folder: The output folder (claimed).
+        recipe: As :func:`prune_targets`.
+        nearby_budgets: As :func:`prune_targets`.
+        request: Every setting, resolved (default: the recipe's with ``settings`` on top).
+        traces: Where the traces go (default: a new
+            :class:`~mechlab.pipelines.request.TraceCache`, let go after the plan).
+        **settings: As :func:`prune_targets`.
 
     Returns:
         ``(planned, status)``: circuit stem -> ``(target, seed, settings record)``, and
@@ -505,45 +502,22 @@ def plan_targets(
     Raises:
         ValueError: As :func:`prune_targets`, one line.
     """
-    check_targets(ckpt, list(targets), n_haystack=settings.get("n_haystack"),
-                  seg_len=settings.get("seg_len"), length=settings.get("length"),
-                  corruption=settings.get("corruption", DEFAULT_CORRUPTION),
-                  protocol=prune_protocol(recipe)["nih"])  # fmt: skip
-    chosen_method = {k: settings.get(k) for k in _METHOD_KEYS}
-    method = chosen_method["method"] or DEFAULT_METHOD
-    by_method = not is_edge_pruning(method) or chosen_method["n_edges"] is not None
-    if nearby_budgets and by_method:
-        raise ValueError("nearby budgets apply to edge pruning at a --sparsity only (not to "
-                         f"--method {method} or --edges)")  # fmt: skip
-    stability = settings.get("stability", 0)
-    check_stability(stability)
-    plain = {k: v for k, v in settings.items() if k not in (*_METHOD_KEYS, "stability")}
-    if by_method:  # refused before the first circuit
-        data_keys = (
-            "n_train",
-            "n_test",
-            "n_haystack",
-            "seg_len",
-            "corruption",
-            "data_seed",
-            "length",
-        )
-        chosen = {k: chosen_method[k] for k in _METHOD_KEYS[1:]}
-        given = prune_protocol(recipe, **{k: v for k, v in plain.items() if k not in data_keys})
-        sparsity = given.pop("sparsity")
-        given.pop("nih")
-        check_method(method, given, **chosen)
-        _check_budgets(ckpt, list(targets), method, sparsity, recipe=recipe, n_edges=chosen["n_edges"],
-                       acdc_max_edges=chosen["acdc_max_edges"], ablation=given.get("ablation", "interchange"),
-                       length=settings.get("length"), n_haystack=settings.get("n_haystack"),
-                       seg_len=settings.get("seg_len"), corruption=settings.get("corruption", DEFAULT_CORRUPTION))  # fmt: skip
+    settings.pop("device", None)
+    request = _request(recipe, settings, request)
+    built = traces if traces is not None else TraceCache(ckpt, request)
+    if built.request != request:
+        raise ValueError("the traces given were built under other settings than the request's")
+    _check_nearby(nearby_budgets, request.method_settings)
+    # every target checked (and resolved) on its traces, before any pruning
+    resolved = {(i, s): built.get(name, s) for i, name in enumerate(targets) for s in seeds}
+    if request.by_method:  # refused before the first circuit: each target's budget, on its first seed's traces
+        _check_budgets(ckpt, request, {i: resolved[i, seeds[0]] for i in range(len(targets)) if seeds})
     planned = {}
-    for name in targets:
+    tag = method_tag(request.method)
+    for i, name in enumerate(targets):
         for s in seeds:
-            record = prune_settings(ckpt, name, seed=s, recipe=recipe, **plain)
-            record = _with_stability(_with_method(record, chosen_method), stability)
+            record = request.with_seed(s).record(ckpt, name, resolved[i, s][1])
             record = _with_consensus(record, seeds, nearby_budgets)
-            tag = method_tag(method)
             stem = f"{record['target'] if record else target_name(name)}{tag}_seed{s}"
             planned[stem] = (name, s, record)
     if len(planned) < len(targets) * len(seeds):
@@ -552,12 +526,3 @@ def plan_targets(
         {f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None}
     )
     return planned, status
-
-
-# The settings of prune_targets that choose the method and its budget (not edge pruning's).
-_METHOD_KEYS = ("method", "n_edges", "ig_steps", "acdc_max_edges")
-
-# The settings of prune_targets that the recipe and the engine's check take (not the data's,
-# nor the method's: edge pruning's own options are mechlab.circuit_methods.EDGE_PRUNING_OPTIONS).
-_SEARCH_SETTINGS = ("sparsity", "ablation", "loss", "steps", "lr", "lambda_lr", "batch_size", "node_sparsity",
-                    "loss_scale", "normalize_loss")  # fmt: skip

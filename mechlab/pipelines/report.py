@@ -38,16 +38,16 @@ from typing import Any
 import plotly.graph_objects as go
 
 from mechlab.pipelines import outputs, stops
-from mechlab.pipelines.checkpoints import Source, lds_config, open_checkpoint, source_path
+from mechlab.pipelines.checkpoints import Source, lds_config, opened_once, source_path
 from mechlab.pipelines.data import check_targets, circuit_data
 from mechlab.pipelines.evaluate import run_suite
 from mechlab.pipelines.prune import (
     PRUNE_PROTOCOLS,
     _with_consensus,
-    prune_checkpoint,
-    prune_settings,
+    prune_request,
 )
 from mechlab.pipelines.recall import recall_checkpoint
+from mechlab.pipelines.request import CircuitRequest, TraceCache
 from mechlab.pipelines.resume import resume_each
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.consensus import attach_seed_consensus
@@ -328,10 +328,27 @@ def make_report(
             settings that do not fit the task: before any work.
     """
     cfg = config or ReportConfig()
+    with opened_once(ckpt, device) as opened:  # opened and checked once: every stage runs on it
+        traces = TraceCache(opened, report_request(cfg, progress))
+        check_report(opened, cfg, traces)
+        return _make_report(opened, cfg, traces, device=device, progress=progress, log=log,
+                            prune_with=prune_with, path=source_path(ckpt))  # fmt: skip
+
+
+def report_request(cfg: ReportConfig, progress: bool = False) -> CircuitRequest:
+    """The circuit request of a report's pruning runs (each seed's: :meth:`CircuitRequest.with_seed
+    <mechlab.pipelines.request.CircuitRequest.with_seed>`): its recipe, ``prune_traces``
+    training traces and twice as many held out, its steps."""
+    return CircuitRequest.resolve(cfg.recipe, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces,
+                                  steps=cfg.steps, progress=progress)  # fmt: skip
+
+
+def _make_report(opened: Any, cfg: ReportConfig, traces: TraceCache, *, device: str, progress: bool,
+                 log: Log | None, prune_with: Callable[[str, int, Callable[[], Any]], Any] | None,
+                 path: Path) -> Report:  # fmt: skip
+    """:func:`make_report` on a checkpoint opened and checked (:func:`check_report`), each
+    circuit pruned on its traces in ``traces``."""
     say = log or (lambda line: None)
-    opened = open_checkpoint(ckpt, device)
-    check_report(opened, cfg)
-    path = source_path(ckpt)
     timings: dict[str, float] = {}
 
     start = time.perf_counter()
@@ -348,10 +365,8 @@ def make_report(
     for target in cfg.targets:
         for seed in cfg.seeds:
             say(f"pruning {target}, seed {seed}")
-            find = functools.partial(
-                prune_checkpoint, opened, target, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces,
-                seed=seed, recipe=cfg.recipe, steps=cfg.steps, device=device, progress=progress,
-            )  # fmt: skip
+            find = functools.partial(prune_request, opened, traces.request.with_seed(seed), target,
+                                     traces=traces.get(target, seed))  # fmt: skip
             c = find() if prune_with is None else prune_with(target, seed, find)
             circuits.setdefault(target, []).append(c)
     for (
@@ -363,6 +378,7 @@ def make_report(
                 settings = _with_consensus(c.metadata["settings"], cfg.seeds, False)
                 c.metadata.update(outputs.settings_record(settings))
     timings["pruning"] = time.perf_counter() - start
+    traces.clear()
 
     start = time.perf_counter()
     say("overlap: bootstrap, null models, cross-evaluation")
@@ -382,15 +398,21 @@ def make_report(
 # --------------------------------------------------------------------------- the report on disk
 
 
-def check_report(ckpt: Any, cfg: ReportConfig) -> None:
+def check_report(ckpt: Any, cfg: ReportConfig, traces: TraceCache | None = None) -> None:
     """Raise ValueError unless the report's every stage fits ``ckpt`` (an lds checkpoint; its
-    targets; every count within the size limit), in milliseconds, before any work."""
+    targets; every count within the size limit), in milliseconds, before any work.
+    ``traces``: the pruning runs' traces, built here once per target and seed (the targets
+    are checked on them, and pruned on them later); default: one trace checks the targets."""
     task = lds_config(ckpt)
-    check_targets(ckpt, list(cfg.targets), protocol=cfg.nih)
+    if traces is None:
+        check_targets(ckpt, list(cfg.targets), protocol=cfg.nih)
     for count, name in ((cfg.eval_traces, "eval_traces"), (cfg.prune_traces, "prune_traces"),
                         (2 * cfg.prune_traces, "held-out traces (2 x prune_traces)"),
                         (cfg.recall_traces, "recall_traces")):  # fmt: skip
         check_batch(task, count, name)
+    for target in cfg.targets if traces is not None else ():
+        for seed in cfg.seeds:
+            traces.get(target, seed)
 
 
 def report_settings(checkpoint_sha256: str, cfg: ReportConfig) -> dict[str, Any]:
@@ -498,14 +520,14 @@ def report_checkpoint(
     say = log or (lambda line: None)
     folder = outputs.OutputFolder(out, "report", force=force, inputs=[source_path(ckpt)])
     tally = stops.Tally(folder.path, len(cfg.targets) * len(cfg.seeds))  # circuits written or read back
-    with stops.resumable(tally), folder:  # Ctrl-C or SIGTERM: the circuits stay, the rerun reads them back
-        opened = open_checkpoint(ckpt, device)
-        check_report(opened, cfg)
+    # Ctrl-C or SIGTERM: the circuits stay, the rerun reads them back
+    with stops.resumable(tally), folder, opened_once(ckpt, device) as opened:
+        traces = TraceCache(opened, report_request(cfg, progress))
+        check_report(opened, cfg, traces)
         record = report_settings(opened.sha256, cfg)
         circuit_settings = {
             f"circuits/{_stem(t, s)}.json": _with_consensus(
-                prune_settings(opened, t, n_train=cfg.prune_traces, n_test=2 * cfg.prune_traces, seed=s,
-                               recipe=cfg.recipe, steps=cfg.steps), cfg.seeds, False)
+                traces.request.with_seed(s).record(opened, t, traces.get(t, s)[1]), cfg.seeds, False)
             for t in cfg.targets for s in cfg.seeds
         }  # fmt: skip
         status, circuits = _plan(folder, cfg, record, circuit_settings)
@@ -536,8 +558,7 @@ def report_checkpoint(
             return next(resume_each(folder, circuits, {stem: stem}, read=lambda _, file: Circuit.from_json(file),
                                     compute=lambda _: find(), write=write, kept=kept)).value  # fmt: skip
 
-        report = make_report(
-            opened, cfg, device=device, progress=progress, log=log, prune_with=prune_with
-        )
+        report = _make_report(opened, cfg, traces, device=device, progress=progress, log=log,
+                              prune_with=prune_with, path=source_path(opened))  # fmt: skip
         page = report._write_into(folder, record)
     return ReportRun(page, report.summary(), reused=False, report=report, circuits_reused=reused)

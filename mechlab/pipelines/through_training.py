@@ -23,16 +23,15 @@ from typing import Any
 
 from mechlab.checkpoint import Checkpoint
 from mechlab.pipelines import outputs, stops
-from mechlab.pipelines.checkpoints import lds_config, run_checkpoints
+from mechlab.pipelines.checkpoints import lds_config, opened_once, run_checkpoints
 from mechlab.pipelines.prune import (
-    _SEARCH_SETTINGS,
     PruneRun,
+    _request,
     plan_targets,
-    prune_protocol,
     prune_targets,
 )
+from mechlab.pipelines.request import CircuitRequest, TraceCache
 from mechlab.prune.circuit import Circuit, jaccard
-from mechlab.prune.engine import check_prune_args
 from mechlab.traces import Target
 
 
@@ -129,6 +128,7 @@ def prune_through_training(
     force: bool = False,
     on_checkpoint: Callable[[Checkpoint, Path], None] | None = None,
     on_circuit: Callable[[str, Circuit, Path], None] | None = None,
+    request: CircuitRequest | None = None,
     **settings: Any,
 ) -> ThroughTraining:
     """``mechlab prune --checkpoints RUN_DIR``: the circuits of every checkpoint of a run.
@@ -145,6 +145,9 @@ def prune_through_training(
             settings; write into a folder git tracks).
         on_checkpoint: Called with ``(checkpoint, its folder)`` before it is pruned.
         on_circuit: Called with ``(stem, circuit, folder)`` after each circuit.
+        request: Every setting at once, resolved
+            (:class:`~mechlab.pipelines.request.CircuitRequest`; then ``recipe`` and
+            ``settings`` other than ``device`` are not given).
         **settings: As :func:`~mechlab.pipelines.prune.prune_targets` (``method``,
             ``n_edges``, ``steps``, ``n_train``, ...; ``device``).
 
@@ -165,17 +168,20 @@ def prune_through_training(
     chosen = thin_checkpoints(run_checkpoints(run_dir, device), every)
     result = ThroughTraining(Path(out) if out is not None
                              else outputs.default_out(run_dir / "last.pt", "through-training"))  # fmt: skip
-    given = prune_protocol(recipe, **{k: v for k, v in settings.items() if k in _SEARCH_SETTINGS})
-    check_prune_args(given.pop("sparsity"), **{k: v for k, v in given.items() if k != "nih"})
+    nearby_budgets = settings.pop("nearby_budgets", False)
+    request = _request(recipe, settings, request)  # every setting resolved and checked once
     # The run's inputs are its checkpoints (not every file under it: OUT may sit in the run).
     top = outputs.OutputFolder(result.out, "prune", force=force, inputs=[c.path for c in chosen])
     circuit_records: dict[str, dict[str, str]] = {}
     names: list[str] = []
+    built: dict[str, TraceCache] = {}  # each checkpoint's traces, built once: planned, then pruned
     for ckpt in chosen:  # every checkpoint checked, and every folder planned, before any work
-        lds_config(ckpt, settings.get("length"))
+        lds_config(ckpt, request.length)
         folder = outputs.OutputFolder(result.out / step_folder(ckpt), "prune", force=force,
                                       inputs=[ckpt.path])  # fmt: skip
-        planned, _ = plan_targets(ckpt, targets, seeds, folder, recipe=recipe, **settings)
+        built[step_folder(ckpt)] = TraceCache(ckpt, request)
+        planned, _ = plan_targets(ckpt, targets, seeds, folder, nearby_budgets=nearby_budgets, request=request,
+                                  traces=built[step_folder(ckpt)])  # fmt: skip
         circuit_records[step_folder(ckpt)] = {
             stem: outputs.settings_record(rec)["settings_sha256"] for stem, (_, _, rec) in planned.items()
         }
@@ -193,10 +199,11 @@ def prune_through_training(
             if on_checkpoint is not None:
                 on_checkpoint(ckpt, where)
             try:
-                result.runs[step_folder(ckpt)] = prune_targets(
-                    ckpt, targets, seeds, where, recipe=recipe, on_circuit=on_circuit, force=force,
-                    device=device, **settings,
-                )  # fmt: skip
+                with opened_once(ckpt, device):  # checked once (prune_targets does not check it again)
+                    result.runs[step_folder(ckpt)] = prune_targets(
+                        ckpt, targets, seeds, where, on_circuit=on_circuit, force=force, device=device,
+                        nearby_budgets=nearby_budgets, request=request, traces=built.pop(step_folder(ckpt)),
+                    )  # fmt: skip
             except KeyboardInterrupt as exc:  # what every checkpoint kept, for the one line
                 here = exc.kept if isinstance(exc, stops.Interrupted) else []
                 kept = [f"{folder}/{stem}" for folder, run in result.runs.items() for stem in run.files]  # finished

@@ -151,9 +151,10 @@ def test_prune_without_steps_or_rates_runs_the_library_defaults(tiny_lds_checkpo
 
     monkeypatch.setattr(pipelines, "prune_targets", captured)
     assert main(["prune", "--ckpt", str(tiny_lds_checkpoint), "--no-progress"]) == 0
-    assert seen["steps"] is None and seen["lr"] is None and seen["lambda_lr"] is None
-    given = {k: seen[k] for k in ("steps", "lr", "lambda_lr")}
-    assert prune_config(None, **given) == PruneConfig()
+    search = seen["request"].search  # the one request the command resolved
+    assert not {"steps", "lr", "lambda_lr"} & set(search)
+    assert prune_config(None, **{k: v for k, v in search.items() if k != "progress"}) == PruneConfig()
     assert main(["prune", "--ckpt", str(tiny_lds_checkpoint), "--no-progress", "--steps", "7",
                  "--lr", "0.2"]) == 0  # fmt: skip
-    assert (seen["steps"], seen["lr"], seen["lambda_lr"]) == (7, 0.2, None)
+    search = seen["request"].search
+    assert (search["steps"], search["lr"], search.get("lambda_lr")) == (7, 0.2, None)

@@ -191,9 +191,9 @@ def test_ctrl_c_during_prune_keeps_the_circuits_written_and_the_rerun_resumes(
     assert sorted(os.listdir(out)) == [f"{stems[0]}.html", f"{stems[0]}.json", "plotly.min.js"]  # no temp, no lock
 
     pruned = []
-    real = pipeline.prune_checkpoint
-    monkeypatch.setattr(pipeline, "prune_checkpoint", lambda ckpt, name, **k: pruned.append((name, k["seed"]))
-                        or real(ckpt, name, **k))  # fmt: skip
+    real = pipeline.prune_request  # one circuit's search
+    monkeypatch.setattr(pipeline, "prune_request", lambda ckpt, request, name, **k: pruned.append((name, request.seed))
+                        or real(ckpt, request, name, **k))  # fmt: skip
     assert main(args) == 0
     printed = capsys.readouterr().out
     if which == "targets":
@@ -220,15 +220,15 @@ def test_ctrl_c_during_report_keeps_its_circuits_and_the_rerun_reads_them_back(t
     from tests.test_reliability import REPORT_FAST
 
     out, calls = tmp_path / "r", []
-    real = pipeline.prune_checkpoint
+    real = pipeline.prune_request  # one circuit's search
 
     def stopping(*args, **kwargs):
-        calls.append(kwargs["seed"])
+        calls.append(args[1].seed)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "prune_checkpoint", stopping)
+    monkeypatch.setattr(pipeline, "prune_request", stopping)
     args = ["report", "--ckpt", str(tiny_ckpt), "--out", str(out), *map(str, REPORT_FAST)]
     assert main(args) == 130
     line = capsys.readouterr().err.strip().splitlines()[-1]
@@ -236,6 +236,6 @@ def test_ctrl_c_during_report_keeps_its_circuits_and_the_rerun_reads_them_back(t
                     f"circuits/1-after_seed0 in '{out}'; resume with the same command, which reads back what is "
                     f"kept and computes the rest: mechlab {' '.join(args)}"), line  # fmt: skip
     assert sorted(p.name for p in (out / "circuits").iterdir()) == ["1-after_seed0.json"]
-    monkeypatch.setattr(pipeline, "prune_checkpoint", real)
+    monkeypatch.setattr(pipeline, "prune_request", real)
     assert main(args) == 0
     assert "circuits/1-after_seed0.json: read back (same settings)" in capsys.readouterr().err

@@ -86,7 +86,7 @@ def test_ctrl_c_names_every_checkpoints_circuits_kept_and_the_rerun_resumes(run_
     import mechlab.pipelines.prune as pipeline
 
     out, calls = tmp_path / "tt", []
-    real = pipeline.prune_checkpoint
+    real = pipeline.prune_request  # one circuit's search
 
     def stopping(*args, **kwargs):
         calls.append(args[0].step)
@@ -94,7 +94,7 @@ def test_ctrl_c_names_every_checkpoints_circuits_kept_and_the_rerun_resumes(run_
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "prune_checkpoint", stopping)
+    monkeypatch.setattr(pipeline, "prune_request", stopping)
     assert _prune("--checkpoints", str(run_dir), "--target", "1-after", "--out", str(out)) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
@@ -102,6 +102,6 @@ def test_ctrl_c_names_every_checkpoints_circuits_kept_and_the_rerun_resumes(run_
         f"step_0000000/1-after_exact_seed0, step_0000005/1-after_exact_seed0 in '{out}'; resume with the same "
         "command"), err  # fmt: skip
     assert not (out / "step_0000012" / "1-after_exact_seed0.json").exists() and not (out / ".mechlab.lock").exists()
-    monkeypatch.setattr(pipeline, "prune_checkpoint", lambda *a, **k: calls.append(a[0].step) or real(*a, **k))
+    monkeypatch.setattr(pipeline, "prune_request", lambda *a, **k: calls.append(a[0].step) or real(*a, **k))
     assert _prune("--checkpoints", str(run_dir), "--target", "1-after", "--out", str(out)) == 0
     assert calls[3:] == [12] and "read back 2 circuit(s)" in capsys.readouterr().out

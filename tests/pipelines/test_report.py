@@ -57,7 +57,7 @@ def test_every_stage_runs_on_the_device_asked_for(tiny_lds_checkpoint, monkeypat
     """`report --device X`: the evaluation, the prunings and the recall verdicts get X."""
     import mechlab.pipelines.report as report_module
 
-    seen: dict[str, list] = {"run_suite": [], "prune_checkpoint": [], "recall_checkpoint": []}
+    seen: dict[str, list] = {"run_suite": [], "prune_request": [], "recall_checkpoint": []}
 
     class Stop(Exception):
         pass
@@ -72,14 +72,18 @@ def test_every_stage_runs_on_the_device_asked_for(tiny_lds_checkpoint, monkeypat
         return record
 
     monkeypatch.setattr(report_module, "run_suite", spy("run_suite", {"result": {}}))
-    monkeypatch.setattr(report_module, "prune_checkpoint", spy("prune_checkpoint", object()))
+    def pruned(ckpt, request, target, **kwargs):  # runs on the opened model, moved to the device once
+        seen["prune_request"].append(next(ckpt.model.parameters()).device.type)
+        return object()
+
+    monkeypatch.setattr(report_module, "prune_request", pruned)
     monkeypatch.setattr(report_module, "recall_checkpoint", spy("recall_checkpoint"))
     cfg = ReportConfig(**{**SMALL, "targets": ("1-after",), "seeds": (0,)})
     with pytest.raises(Stop):
         make_report(tiny_lds_checkpoint, cfg, device="cpu", progress=False)
     assert seen == {
         "run_suite": ["cpu", "cpu"],
-        "prune_checkpoint": ["cpu"],
+        "prune_request": ["cpu"],
         "recall_checkpoint": ["cpu"],
     }
 
