@@ -172,11 +172,8 @@ def report(
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
         stopped(ctx, exc)
     s = result.summary
-    from mechlab.pipelines.report_findings import task_warning
-
-    for name, status in s.get("task", {}).items():  # first: circuits of a task not done mean nothing
-        if not status["does_task"]:
-            typer.echo(f"WARNING {name}: " + task_warning(name, status))
+    for name, line in result.task_warnings():  # first: circuits of a task not done mean nothing
+        typer.echo(f"WARNING {name}: " + line)
     typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
     typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
     for name, c in s["circuits"].items():

@@ -10,7 +10,7 @@ import pytest
 
 from mechlab.cli.evaluate import report as report_command
 from mechlab.pipelines import ReportConfig, make_report
-from mechlab.pipelines.report_findings import DOES_TASK_BELOW, task_status
+from mechlab.evals.does_task import DOES_TASK_BELOW, task_status
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/conftest.py
