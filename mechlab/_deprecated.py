@@ -90,6 +90,13 @@ MOVED: dict[str, str] = {
     },
     "mechlab.pipelines.report_page:page": "mechlab.viz.report_page:page",
     "mechlab.pipelines.report_page:STYLE": "mechlab.viz.report_page:STYLE",
+    # names that say one thing: the patching kinds are not the circuit methods
+    "mechlab.patching.result:METHODS": "mechlab.patching.result:PATCH_KINDS",
+    # attribution patching (patching) is not edge attribution (mechlab.prune.attribution)
+    **{
+        f"mechlab.patching.attribution:{name}": f"mechlab.patching.attribution_patching:{name}"
+        for name in ("GRADIENT_AT", "hook_gradients", "attribution_patch")
+    },
     # the trial dispatcher sits above the trials and the ensemble it dispatches to
     "mechlab.train.trials:run_trials": "mechlab.train.dispatch:run_trials",
     "mechlab.train.trials:ENSEMBLE_FAMILIES": "mechlab.train.dispatch:ENSEMBLE_FAMILIES",
