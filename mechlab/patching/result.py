@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from torch import Tensor
 
 from mechlab._deprecated import moved_names
+from mechlab.models.names import graph_name
 from mechlab.patching.grid import DIRECTIONS, Component, Position
 
 PATCH_KINDS = ("activation", "path", "attribution")
@@ -148,8 +149,6 @@ class PatchResult:
         Returns:
             A plotly heatmap.
         """
-        from mechlab.models.names import graph_name
-
         use_norm = normalized and self.clean_metric != self.corrupted_metric
         z = (self.normalized if use_norm else self.effect).detach().cpu()
         bound = float(z.abs().max()) or 1.0
