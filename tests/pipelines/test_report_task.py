@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mechlab.cli.evaluate import report as report_command
-from mechlab.pipelines import ReportConfig, make_report
 from mechlab.evals.does_task import DOES_TASK_BELOW, task_status
+from mechlab.pipelines import ReportConfig, make_report
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/conftest.py

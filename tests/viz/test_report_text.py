@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from mechlab.pipelines.report import ReportConfig
+from mechlab.prune import Circuit
+from mechlab.viz.report_page import _interval
 from mechlab.viz.report_text import (
     caveats,
     cross_findings,
@@ -13,8 +15,6 @@ from mechlab.viz.report_text import (
     null_sentence,
     recall_findings,
 )
-from mechlab.viz.report_page import _interval
-from mechlab.prune import Circuit
 
 RULE = {"min_effect": 0.05, "label_at": 2 / 3, "observation_at": 1 / 3}
 
