@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import inspect
 
+from mechlab._deprecated import MOVED, REMOVED_IN, RENAMED_OPTIONS
+
 PACKAGES = ("mechlab", "mechlab.traces", "mechlab.pipelines", "mechlab.prune", "mechlab.patching",
             "mechlab.probes", "mechlab.viz", "mechlab.evals", "mechlab.tasks", "mechlab.train",
             "mechlab.sweep")  # fmt: skip
@@ -55,8 +57,6 @@ def render() -> str:
 def _deprecations() -> list[str]:
     """The "Deprecations" section: every moved name and renamed option, from
     :data:`mechlab._deprecated.MOVED` and :data:`~mechlab._deprecated.RENAMED_OPTIONS`."""
-    from mechlab._deprecated import MOVED, REMOVED_IN, RENAMED_OPTIONS
-
     out = ["## Deprecations", "",
            "Names that moved when the package was restructured. The old names still work, with a",
            f"`DeprecationWarning` that names the new one, and go in mechlab {REMOVED_IN}.", "",

@@ -38,6 +38,7 @@ START, END = "<!-- package graph: start -->", "<!-- package graph: end -->"
 
 def package_edges() -> set[tuple[str, str]]:
     """``(importer, imported)`` packages (names under ``mechlab.``) of every import between two."""
+    # lazy: grimp comes with import-linter (the test extra), not with mechlab
     import grimp
 
     graph = grimp.build_graph("mechlab", exclude_type_checking_imports=True)

@@ -69,6 +69,34 @@ MOVED: dict[str, str] = {
     "mechlab.report:ReportConfig": "mechlab.pipelines.report:ReportConfig",
     "mechlab.report:Report": "mechlab.pipelines.report:Report",
     "mechlab.report:make_report": "mechlab.pipelines.report:make_report",
+    # the report's page and wording are figures and text: viz; whether the model does the task: evals
+    **{
+        f"mechlab.pipelines.{module}:{name}": f"mechlab.evals.does_task:{name}"
+        for module in ("report_findings", "report_page")
+        for name in ("DOES_TASK_BELOW", "MEAN_PREDICTOR_ERROR", "task_status", "not_done")
+    },
+    **{
+        f"mechlab.pipelines.{module}:{name}": f"mechlab.viz.report_text:{name}"
+        for module in ("report_findings", "report_page")
+        for name in (
+            "CONCEPTS", "SIGNIFICANT", "concepts_link", "concepts_source", "task_warning",
+            "recall_findings", "head_findings", "null_sentence", "cross_findings", "caveats",
+            "findings",
+        )
+    },  # fmt: skip
+    **{
+        f"mechlab.pipelines.{module}:MIN_SEEDS_FOR_INTERVAL": "mechlab.prune.circuit:MIN_SEEDS_FOR_INTERVAL"
+        for module in ("report_findings", "report_page")
+    },
+    "mechlab.pipelines.report_page:page": "mechlab.viz.report_page:page",
+    "mechlab.pipelines.report_page:STYLE": "mechlab.viz.report_page:STYLE",
+    # names that say one thing: the patching kinds are not the circuit methods
+    "mechlab.patching.result:METHODS": "mechlab.patching.result:PATCH_KINDS",
+    # attribution patching (patching) is not edge attribution (mechlab.prune.attribution)
+    **{
+        f"mechlab.patching.attribution:{name}": f"mechlab.patching.attribution_patching:{name}"
+        for name in ("GRADIENT_AT", "hook_gradients", "attribution_patch")
+    },
     # the trial dispatcher sits above the trials and the ensemble it dispatches to
     "mechlab.train.trials:run_trials": "mechlab.train.dispatch:run_trials",
     "mechlab.train.trials:ENSEMBLE_FAMILIES": "mechlab.train.dispatch:ENSEMBLE_FAMILIES",

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from tqdm.std import tqdm as terminal_tqdm
+
 
 def _notebook_tqdm() -> Any | None:
     try:
+        # lazy: optional: only inside Jupyter; any failure below means the terminal bar
         from IPython import get_ipython
 
         shell = get_ipython()
         if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
             return None
+        # lazy: optional: only inside Jupyter; any failure below means the terminal bar
         import ipywidgets  # noqa: F401 -- the widget bar needs it
         from tqdm.notebook import tqdm as notebook_tqdm
 
@@ -23,8 +27,6 @@ def _notebook_tqdm() -> Any | None:
 
 
 def _pick() -> Any:
-    from tqdm.std import tqdm as terminal_tqdm
-
     return _notebook_tqdm() or terminal_tqdm
 
 

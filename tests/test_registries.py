@@ -36,7 +36,7 @@ METHOD_TEST = re.compile(
 ALLOWED = {
     "mechlab/tasks/registry.py": "the task registry",
     "mechlab/circuit_methods.py": "the method registry",
-    "mechlab/patching/result.py": "patching kinds (mechlab.patching.METHODS), not circuit methods",
+    "mechlab/patching/result.py": "patching kinds (mechlab.patching.result.PATCH_KINDS), not circuit methods",
 }
 
 

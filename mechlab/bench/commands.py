@@ -11,6 +11,7 @@ from mechlab.bench.record import Table
 
 def check_transformer_presets(names: Sequence[str]) -> None:
     """Raise ValueError unless every name is a transformer preset."""
+    # lazy: mechlab bench checks its options here before torch loads; this loads torch (1-3 s)
     from mechlab.models.transformer import PRESETS
 
     unknown = [n for n in names if n not in PRESETS]
@@ -26,6 +27,7 @@ def prune_table(names: Sequence[str], *, batch: int, n_pos: int, repeats: int, d
     memory <= 2 / n_layers of naive). A recurrent preset (``mamba_130m_shape``) has neither a
     stacking scheme nor an autograd path of its own: its memory is set beside the plain
     step's, its ``straightforward`` cell is ``-``."""
+    # lazy: mechlab bench checks its options here before torch loads; this loads torch (1-3 s)
     from mechlab.bench.prune import bench_prune
     from mechlab.bench.timing import fmt_ms, fmt_ratio, paired_ratio
     from mechlab.models import build_model
@@ -71,6 +73,7 @@ def prune_table(names: Sequence[str], *, batch: int, n_pos: int, repeats: int, d
 def ensemble_task(overrides: Sequence[str], n_train: int) -> dict[str, Any]:
     """The ensemble benchmark's task (:data:`~mechlab.bench.ensemble.BENCH_TASK`) with
     ``key=value`` overrides; bad fields raise ValueError before any run."""
+    # lazy: mechlab bench checks its options here before torch loads; this loads torch (1-3 s)
     from mechlab.bench.ensemble import BENCH_TASK
     from mechlab.tasks.state_tracking import StateTrackingConfig
     from mechlab.train.config import parse_override
@@ -85,6 +88,7 @@ def ensemble_task(overrides: Sequence[str], n_train: int) -> dict[str, Any]:
 
 def check_model_presets(names: Sequence[str]) -> None:
     """Raise ValueError unless there is at least one name and every one is a model preset."""
+    # lazy: mechlab bench checks its options here before torch loads; this loads torch (1-3 s)
     from mechlab.models.registry import presets
 
     unknown = [p for p in names if p not in presets()]
@@ -96,6 +100,7 @@ def reference_table(reference: Any, names: Sequence[str], *, batch: int, n_pos: 
                     python: str | None) -> Table:  # fmt: skip
     """``mechlab bench prune --reference``'s table: mechlab's pruning step beside Edge
     Pruning's on the same weights and batch (:func:`~mechlab.bench.reference.bench_reference`)."""
+    # lazy: mechlab bench checks its options here before torch loads; this loads torch (1-3 s)
     from mechlab.bench.reference import bench_reference
 
     cells, values = [], []

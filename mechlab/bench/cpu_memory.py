@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch.profiler import ProfilerActivity, profile
+
 
 def profiled_peak(fn: Callable[[], Any]) -> int:
     """Peak bytes allocated on the CPU while ``fn()`` runs, above what was allocated before:
     the profiler's ``CREATE`` / ``DESTROY`` events replayed in order."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:  # fmt: skip
         fn()

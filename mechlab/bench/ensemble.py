@@ -15,6 +15,7 @@ import torch
 
 from mechlab.bench.record import Table
 from mechlab.bench.timing import fmt_ratio, paired_ratio, time_interleaved
+from mechlab.models import build_model
 from mechlab.train.ensemble import train_ensemble
 from mechlab.train.trials import TrialSpec, run_trial
 
@@ -115,8 +116,6 @@ def bench_ensemble(
     Returns:
         The timings, one row per preset.
     """
-    from mechlab.models import build_model
-
     task = dict(BENCH_TASK if task is None else task)
     old_threads = torch.get_num_threads()
     if threads is not None:

@@ -224,6 +224,7 @@ def run_tool(tool: str, folder: Path, threads: int, steps: int, timeout: float) 
 
 def _write_inputs(shape: LMShape, folder: Path, n_pos: int, seed: int) -> None:
     """The spec the ``write`` runner builds the model from, and the prompt pair."""
+    # lazy: mechlab.cli imports this module, and mechlab --help runs without torch
     import torch
 
     spec = {"config": shape.config, "fields": shape.fields, "dtype": "bfloat16", "seed": seed}

@@ -34,9 +34,12 @@ import importlib
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 TOOLS = ("write", "mechlab", "bridge", "nnsight")
 # mechlab's size limit for these imports: 2^32 elements, above Gemma-2-2B's 2.6e9 (the default
@@ -96,7 +99,7 @@ class Phases:
 
 
 def _write(folder: Path, phases: Phases, info: dict[str, Any]) -> None:
-    import torch
+    # lazy: each tool's process loads only its own libraries (its memory is measured)
     import transformers
 
     spec = json.loads((folder / "spec.json").read_text())
@@ -115,23 +118,18 @@ def _write(folder: Path, phases: Phases, info: dict[str, Any]) -> None:
 
 
 def _prompts(folder: Path) -> tuple[Any, Any]:
-    import torch
-
     prompts = torch.load(folder / "prompts.pt", weights_only=True)
     return prompts["clean"], prompts["corrupted"]
 
 
 def _cached(cache: Any) -> tuple[int, int]:
     """How many tensors a cache holds and their bytes."""
-    import torch
-
     values = [v for v in dict(cache).values() if isinstance(v, torch.Tensor)]
     return len(values), sum(v.numel() * v.element_size() for v in values)
 
 
 def _mechlab(folder: Path, steps: int, phases: Phases, info: dict[str, Any]) -> None:
-    import torch
-
+    # lazy: each tool's process loads only its own libraries (its memory is measured)
     from mechlab.models.importers import from_pretrained
     from mechlab.prune.attribution import attribute
     from mechlab.traces import Traces
@@ -153,6 +151,7 @@ def _mechlab(folder: Path, steps: int, phases: Phases, info: dict[str, Any]) -> 
 
 
 def _hf_model(folder: Path) -> Any:
+    # lazy: each tool's process loads only its own libraries (its memory is measured)
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
@@ -161,7 +160,7 @@ def _hf_model(folder: Path) -> Any:
 
 
 def _bridge(folder: Path, phases: Phases, info: dict[str, Any]) -> None:
-    import torch
+    # lazy: each tool's process loads only its own libraries (its memory is measured)
     from transformer_lens.model_bridge.sources import build_bridge_from_module
 
     clean, _ = _prompts(folder)
@@ -181,6 +180,7 @@ def _bridge(folder: Path, phases: Phases, info: dict[str, Any]) -> None:
 
 def _tokenizer() -> Any:
     """A one-word tokenizer: nnsight's ``LanguageModel`` wants one, and the prompts are ids."""
+    # lazy: each tool's process loads only its own libraries (its memory is measured)
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
@@ -190,9 +190,7 @@ def _tokenizer() -> Any:
 
 
 def _nnsight(folder: Path, phases: Phases, info: dict[str, Any]) -> None:
-    import warnings
-
-    import torch
+    # lazy: optional dependency (the nnsight extra); each tool's process loads only its own libraries
     from nnsight import LanguageModel
 
     clean, _ = _prompts(folder)
@@ -228,7 +226,6 @@ def main(argv: list[str]) -> dict[str, Any]:
         argv: ``[TOOL, FOLDER, THREADS, STEPS]``.
     """
     tool, folder, threads, steps = argv
-    import torch
 
     torch.set_num_threads(int(threads))
     phases, info = Phases(), {}

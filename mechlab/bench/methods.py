@@ -30,8 +30,10 @@ table of ``docs/pruning.md`` ("Methods side by side"; ``examples/bench_methods.p
 from __future__ import annotations
 
 import ctypes
+import importlib
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,12 +44,14 @@ import torch
 from torch import nn
 
 from mechlab.circuit_methods import get_method, is_edge_pruning, method_names
+from mechlab.models.tracr import compile_program, load_tracr
 from mechlab.progress import tqdm
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.curves import MIB_BUDGETS, circuit_scores, faithfulness_curve
 from mechlab.prune.graph import pruning_graph
 from mechlab.prune.methods import circuit_scores_of, find_circuit
 from mechlab.prune.stability import STABILITY_BAR, bootstrap_stability
+from mechlab.prune.tracr import ablation_edges, tracr_prune_data
 from mechlab.traces import PruneData, Target, target_name
 
 Edge = tuple[str, str]
@@ -434,9 +438,6 @@ def tracr_cases(
 
     Needs the ``tracr`` extra (``pip install mechlab[tracr]``).
     """
-    from mechlab.models.tracr import compile_program, load_tracr
-    from mechlab.prune.tracr import ablation_edges, tracr_prune_data
-
     cases = []
     for name in programs:
         model, info = load_tracr(compile_program(name))
@@ -450,9 +451,6 @@ def tracr_cases(
 def _generator(spec: str, option: str, missing_ok: bool = False) -> Callable[[list[int]], Iterable[Any]] | None:
     """The function named ``module:function`` (the current folder on the import path), or
     None for ``missing_ok`` when the module or the function does not exist."""
-    import importlib
-    import sys
-
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"{option} must be MODULE:FUNCTION or none, got {spec!r}")

@@ -16,6 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mechlab.bench.cpu_memory import profiled_peak
+from mechlab.bench.timing import time_interleaved
+from mechlab.models import build_model
+from mechlab.models.registry import presets
 from mechlab.prune import masks as hc
 from mechlab.prune.forward import (
     _attention,
@@ -92,7 +96,6 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    from mechlab.bench.cpu_memory import profiled_peak
 
     with _native_stderr_silenced():
         return profiled_peak(fn)
@@ -163,9 +166,6 @@ def bench_prune(
     Returns:
         The :class:`PruneBench`.
     """
-    from mechlab.bench.timing import time_interleaved
-    from mechlab.models import build_model
-
     torch.manual_seed(seed)
     model = (model or build_model("tiny")).to(device)
     cfg = model.cfg
@@ -261,9 +261,6 @@ def scale_model(preset: str, n_pos: int, d_vocab: int = 64, seed: int = 0) -> nn
         d_vocab: Vocabulary size.
         seed: Seed of the random weights.
     """
-    from mechlab.models import build_model
-    from mechlab.models.registry import presets
-
     known = presets()
     if preset not in known:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(known)}")

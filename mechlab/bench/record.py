@@ -64,6 +64,7 @@ def _cpu_model() -> str:
 
 def _torch_build() -> dict[str, str]:
     """torch's version and the BLAS, LAPACK, oneDNN and OpenMP it was built with."""
+    # lazy: mechlab.cli imports this module, and mechlab --help runs without torch
     import torch
 
     show = torch.__config__.show()
@@ -106,6 +107,7 @@ def code_state(bench: str | None = None) -> dict[str, Any]:
 def machine_info(device: str = "cpu", bench: str | None = None) -> dict[str, Any]:
     """What a figure depends on: CPU, cores, torch's build, threads, device, and the code
     (:func:`code_state` of ``bench``)."""
+    # lazy: mechlab.cli imports this module, and mechlab --help runs without torch
     import torch
 
     info: dict[str, Any] = {
@@ -394,6 +396,7 @@ class Recorder:
 
     def load(self) -> dict[str, Any]:
         """The load so far: averages before and now, other threads' mean and max, the verdict."""
+        # lazy: mechlab.cli imports this module, and mechlab --help runs without torch
         import torch
 
         samples = self._monitor.samples

@@ -33,6 +33,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mechlab.bench.prune import peak_memory
+from mechlab.bench.timing import time_interleaved
+from mechlab.models import build_model
+from mechlab.models.export import to_hf_gpt2
+from mechlab.models.transformer import PRESETS
 from mechlab.prune import masks as hc
 from mechlab.prune.forward import divergence, frozen_eval, masked_forward, writer_outputs
 from mechlab.prune.graph import EdgeGraph, build_graph
@@ -224,11 +229,6 @@ def bench_reference(
         ValueError: No model file in ``checkout``, the reference does not import or does
             not reproduce mechlab's outputs.
     """
-    from mechlab.bench.timing import time_interleaved
-    from mechlab.models import build_model
-    from mechlab.models.export import to_hf_gpt2
-    from mechlab.models.transformer import PRESETS
-
     checkout_file = check_reference(checkout)
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
@@ -276,8 +276,6 @@ def bench_reference(
                 )
             memory_ours = memory_reference = None
             if memory:
-                from mechlab.bench.prune import peak_memory
-
                 memory_ours, memory_reference = peak_memory(ours), ref.memory()
             times = time_interleaved({"ours": ours, "reference": ref.step}, repeats)
         finally:

@@ -20,8 +20,11 @@ problem is one line ``error: ...`` and exit status 3.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+
+import torch
 
 
 def _fail(message: str) -> None:
@@ -32,8 +35,6 @@ def _fail(message: str) -> None:
 def _peak_bytes(fn) -> int:
     """Peak bytes of ``fn()``: :func:`mechlab.bench.cpu_memory.profiled_peak`, loaded from its
     file beside this one (the mechlab package is not imported here)."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("cpu_memory", Path(__file__).with_name("cpu_memory.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -47,12 +48,12 @@ def main(argv: list[str]) -> None:
         argv: ``[CHECKOUT, DATA, THREADS]``.
     """
     checkout, data_file, threads = argv
-    import torch
 
     torch.set_num_threads(int(threads))
     folder = Path(checkout) / "src" / "modeling"
     sys.path.insert(0, str(folder))  # it imports its neighbour l0.py
     try:
+        # lazy: the reference's own file, importable once its folder is on sys.path (above); a missing package is answered below; the reference code's own requirement, answered below when missing
         import modeling_fpt2
         from transformers import GPT2Config
     except ModuleNotFoundError as exc:

@@ -14,7 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from mechlab.checkpoint.errors import CheckpointError, _corrupt_field, _names
+from mechlab.checkpoint.rng import restore_rng
 from mechlab.models.base import MechModel, ModelConfig
+from mechlab.tasks import task_config
 
 FORMAT = "mechlab-checkpoint"
 VERSION = 1
@@ -85,8 +87,6 @@ class Checkpoint:
         Raises:
             ValueError: The checkpoint records no task, or a task mechlab does not know.
         """
-        from mechlab.tasks import task_config
-
         return task_config(self.metadata, self.path)
 
     def restore_rng(self) -> None:
@@ -95,7 +95,6 @@ class Checkpoint:
             raise CheckpointError(
                 f"{self.path} holds no RNG state; save it with save_checkpoint(..., rng=True)"
             )
-        from mechlab.checkpoint.rng import restore_rng
 
         restore_rng(self.rng_state)
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
 from mechlab.checkpoint.checksums import (
@@ -260,9 +262,6 @@ def check_archive(path: str | os.PathLike[str]) -> None:
 def _read_safetensors(path: Path, map_location: Any) -> tuple[dict[str, Any], bool, Path]:
     """A safetensors file's weights and the JSON beside it, as a payload; whether its
     tensors matched the JSON's checksums; the JSON's path."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     device = map_location if isinstance(map_location, str | torch.device) else "cpu"
     try:
         state_dict = load_file(path, device=str(device))

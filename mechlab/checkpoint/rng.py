@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import torch
 
 from mechlab.checkpoint.errors import CheckpointError, _brief
@@ -12,8 +13,6 @@ from mechlab.checkpoint.errors import CheckpointError, _brief
 
 def capture_rng() -> dict[str, Any]:
     """The current torch (CPU and CUDA), numpy and Python RNG states, as plain values."""
-    import numpy as np
-
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = list(torch.cuda.get_rng_state_all())
@@ -35,8 +34,6 @@ def restore_rng(state: dict[str, Any]) -> None:
 
     CUDA states are restored for the devices present; the rest are ignored.
     """
-    import numpy as np
-
     try:
         if "torch" in state:
             torch.set_rng_state(state["torch"].cpu())

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from mechlab.checkpoint.checksums import CHECKSUM_ALGORITHM, _tensor_sha256, seal
@@ -122,7 +123,6 @@ def save_safetensors(
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"save_safetensors writes a .safetensors file, got {str(path)!r}")
-    from safetensors.torch import save as safetensors_bytes
 
     config = _config_dict(model)
     _check_materialised(dict(model.state_dict()))

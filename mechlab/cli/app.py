@@ -9,6 +9,9 @@ from typing import NoReturn
 
 import typer
 
+from mechlab.limits import check_threads
+from mechlab.pipelines.stops import Stopped, signal_of
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -43,9 +46,8 @@ def say_loading(progress: bool, what: str = "torch, the model and its traces") -
 def use_threads(threads: int | None) -> int:
     """Set torch's CPU threads when given; returns how many run (torch loads here). The
     count is printed when the command ends (:func:`mechlab.cli.main`)."""
+    # lazy: mechlab --help and the CLI's checks run without torch
     import torch
-
-    from mechlab.limits import check_threads
 
     if threads is not None:
         torch.set_num_threads(check_threads(threads))
@@ -103,8 +105,6 @@ def stopped(ctx: typer.Context, exc: KeyboardInterrupt) -> NoReturn:
     (:class:`mechlab.pipelines.stops.Interrupted`) and how to resume, the same command, or
     that nothing was written or kept (:class:`mechlab.pipelines.stops.Unwritten`) and the
     same command starts over; exit status 128 + the signal (130 for Ctrl-C)."""
-    from mechlab.pipelines.stops import Stopped, signal_of
-
     if isinstance(exc, Stopped):
         what, code, resumes = str(exc), exc.exit_code, exc.resumes
     else:

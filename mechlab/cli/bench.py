@@ -14,9 +14,20 @@ from typing import Any
 
 import typer
 
+from mechlab.bench.commands import (
+    check_model_presets,
+    check_transformer_presets,
+    ensemble_task,
+    prune_table,
+    reference_table,
+)
+from mechlab.bench.lm import LMBenchConfig, bench_lm, lm_table, raw_runs
+from mechlab.bench.record import Recorder
+from mechlab.bench.startup import bench_startup
 from mechlab.circuit_methods import method_names
 from mechlab.cli.app import UsageProblem, bench_app, stopped, use_threads
-from mechlab.limits import check_elements
+from mechlab.limits import check_elements, check_threads
+from mechlab.pipelines import outputs
 
 JSON_HELP = "Also write the run's record (settings, machine, load, tables, raw times) here as JSON."
 FORCE_HELP = "Overwrite the --json file if it exists (never a checkpoint or an input)."
@@ -26,8 +37,6 @@ def _check_output(path: Path | None, force: bool, inputs: Sequence[Path | str | 
     """Refuse, before anything runs, an output file the policy refuses
     (:func:`mechlab.pipelines.outputs.check_output_file`): one that exists (without
     ``force``), a checkpoint, one of the ``inputs``, a folder, a device node or a pipe."""
-    from mechlab.pipelines import outputs
-
     if path is None:
         return
     try:
@@ -40,9 +49,6 @@ def _recorded(bench: str, settings: dict[str, Any], device: str, json_path: Path
               measure: Callable[[], tuple[list, dict]], inputs: Sequence[Path | str | None] = ()) -> None:  # fmt: skip
     """Run ``measure`` under a load recorder, print the record, write it to ``json_path``
     (under the output policy: checked before anything runs, and again as it is written)."""
-    from mechlab.bench.record import Recorder
-    from mechlab.pipelines import outputs
-
     _check_output(json_path, force, inputs)
     with Recorder(bench, settings, device) as recorder:
         tables, data = measure()
@@ -75,17 +81,11 @@ def bench_prune_(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """One pruning step vs a plain forward+backward; peak memory vs naive per-layer stacking."""
-    from mechlab.bench.commands import (
-        check_model_presets,
-        check_transformer_presets,
-        prune_table,
-        reference_table,
-    )
-
     _check_batch(batch, n_pos)
     names = [p.strip() for p in presets.split(",") if p.strip()]
     (check_transformer_presets if reference is not None else check_model_presets)(names)
     if reference is not None:
+        # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
         from mechlab.bench.reference import check_reference
 
         check_reference(reference)
@@ -112,8 +112,6 @@ def bench_startup_(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """How long mechlab takes to answer: --help of every command and import mechlab, fresh processes."""
-    from mechlab.bench.startup import bench_startup
-
     _recorded("startup", {"repeats": repeats}, "cpu", json_path, force,
               lambda: ([bench_startup(repeats=repeats).table()], {}))  # fmt: skip
 
@@ -130,6 +128,7 @@ def bench_hooks(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Plain forward vs run_with_cache (all hooks) vs nnsight saving the same activations."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.bench.hooks import BENCH_MODELS, bench_family, hooks_table
 
     _check_batch(batch, n_pos)
@@ -163,6 +162,7 @@ def bench_scan_(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """The chunked scans vs the per-step loops: forward, forward+backward, and their differences."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.bench.scan import SCAN_FAMILIES, bench_scan, scan_table
 
     _check_batch(batch, n_pos)
@@ -196,6 +196,7 @@ def bench_train(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Trainer.train_step vs a minimal PyTorch loop: same model, weights, data; examples/s and ratios."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.bench.train import bench_train as run_bench
 
     n_threads = use_threads(threads)
@@ -225,7 +226,7 @@ def bench_ensemble_(
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """The study's 15 trials (3 lr x 5 seeds) one after another vs as one batched ensemble."""
-    from mechlab.bench.commands import check_model_presets, ensemble_task
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.bench.ensemble import bench_ensemble
 
     task = ensemble_task(set_, n_train)  # bad fields fail before any run
@@ -271,6 +272,7 @@ def bench_methods_(
     and the circuit at --sparsity on each target, seconds and peak memory, stability over
     resampled traces, exact recoveries on planted models and Tracr programs, and redundant
     planted cases found within their budgets."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.bench.methods import (
         DEFAULT_REDUNDANT,
         bench_methods,
@@ -371,9 +373,6 @@ def bench_lm_(
     """Import, cache and attribute billion-parameter models (Llama-3.2-1B and Gemma-2-2B shapes,
     random weights), each tool in its own process: seconds and peak memory beside TransformerLens'
     bridge and nnsight."""
-    from mechlab.bench.lm import LMBenchConfig, bench_lm, lm_table, raw_runs
-    from mechlab.limits import check_threads
-
     names = tuple(s.strip() for s in shapes.split(",") if s.strip())
     others = () if tools.strip().lower() == "none" else tuple(t.strip() for t in tools.split(",") if t.strip())
     try:

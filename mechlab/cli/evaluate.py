@@ -17,6 +17,7 @@ from mechlab.cli.app import (
     stopped,
     use_threads,
 )
+from mechlab.pipelines import preflight
 
 NIH_HELP = ("NiH construction: study (the default: oldest system queried, misdirection to the next) "
             "or uniform (query and misdirection drawn uniformly).")  # fmt: skip
@@ -53,14 +54,13 @@ def eval_(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Evaluate a checkpoint: JSON numbers plus plotly HTML figures."""
-    from mechlab.pipelines import preflight
-
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
     preflight.check_nih(nih)
     preflight.check_checkpoint(ckpt, task="lds")
     preflight.check_suites(suite)
     preflight.check_folder(out, "eval", source=ckpt, what="eval", force=force)
     say_loading(True, "torch and the model")  # the suites' bars have no --no-progress either
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import evaluate_checkpoint
 
     use_threads(threads)
@@ -151,8 +151,6 @@ def report(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """The main job: evaluate, prune each target, compare the circuits, explain recall; one index.html."""
-    from mechlab.pipelines import preflight
-
     recipe = renamed_option(protocol, recipe, "--protocol", "--recipe")
     if str(out) in ("", "."):
         raise UsageProblem("give --out a folder of its own (the report writes several files)")
@@ -160,6 +158,7 @@ def report(
     preflight.check_checkpoint(ckpt, task="lds", targets=target)
     preflight.check_folder(out, "report", source=ckpt, what="report", force=force)
     say_loading(progress, "torch and the model")
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import ReportConfig, report_checkpoint
 
     cfg = ReportConfig(targets=tuple(target), seeds=tuple(seed), eval_traces=eval_traces,
@@ -172,16 +171,14 @@ def report(
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, what is kept and how to resume
         stopped(ctx, exc)
     s = result.summary
-    from mechlab.pipelines.report_findings import task_warning
-
-    for name, status in s.get("task", {}).items():  # first: circuits of a task not done mean nothing
-        if not status["does_task"]:
-            typer.echo(f"WARNING {name}: " + task_warning(name, status))
+    for name, line in result.task_warnings():  # first: circuits of a task not done mean nothing
+        typer.echo(f"WARNING {name}: " + line)
     typer.echo("NiH median: " + ", ".join(f"{k} {v:.4f}" for k, v in s["nih_median"].items()))
     typer.echo("recall: " + ", ".join(f"{k} {v}" for k, v in s["verdict"].items()))
     for name, c in s["circuits"].items():
         faith = ", ".join(fmt(f) for f in c["faithfulness"])
         typer.echo(f"circuit {name}: edges {c['edges']}, faithfulness {faith}")
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines.circuits import report_overlap_line
 
     for key, o in s["overlap"].items():
@@ -227,8 +224,6 @@ def recall(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Does each prediction after the query label follow the label or the observations? JSON + HTML."""
-    from mechlab.pipelines import preflight
-
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
     preflight.check_nih(nih)
     if ckpt is None and checkpoints is None:  # the pipeline's words
@@ -240,6 +235,7 @@ def recall(
     source = ckpt if ckpt is not None else checkpoints / "last.pt"
     preflight.check_folder(out, "recall", source=source, what="recall", force=force)
     say_loading(progress, "torch and the model")
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import recall_and_write
 
     use_threads(threads)

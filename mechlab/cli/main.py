@@ -10,6 +10,7 @@ import click
 import typer
 
 from mechlab.cli.app import THREADED, UsageProblem, app
+from mechlab.limits import check_threads
 
 # typer >= 0.2x ships its own copy of click (typer._click) whose exceptions are not
 # click's; catch both.
@@ -63,7 +64,6 @@ def _check_arguments(args: list[str]) -> None:
             threads = int(value)
         except ValueError:
             continue  # not a number: the command's own parser says so
-        from mechlab.limits import check_threads
 
         try:
             check_threads(threads)
@@ -71,6 +71,7 @@ def _check_arguments(args: list[str]) -> None:
             raise UsageProblem(str(err)) from None
     devices = _option_values(args, "--device")
     if devices:  # (torch is imported only when a device is named)
+        # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
         from mechlab.devices import check_device
 
         for value in devices:
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             result = app(args=argv, prog_name="mechlab", standalone_mode=False, obj={"args": args})
         command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
         if command in THREADED and "torch" in sys.modules and result in (None, 0):
+            # lazy: only after a command that loaded torch (checked above); mechlab --help and the CLI's checks run without torch
             import torch
 
             policy = os.environ.get("OMP_WAIT_POLICY", "default")

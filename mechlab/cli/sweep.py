@@ -58,6 +58,7 @@ def sweep_(
     force: bool = force_option("Write into a folder git tracks, or reuse the trials of another trial function found in --out (refused otherwise)."),
 ) -> None:
     """N* searches (and kappa, OOD) over models, formats and tasks; trials on Ray, persisted, resumable."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines.sweep import check_run, run_and_write, sweep_spec
 
     settings: dict = {}

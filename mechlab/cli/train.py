@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+import yaml
 
 from mechlab.cli.app import echo_table, force_option
 
@@ -17,6 +18,7 @@ def info(
 ) -> None:
     """Print architecture, parameter count, training step and every hook with its shape and,
     where it holds components of the pruning graph, their graph names (a0.h4, m1, ...)."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import describe
 
     d = describe(ckpt, model)
@@ -47,8 +49,7 @@ def train(
     force: bool = force_option("Train into (or resume) a directory that holds files git tracks (refused otherwise)."),
 ) -> None:
     """Train a model on a task; checkpoints at log-spaced steps plus last.pt."""
-    import yaml
-
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines.train import TrainingStopped, run_config, train_run
 
     cfg, out = run_config(out, resume, force=force, preset=preset, config_file=config, overrides=set_, task=task,

@@ -67,6 +67,7 @@ def across(
     if checkpoints is None and manifest is None:
         raise UsageProblem("give --checkpoints FOLDER (steps in the names) or --manifest FILE")
     say_loading(True, "torch, the tokenizer and the checkpoints")
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines.translation import translation_across_training
 
     use_threads(threads)
@@ -125,6 +126,7 @@ def circuits(
 ) -> None:
     """Circuits of the start and the continue positions on label-swapped pairs, and their overlap."""
     say_loading(True, "torch, the tokenizer and the model")
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines.translation_prune import translation_circuits
 
     use_threads(threads)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mechlab.models.importers import from_pretrained
 from mechlab.tasks.translation import Episode
 
 CONFIDENCE = 0.95
@@ -38,8 +39,6 @@ def as_model(model: Any) -> Any:
     :func:`mechlab.models.importers.from_pretrained` (nothing downloaded)."""
     bridge = type(model).__name__ == "TransformerBridge"
     if bridge or (isinstance(model, nn.Module) and hasattr(model, "config") and hasattr(model, "generation_config")):
-        from mechlab.models.importers import from_pretrained
-
         return from_pretrained(model)
     return model
 

@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from torch import Tensor, nn
 
 from mechlab.models.base import MechModel
@@ -97,7 +98,9 @@ from mechlab.models.hf_files import (
     torch_weights,
     weight_files,
 )
+from mechlab.models.mamba import Mamba, hf_name, mamba_config_from_hf
 from mechlab.models.registry import check_size
+from mechlab.models.transformer import RMSNorm, Transformer, TransformerConfig
 
 # Hugging Face class -> (transformers config class, base-model prefix of its weights)
 ARCHITECTURES: dict[str, tuple[str, str]] = {
@@ -582,14 +585,11 @@ def mechlab_config(
 
 def _mechlab_config(arch: str, hf_config: Any, n_ctx: int | None):
     if arch == "MambaForCausalLM":
-        from mechlab.models.mamba import mamba_config_from_hf
-
         limit = _n_ctx(10**9, n_ctx, "Mamba") if n_ctx is not None else MAMBA_N_CTX
         try:
             return mamba_config_from_hf(hf_config, n_ctx=limit)
         except ValueError as exc:
             raise ImportProblem(f"cannot import this Mamba: {exc}") from None
-    from mechlab.models.transformer import TransformerConfig
 
     if arch == "GPT2LMHeadModel":
         fields = _gpt2_config(hf_config, n_ctx)
@@ -779,8 +779,6 @@ def _load_gptj(model: MechModel, w: Weights) -> None:
 
 
 def _load_mamba(model: MechModel, w: Weights) -> None:
-    from mechlab.models.mamba import hf_name
-
     for name, param in model.named_parameters():
         key = hf_name(name)
         if key is None:  # read_out.proj.bias: HF's lm_head has none
@@ -891,16 +889,10 @@ def _empty_model(cfg: Any, dtype: torch.dtype, mamba: bool) -> MechModel:
     """The mechlab model of ``cfg`` with uninitialised parameters in ``dtype`` (Gemma's
     norm weights in float32, or float64): memory the loaders fill tensor by tensor, allocated once
     (no float32 copy, no random initialisation). Tied parameters stay tied."""
-    from mechlab.models.transformer import RMSNorm
-
     with _parameters_on_meta():
         if mamba:
-            from mechlab.models.mamba import Mamba
-
             model: MechModel = Mamba(cfg)
         else:
-            from mechlab.models.transformer import Transformer
-
             model = Transformer(cfg)
     gemma = getattr(cfg, "embed_scale", None) is not None
     made: dict[int, nn.Parameter] = {}
@@ -940,7 +932,6 @@ def _folder_architecture(folder: Path) -> tuple[str, Any, str]:
     if arch not in ARCHITECTURES:
         raise _unsupported(f"{str(folder)!r} ({arch or model_type or 'no architecture named'})")
     check_config_values(arch, raw, source, advice)
-    import transformers
 
     config_class = getattr(transformers, ARCHITECTURES[arch][0])
     verbosity = transformers.logging.get_verbosity()

@@ -118,6 +118,7 @@ class TracrInfo:
 
 def _import_tracr():
     try:
+        # lazy: optional: the ImportError is handled below
         import haiku as hk
         import jax.numpy as jnp
     except ImportError as err:
@@ -248,6 +249,7 @@ class TracrProgram:
 
 def _lib():
     try:
+        # lazy: optional: the ImportError is handled below
         from tracr.compiler import lib
         from tracr.rasp import rasp
     except ImportError as err:
@@ -287,6 +289,7 @@ def compile_program(name: str) -> Any:
         raise ValueError(f"unknown Tracr program {name!r}; choose one of {sorted(TRACR_PROGRAMS)}")
     program = TRACR_PROGRAMS[name]
     _lib()
+    # lazy: optional dependency (the tracr extra: tracr, jax, haiku)
     from tracr.compiler import compiling
 
     return compiling.compile_rasp_to_model(

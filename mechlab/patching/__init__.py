@@ -8,7 +8,7 @@ one-backward gradient estimate of the activation sweep. Each returns a
 """
 
 from mechlab.patching.activation import activation_patch
-from mechlab.patching.attribution import attribution_patch
+from mechlab.patching.attribution_patching import attribution_patch
 from mechlab.patching.backends import Patch
 from mechlab.patching.path import path_patch
 from mechlab.patching.result import PatchResult

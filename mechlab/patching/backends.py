@@ -30,6 +30,7 @@ def load_nnsight():
     """nnsight's ``NNsight`` class; nnsight is an extra (``mechlab[nnsight]``), loaded here on
     first use so the base install and every other backend run without it."""
     try:
+        # lazy: optional: the ImportError is handled below
         from nnsight import NNsight
     except ImportError as err:
         raise ImportError(f"the nnsight backend needs nnsight; {NNSIGHT_HINT}") from err

@@ -8,9 +8,13 @@ import pandas as pd
 import plotly.graph_objects as go
 from torch import Tensor
 
+from mechlab._deprecated import moved_names
+from mechlab.models.names import graph_name
 from mechlab.patching.grid import DIRECTIONS, Component, Position
 
-METHODS = ("activation", "path", "attribution")
+PATCH_KINDS = ("activation", "path", "attribution")
+"""The kinds of patching a :class:`PatchResult` holds (its ``method``); not circuit methods
+(:data:`mechlab.circuit_methods.METHODS`). Was ``METHODS`` (deprecated alias until 0.2.0)."""
 
 
 def component_label(component: Component) -> str:
@@ -54,8 +58,8 @@ class PatchResult:
             )
         if self.direction not in DIRECTIONS:
             raise ValueError(f"unknown direction {self.direction!r}; choose one of {list(DIRECTIONS)}")
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {list(METHODS)}")
+        if self.method not in PATCH_KINDS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {list(PATCH_KINDS)}")
 
     @property
     def labels(self) -> list[str]:
@@ -145,8 +149,6 @@ class PatchResult:
         Returns:
             A plotly heatmap.
         """
-        from mechlab.models.names import graph_name
-
         use_norm = normalized and self.clean_metric != self.corrupted_metric
         z = (self.normalized if use_norm else self.effect).detach().cpu()
         bound = float(z.abs().max()) or 1.0
@@ -182,3 +184,5 @@ class PatchResult:
             f"clean={self.clean_metric:.4g}, corrupted={self.corrupted_metric:.4g})"
         )
 
+
+__getattr__ = moved_names(__name__)  # METHODS, renamed PATCH_KINDS

@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from mechlab.checkpoint import Checkpoint, load_checkpoint
+from mechlab.checkpoint.loading import first_non_finite
+from mechlab.models import build_model, presets
+from mechlab.models.names import hook_graph_names
 from mechlab.pipelines.preflight import check_checkpoint_file
 from mechlab.tasks.lds import LDSConfig
+from mechlab.train.config import available_presets, resolve_config
+from mechlab.train.task import make_task
 
 Source = Checkpoint | str | Path
 """A checkpoint already opened, or the path of one."""
@@ -92,8 +97,6 @@ def check_finite_parameters(model: Any, source: str) -> None:
         ValueError: One line naming the first parameter (in ``named_parameters`` order)
             that holds a NaN or an infinity, and how many of its values do.
     """
-    from mechlab.checkpoint.loading import first_non_finite
-
     bad = first_non_finite(model.named_parameters())
     if bad is not None:
         name, count, numel = bad
@@ -153,7 +156,7 @@ def describe(ckpt: Source | None = None, model: str | None = None) -> dict[str, 
     """What ``mechlab info`` prints: the model's architecture, size, step and hook shapes.
 
     Args:
-        ckpt: A checkpoint to describe.
+        ckpt: A checkpoint to describe, or its file.
         model: Or an architecture, model preset or training preset to build fresh.
 
     Returns:
@@ -164,8 +167,6 @@ def describe(ckpt: Source | None = None, model: str | None = None) -> dict[str, 
     Raises:
         ValueError: Not exactly one of ``ckpt`` and ``model``.
     """
-    from mechlab.models import build_model
-
     if (ckpt is None) == (model is None):
         raise ValueError("give exactly one of --ckpt PATH or --model NAME")
     if ckpt is not None:
@@ -181,7 +182,7 @@ def describe(ckpt: Source | None = None, model: str | None = None) -> dict[str, 
 
 def _graph_names(net: Any, hooks: list[str]) -> dict[str, str]:
     """Hook name -> the pruning graph's names it holds (empty for a model without a graph)."""
-    from mechlab.models.names import hook_graph_names
+    # lazy: every pipeline opens checkpoints through this module; only describe() needs the pruning graph (networkx, scipy: ~0.8 s)
     from mechlab.prune.graph import build_graph
 
     try:
@@ -193,12 +194,8 @@ def _graph_names(net: Any, hooks: list[str]) -> dict[str, str]:
 
 def model_config(name: str) -> str | dict[str, Any]:
     """A model name as given, or the model a training preset (``recall-cpu``) trains."""
-    from mechlab.models import presets
-    from mechlab.train.config import available_presets, resolve_config
-
     if name in presets() or name not in available_presets():
         return name
-    from mechlab.train.task import make_task
 
     cfg = resolve_config(preset=name)
     return {**cfg.model, **make_task(cfg.task, cfg.task_cfg).model_fields()}

@@ -25,6 +25,9 @@ from mechlab.prune.circuit import (
     overlap,
     seed_stability,
 )
+from mechlab.prune.circuit_file import checkpoint_groups, describe_groups
+from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
+from mechlab.viz.explorer import circuit_explorer
 
 MIXED_WARNING = "comparing circuits of different checkpoints"  # the engine's warning
 
@@ -72,8 +75,6 @@ def view_circuits(paths: Sequence[str | Path], out: str | Path, labels: Sequence
     Returns:
         The page's path.
     """
-    from mechlab.viz.explorer import circuit_explorer
-
     if labels and len(labels) != len(paths):
         raise ValueError(f"give one --label per circuit: {len(labels)} labels for {len(paths)} circuits")
     outputs.check_output_file(out, force=force, inputs=paths, suffixes=(".html", ".htm"))
@@ -124,9 +125,8 @@ def _by_group(circuits: list[Circuit]) -> list[Circuit]:
 
 def _check_one_checkpoint(loaded: list[Circuit], paths: Sequence[str | Path], sha: str | None,
                           ckpt: Source | None, mixed: bool) -> None:  # fmt: skip
-    """Refuse (or, with ``mixed``, warn about) circuits of different checkpoints."""
-    from mechlab.prune.circuit_file import checkpoint_groups, describe_groups
-
+    """Refuse (or, with ``mixed``, warn about) circuits of different checkpoints (``ckpt``:
+    the checkpoint they are read against, opened or its file, or None)."""
     groups = checkpoint_groups([c.metadata for c in loaded], [Path(p).name for p in paths])
     problems = []
     if len(groups) > 1:
@@ -190,8 +190,6 @@ def overlap_circuits(
         Unwritten: A signal (Ctrl-C, SIGTERM) stopped it before the end: ``json_out`` is
             written only at the end, so nothing was written.
     """
-    from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
-
     if len(paths) < 2:
         raise ValueError("give at least two circuit files")
     if not 0 < level < 1:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, source_path
 from mechlab.pipelines.data import haystack, nih_data
@@ -25,6 +27,7 @@ from mechlab.prune.engine import check_prune_args
 from mechlab.prune.forward import ABLATIONS
 from mechlab.tasks.lds_prune import DEFAULT_CORRUPTION
 from mechlab.traces import check_target
+from mechlab.viz import faithfulness_curves_figure
 
 
 @dataclass
@@ -95,10 +98,6 @@ def curve_checkpoint(
     Returns:
         One :class:`CurveFiles` per target.
     """
-    import torch
-
-    from mechlab.viz import faithfulness_curves_figure
-
     try:
         grid = check_budgets([float(b) for b in budgets])
     except ValueError as exc:

@@ -29,6 +29,7 @@ from mechlab.pipelines.resume import read_result, resume_each
 from mechlab.progress import tqdm
 from mechlab.tasks.lds import check_batch, make_libraries
 from mechlab.tasks.lds_evals import nih_protocol
+from mechlab.viz import figure_for_suite
 
 
 def run_suite(
@@ -178,8 +179,6 @@ def evaluate_checkpoint(
     Returns:
         Suite -> report.
     """
-    from mechlab.viz import figure_for_suite
-
     suites = list(SUITES) if list(suites) == ["all"] else list(suites)
     for name in suites:
         if name not in SUITES:

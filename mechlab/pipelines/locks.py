@@ -91,6 +91,7 @@ class Lock:
 
     def _acquire_own(self) -> None:
         try:
+            # lazy: POSIX only; the ImportError below is the other systems' path
             import fcntl
         except ImportError:  # not POSIX: a pid file
             return self._acquire_pid_file()
@@ -175,6 +176,7 @@ def _held_by_another(path: Path) -> str | None:
     """The owner record of a lock file another live process holds, or None (no file, a
     stale one, or not readable)."""
     try:
+        # lazy: POSIX only; the ImportError below is the other systems' path
         import fcntl
     except ImportError:
         fcntl = None  # type: ignore[assignment]

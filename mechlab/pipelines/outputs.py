@@ -106,6 +106,7 @@ def write_json(path: str | Path, data: Any, *, newline: bool = False, default: A
 def write_figure(figure: Any, path: str | Path) -> Path:
     """Write a plotly figure as an offline HTML page that loads the folder's one
     ``plotly.min.js`` (:func:`write_plotlyjs`), not a 4.8 MB copy of its own."""
+    # lazy: the CLI's checks (pipelines.preflight) use this module before torch loads; mechlab.viz loads torch
     from mechlab.viz.figures import figure_html
 
     write_plotlyjs(Path(path).parent)
@@ -115,6 +116,7 @@ def write_figure(figure: Any, path: str | Path) -> Path:
 def write_plotlyjs(folder: str | Path) -> Path:
     """``folder/plotly.min.js``, the one copy of plotly.js the folder's pages load
     (written when missing or different; the same file is left alone)."""
+    # lazy: the CLI's checks (pipelines.preflight) use this module before torch loads; mechlab.viz loads torch
     from mechlab.viz.figures import write_plotlyjs as write_once
 
     return write_once(folder, writer=write_text)
@@ -127,6 +129,7 @@ def write_circuit(circuit: Any, path: str | Path) -> Path:
 
 def write_circuit_figure(circuit: Any, path: str | Path, title: str | None = None) -> Path:
     """Write a circuit's graph (:func:`mechlab.viz.circuit_figure`) as offline HTML."""
+    # lazy: the CLI's checks (pipelines.preflight) use this module before torch loads; mechlab.viz loads torch
     from mechlab.viz.circuits import circuit_figure
 
     return write_figure(circuit_figure(circuit, title), path)
@@ -517,6 +520,7 @@ class OutputFolder:
     def write_plotlyjs(self, name: str | Path = ".") -> Path:
         """The one ``plotly.min.js`` of the folder ``name`` (relative to this folder) that
         its pages load (:func:`write_plotlyjs`); an unchanged copy is left alone."""
+        # lazy: the CLI's checks (pipelines.preflight) use this module before torch loads; mechlab.viz loads torch
         from mechlab.viz.figures import PLOTLYJS
         from mechlab.viz.figures import write_plotlyjs as write_once
 
@@ -526,6 +530,7 @@ class OutputFolder:
     def write_figure(self, figure: Any, name: str | Path) -> Path:
         """Write a plotly figure into the folder as an offline HTML page that loads its
         folder's one ``plotly.min.js``."""
+        # lazy: the CLI's checks (pipelines.preflight) use this module before torch loads; mechlab.viz loads torch
         from mechlab.viz.figures import figure_html
 
         self.write_plotlyjs(Path(name).parent)
@@ -537,6 +542,7 @@ class OutputFolder:
 
     def write_circuit_figure(self, circuit: Any, name: str | Path, title: str | None = None) -> Path:
         """Write a circuit's graph into the folder as offline HTML."""
+        # lazy: the CLI's checks (pipelines.preflight) use this module before torch loads; mechlab.viz loads torch
         from mechlab.viz.circuits import circuit_figure
 
         return self.write_figure(circuit_figure(circuit, title), name)

@@ -27,6 +27,7 @@ from typing import Any
 
 from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.limits import MAX_PROMPT_PAIRS, check_at_most
+from mechlab.models.importers import check_folder, from_pretrained, import_dtype, weight_files
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import check_finite_parameters, open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
@@ -70,8 +71,6 @@ def open_model(source: str | Path, device: str | None = None, dtype: str | None 
     """
     path = Path(source)
     if path.is_dir():
-        from mechlab.models.importers import from_pretrained
-
         model = from_pretrained(path, dtype=dtype)
         check_finite_parameters(model, f"model folder {str(path)!r}")  # before any work on it
         return (model.to(device) if device else model).eval(), "hf-folder"
@@ -104,7 +103,6 @@ def prompt_pairs(
                 f"{str(pairs)!r} holds text; give --tokenizer FOLDER (a mechlab checkpoint has no "
                 "tokenizer), or token ids"
             )
-        from mechlab.models.importers import check_folder
 
         check_folder(
             model_source
@@ -165,7 +163,6 @@ def source_digest(path: str | Path | None) -> str | None:
     path = Path(path)
     if path.is_file():
         return outputs.file_sha256(path)
-    from mechlab.models.importers import weight_files
 
     top = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     names = [item.name for item in top]
@@ -251,8 +248,6 @@ def prune_prompts(
     by_method = not is_edge_pruning(method) or n_edges is not None
     check_method(method, prune_kwargs, ig_steps=ig_steps, n_edges=n_edges, acdc_max_edges=acdc_max_edges)
     if dtype is not None:
-        from mechlab.models.importers import import_dtype
-
         import_dtype(dtype)  # an unknown dtype, or one this machine cannot run: before any output
     if not seeds:
         raise ValueError("give at least one seed")

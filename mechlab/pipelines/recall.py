@@ -23,6 +23,7 @@ from mechlab.pipelines.checkpoints import (
 from mechlab.pipelines.resume import read_result, resume_each
 from mechlab.progress import tqdm
 from mechlab.tasks.lds import check_batch
+from mechlab.viz import recall_dynamics_figure, recall_figure
 
 
 def recall_checkpoint(source: Source, device: str = "cpu", **kwargs: Any) -> dict[str, Any]:
@@ -177,6 +178,4 @@ def recall_and_write(
 
 
 def _figure(stem: str, data: dict[str, Any]) -> Any:
-    from mechlab.viz import recall_dynamics_figure, recall_figure
-
     return recall_figure(data) if stem == "recall" else recall_dynamics_figure(data)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from mechlab.schema import load_json
 
 _NOT_SETTINGS = ("device", "progress", "threads")
 
@@ -40,8 +43,6 @@ def with_defaults(fn: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` with ``fn``'s defaults for every keyword-only argument it does not set (so
     a setting left to its default and the same value given explicitly record alike);
     device, threads, progress and the checkpoint's own digest are left out."""
-    import inspect
-
     skip = (*_NOT_SETTINGS, "checkpoint_sha256")
     filled = {name: p.default for name, p in inspect.signature(fn).parameters.items()
               if p.kind is p.KEYWORD_ONLY and name not in skip and p.default is not p.empty}  # fmt: skip
@@ -83,8 +84,6 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
 
 def read_json(path: str | Path) -> Any:
     """A JSON output read back within limits (:func:`mechlab.schema.load_json`)."""
-    from mechlab.schema import load_json
-
     return load_json(path, "output", max_bytes=256 << 20, max_depth=64)
 
 

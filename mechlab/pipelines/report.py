@@ -9,11 +9,11 @@
    evaluated on the other target (cross-evaluation);
 4. the label- vs observation-based recall verdicts per offset;
 5. per target, whether the model does its prediction at all (median error below half the
-   mean predictor's: :data:`~mechlab.pipelines.report_findings.DOES_TASK_BELOW`); where it
+   mean predictor's: :data:`~mechlab.evals.does_task.DOES_TASK_BELOW`); where it
    does not, the page and the summary say so first and its circuits are not interpreted;
 
 and writes one offline ``index.html`` (every figure and number, each section with how to
-read it and what its numbers say: :mod:`mechlab.pipelines.report_page`; plotly.js once,
+read it and what its numbers say: :mod:`mechlab.viz.report_page`; plotly.js once,
 in ``plotly.min.js`` beside it) plus the JSON behind it into a folder::
 
     DIR/index.html  DIR/plotly.min.js  DIR/report.json  DIR/eval/{nih,ood}.json
@@ -37,6 +37,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from mechlab._deprecated import warn_moved
+from mechlab.evals.does_task import not_done, task_status
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, lds_config, opened_once, source_path
 from mechlab.pipelines.data import check_targets, circuit_data
@@ -51,7 +53,10 @@ from mechlab.pipelines.request import CircuitRequest, TraceCache
 from mechlab.pipelines.resume import resume_each
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.consensus import attach_seed_consensus
+from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
 from mechlab.tasks.lds import check_batch
+from mechlab.viz import figure_for_suite, recall_figure, report_page, report_text
+from mechlab.viz.explorer import circuit_explorer
 
 Log = Callable[[str], None]
 
@@ -116,8 +121,6 @@ class ReportConfig:
     @property
     def protocol(self) -> str:
         """Deprecated: the recipe (:attr:`recipe`; goes in mechlab 0.2.0)."""
-        from mechlab._deprecated import warn_moved
-
         warn_moved("ReportConfig.protocol", "ReportConfig.recipe")
         return self.recipe
 
@@ -130,8 +133,6 @@ def _init_taking_protocol(
     self: ReportConfig, *args: Any, protocol: str | None = None, **kwargs: Any
 ) -> None:
     if protocol is not None:  # the recipe's old name
-        from mechlab._deprecated import warn_moved
-
         warn_moved("ReportConfig(protocol=)", "ReportConfig(recipe=)")
         kwargs["recipe"] = protocol
     _dataclass_init(self, *args, **kwargs)
@@ -167,8 +168,6 @@ class Report:
         """The headline numbers (also ``report.json``'s ``summary``)."""
         nih = self.evals["nih"]["result"]["offsets"]
         per = self.recall["result"]["per_offset"]
-        from mechlab.pipelines.report_findings import task_status
-
         out: dict[str, Any] = {
             "task": task_status(self.evals, self.recall, list(self.circuits)),
             "nih_median": {f"{j}-after": v["median"] for j, v in nih.items()},
@@ -201,8 +200,6 @@ class Report:
     def figures(self) -> list[tuple[str, go.Figure]]:
         """``(title, figure)`` of the page's plotly figures, in order (the circuits are in
         :meth:`explorer`)."""
-        from mechlab.viz import figure_for_suite, recall_figure
-
         return [("Needle in a haystack", figure_for_suite(self.evals["nih"])),
                 ("Out-of-distribution probes", figure_for_suite(self.evals["ood"])),
                 ("Label- vs observation-based recall", recall_figure(self.recall))]  # fmt: skip
@@ -210,13 +207,9 @@ class Report:
     def explorer(self) -> Any:
         """Every circuit of the report in one :class:`~mechlab.viz.explorer.CircuitExplorer`
         (target, method and seed to choose, overlap of two, scores on hover and click)."""
-        from mechlab.viz.explorer import circuit_explorer
-
         flat = [c for found in self.circuits.values() for c in found]
         labels = [f"{c.metadata.get('target')} · {c.metadata.get('method', 'prune')} · seed "
                   f"{c.metadata.get('seed')}" for c in flat]  # fmt: skip
-        from mechlab.pipelines.report_findings import not_done, task_status
-
         absent = not_done(task_status(self.evals, self.recall, list(self.circuits)))
         title = "Circuits of the report" + (
             f" ({', '.join(absent)}: circuits of a model that does not do "
@@ -225,17 +218,13 @@ class Report:
         return circuit_explorer(flat, labels, title)
 
     def findings(self) -> dict[str, list[str]]:
-        """The page's conclusions, written from the numbers (:func:`mechlab.pipelines.report_findings.findings`)."""
-        from mechlab.pipelines.report_findings import findings
-
-        return findings(self)
+        """The page's conclusions, written from the numbers (:func:`mechlab.viz.report_text.findings`)."""
+        return report_text.findings(self)
 
     def to_html(self) -> str:
         """The page: what it finds, each section with how to read it, every figure and
         table; it loads ``plotly.min.js`` from its folder (:meth:`write` puts it there)."""
-        from mechlab.pipelines.report_page import page
-
-        return page(self)
+        return report_page.page(self)
 
     def write(self, out: str | Path, *, force: bool = False) -> Path:
         """Write ``index.html`` and the JSON behind it into ``out``; returns the page's path.
@@ -281,8 +270,6 @@ def _overlap(ckpt: Any, circuits: dict[str, list[Any]], cfg: ReportConfig, progr
     """Overlap statistics (pos edges excluded: they cannot matter) and cross-evaluation on
     the held-out traces of the first circuit, rebuilt from its own recorded settings
     (``progress``: the null models' and the cross-evaluation's bars)."""
-    from mechlab.prune.stats import cross_evaluate, graph_edges, overlap_report
-
     flat = [c for found in circuits.values() for c in found]
     first = flat[0]
     inert = set(first.metadata.get("inert_writers", []))  # their edges cannot matter
@@ -481,6 +468,13 @@ class ReportRun:
     reused: bool
     report: Report | None = None
     circuits_reused: list[str] = field(default_factory=list)
+
+    def task_warnings(self) -> list[tuple[str, str]]:
+        """``(target, line)`` for each target whose prediction the model does not do (the
+        summary's ``task``; :func:`mechlab.viz.report_text.task_warning`'s words): what
+        ``mechlab report`` prints first."""
+        return [(name, report_text.task_warning(name, status)) for name, status in self.summary.get("task", {}).items()
+                if not status["does_task"]]  # fmt: skip
 
 
 def report_checkpoint(

@@ -21,8 +21,11 @@ from typing import Any
 
 from mechlab.devices import check_device
 from mechlab.pipelines import outputs, stops
+from mechlab.sweep import SweepSpec, run_sweep
+from mechlab.sweep.executors import check_address
 from mechlab.sweep.outputs import SEARCH_COLUMNS, TRIAL_COLUMNS, csv_text, search_rows, trial_rows
-from mechlab.sweep.runner import SweepResult
+from mechlab.sweep.runner import DEFAULT_TRIAL, UNITS, SweepResult, resolve_function
+from mechlab.sweep.spec import read_settings
 
 
 def sweep_spec(config: str | Path | None = None, settings: dict[str, Any] | None = None,
@@ -35,9 +38,6 @@ def sweep_spec(config: str | Path | None = None, settings: dict[str, Any] | None
             :func:`mechlab.sweep.spec.read_settings`: tags, depth and aliases checked), or
             settings :class:`~mechlab.sweep.SweepSpec` refuses.
     """
-    from mechlab.sweep import SweepSpec
-    from mechlab.sweep.spec import read_settings
-
     values: dict[str, Any] = {} if config is None else read_settings(config)  # safe, within limits
     values.update(settings or {})
     knobs = dict(values.pop("search", None) or {})
@@ -69,6 +69,7 @@ def write_outputs(result: SweepResult, out: str | Path | outputs.OutputFolder,
         "searches_csv": out.write_text("searches.csv", csv_text(searches, SEARCH_COLUMNS)),
     }
     if figures:
+        # lazy: the figures are drawn after the sweep; mechlab.viz adds transformers and scipy (~2 s) to the spec's checks
         from mechlab.viz.sweep import kappa_figure, n_star_figure, ood_kappa_figure
 
         paths["nstar"] = out.write_figure(n_star_figure(searches), "nstar.html")
@@ -82,9 +83,6 @@ def check_run(units: str = "trial", local: bool = False, address: str | None = N
     """Raise ValueError unless the run settings of a sweep make sense (before any work): with
     ``device`` (the spec's) and no cluster ``address``, the trials run on this machine, which
     must have that device; ``trial`` (a ``module:function`` name) must import."""
-    from mechlab.sweep.executors import check_address
-    from mechlab.sweep.runner import UNITS, resolve_function
-
     if units not in UNITS:
         raise ValueError(f"unknown --units {units!r}; choose {' or '.join(UNITS)}")
     if local and address is not None:
@@ -161,9 +159,6 @@ def run_and_write(spec: Any, out: str | Path, *, local: bool = False, address: s
         Interrupted: A signal (Ctrl-C, SIGTERM) stopped it; it names the trials in
             ``trials/``, which a rerun reads back (the tables are written at the end).
     """
-    from mechlab.sweep import run_sweep
-    from mechlab.sweep.runner import DEFAULT_TRIAL
-
     units, trial = run.get("units", "trial"), run.get("trial", DEFAULT_TRIAL)
     check_run(units, local, address, device=spec.device, trial=trial)
     if run.get("trials") is not None:

@@ -33,6 +33,7 @@ from mechlab.pipelines.prune import (
 from mechlab.pipelines.request import CircuitRequest, TraceCache
 from mechlab.prune.circuit import Circuit, jaccard
 from mechlab.traces import Target
+from mechlab.viz import circuits_across_checkpoints_figure
 
 
 def thin_checkpoints(ckpts: Sequence[Checkpoint], every: int = 1) -> list[Checkpoint]:
@@ -226,8 +227,6 @@ def prune_through_training(
 
 def _figure(circuits: Sequence[Circuit], steps: Sequence[int], examples: Sequence[int], name: str) -> Any:
     """The across-checkpoints figure, its checkpoint axis labelled with steps and examples seen."""
-    from mechlab.viz import circuits_across_checkpoints_figure
-
     fig = circuits_across_checkpoints_figure(
         circuits, steps, title=f"Circuit for {name} through training ({len(circuits)} checkpoints)"
     )

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import mechlab.train
+from mechlab.pipelines.outputs import OutputFolder
+from mechlab.train import resolve_config
 from mechlab.train.trainer import TrainingStopped
 
 __all__ = ["TrainingStopped", "run_config", "train_run"]
@@ -36,9 +39,6 @@ def run_config(out: str | Path | None = None, resume: str | Path | None = None, 
         ValueError: No directory, two different ones, nothing to resume, a directory git
             tracks (without ``force``), or bad settings.
     """
-    from mechlab.pipelines.outputs import OutputFolder
-    from mechlab.train import resolve_config
-
     if resume is not None or out is not None:  # a file, an input, a tracked folder: refused now
         inputs = [settings["config_file"]] if settings.get("config_file") is not None else []
         OutputFolder(resume if resume is not None else out, "train", force=force, inputs=inputs,
@@ -67,6 +67,4 @@ def train_run(cfg: Any, out: str | Path, resume: bool = False, progress: bool = 
     Raises:
         mechlab.train.TrainingStopped: The NaN guard stopped the run.
     """
-    import mechlab.train
-
     return mechlab.train.train(cfg, out, resume=resume, progress=progress, on_start=on_start)

@@ -46,10 +46,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mechlab.checkpoint import load_checkpoint
 from mechlab.evals.translation import start_vs_continue
 from mechlab.pipelines import outputs, stops
+from mechlab.pipelines.prompts import open_model
 from mechlab.tasks.prompts import TOKENIZER_FILES, load_tokenizer
 from mechlab.tasks.translation import SYMBOLS, WordList, episodes, load_words, usable_words
+from mechlab.viz.translation import translation_figure
 
 STEP = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)
 CONFIG_IGNORED = ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash")
@@ -160,8 +163,6 @@ def _is_checkpoint_file(path: Path) -> bool:
 
 def _config(folder: Path) -> dict[str, Any]:
     if folder.is_file():  # a mechlab checkpoint: its model's config
-        from mechlab.checkpoint import load_checkpoint
-
         try:
             return dict(load_checkpoint(folder).config.to_dict())
         except (OSError, ValueError) as err:
@@ -357,8 +358,6 @@ def translation_across_training(
     prompt_sha = hashlib.sha256(json.dumps({name: [e.tokens for e in eps] for name, eps in prompts.items()})
                                 .encode()).hexdigest()  # fmt: skip
     if load_model is None:
-        from mechlab.pipelines.prompts import open_model
-
         def load_model(path: Path) -> Any:
             return open_model(path)[0]
 
@@ -394,7 +393,6 @@ def translation_across_training(
             if on_checkpoint is not None:
                 on_checkpoint(step, how)
         summary = summarize(reports, threshold)
-        from mechlab.viz.translation import translation_figure
 
         folder.write_json("across.json", summary)
         folder.write_figure(translation_figure(summary), "across.html")

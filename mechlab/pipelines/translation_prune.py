@@ -35,6 +35,8 @@ from mechlab.circuit_methods import (
 )
 from mechlab.pipelines import outputs
 from mechlab.pipelines.prompts import prune_prompts
+from mechlab.prune.circuit import Circuit
+from mechlab.prune.stats import graph_edges, overlap_report
 from mechlab.tasks.prompts import load_tokenizer, pairs_from_records
 from mechlab.tasks.translation import SYMBOLS, WordList, load_words, usable_words
 from mechlab.tasks.translation_pairs import TARGETS, pair_records
@@ -101,9 +103,6 @@ def translation_circuits(
     Raises:
         ValueError: One line, before anything is written.
     """
-    from mechlab.prune.circuit import Circuit
-    from mechlab.prune.stats import graph_edges, overlap_report
-
     model = Path(model)
     if not model.exists():
         raise ValueError(

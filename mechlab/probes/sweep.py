@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import torch
 from sklearn.base import BaseEstimator, clone, is_classifier
@@ -75,8 +76,6 @@ class ProbeSweep:
         Returns:
             A ``pandas.DataFrame``.
         """
-        import pandas as pd
-
         random = self.random_model_scores
         rows = [
             {

@@ -31,6 +31,7 @@ from torch import nn
 from mechlab.prune import masks as hc
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.config import PruneConfig, prune_config
+from mechlab.prune.engine import prune
 from mechlab.prune.graph import countable_edges, pruning_graph
 from mechlab.traces import PruneData, Target, target_positions
 
@@ -144,8 +145,6 @@ def consensus_prune(
     Returns:
         The circuit (``len(seeds) * len(budgets)`` runs; metadata ``consensus``).
     """
-    from mechlab.prune.engine import prune
-
     if not seeds:
         raise ValueError("consensus_prune needs at least one seed")
     run_args = {

@@ -62,6 +62,7 @@ from mechlab.prune.engine import prune
 from mechlab.prune.evaluate import circuit_edge_mask, evaluate_masks
 from mechlab.prune.forward import ABLATIONS
 from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
+from mechlab.schema import load_json
 from mechlab.traces import (
     PruneData,
     Target,
@@ -549,8 +550,6 @@ def write_curves(
 
 def read_curves(path: str | Path) -> list[FaithfulnessCurve]:
     """Read curves written by :func:`write_curves`."""
-    from mechlab.schema import load_json
-
     values = load_json(path, "curves file", 256 << 20, 32)  # size and depth before parsing
     if not isinstance(values, dict) or values.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} is not a mechlab faithfulness-curves file")

@@ -60,7 +60,13 @@ from mechlab.prune.graph import (
     target_windows,
     unreachable_edges,
 )
-from mechlab.prune.refine import Selection, kept_log_alpha, loss_function, select_edges
+from mechlab.prune.refine import (
+    Selection,
+    kept_log_alpha,
+    loss_function,
+    pair_disagreement,
+    select_edges,
+)
 from mechlab.prune.search import MaskResult, optimise_masks, warm_logits
 from mechlab.prune.setup import (  # re-exported: the engine's names before the split
     SearchSetup,
@@ -216,8 +222,6 @@ def run_searches(
         progress: Show progress bars.
         desc: What they say.
     """
-    from mechlab.prune.refine import pair_disagreement
-
     modes = NOISE_RUNS.get(config.noise, (config.noise,))
     n_t = len(setup.positions)
     loss_of = loss_function(model, setup.graph, setup.train, setup.positions, setup.reference,

@@ -47,6 +47,7 @@ from mechlab.prune.attribution import (
     scoring_settings,
 )
 from mechlab.prune.circuit import Circuit
+from mechlab.prune.engine import faithfulness_warning, prune
 from mechlab.prune.evaluate import evaluate_masks
 from mechlab.prune.forward import ABLATIONS, frozen_eval
 from mechlab.prune.graph import EdgeGraph, countable_edges, pruning_graph
@@ -168,7 +169,6 @@ def circuit_from_scores(
     with frozen_eval(model):
         metrics = evaluate_masks(model, graph, data.test.to(device), target, ablation, edges,
                                  mean_reference=reference, progress=progress)  # fmt: skip
-    from mechlab.prune.engine import faithfulness_warning  # the engine imports nothing of ours
 
     warning = faithfulness_warning(metrics)
     kept = edges.nonzero().flatten().tolist()
@@ -300,7 +300,6 @@ def find_circuit(
                 f"edge pruning minimises the task loss; metric {metric!r} is for attribution methods"
             )
         n_keep, n_countable = edge_budget(graph, ablation, sparsity, n_edges, scored)
-        from mechlab.prune.engine import prune  # lazily: the engine may import attribution
 
         if steps is not None:
             prune_kwargs["steps"] = steps

@@ -33,9 +33,12 @@ import torch
 from torch import Tensor, nn
 
 from mechlab.progress import tqdm
+from mechlab.prune.forward import select_traces
 from mechlab.prune.graph import EdgeGraph
 from mechlab.prune.masks import LIMIT_LEFT, LIMIT_RIGHT, deterministic_mask
 from mechlab.prune.paths import _graph_arrays, _reach, live_edges, select_on_paths
+from mechlab.prune.replay import ReplayForward
+from mechlab.prune.search import row_losses, task_loss
 
 REFINE_TRACES = 128  # traces the selection scores each candidate set on
 REFINE_EXTRA = 16  # the elimination starts from at most the quota plus this many edges
@@ -272,10 +275,6 @@ def loss_function(
     traces of its positions' terms over the target's position count; the shares add up to
     the loss), for a paired comparison of two sets over traces (:func:`paired_difference`).
     """
-    from mechlab.prune.forward import select_traces
-    from mechlab.prune.replay import ReplayForward
-    from mechlab.prune.search import row_losses, task_loss
-
     io = model.cfg.io
     n = max(0, min(len(traces) - first, n_traces))
     index = torch.arange(first, first + n, device=reference.device)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from mechlab.models.base import predict_in_chunks
 from mechlab.progress import tqdm
+from mechlab.prune.attribution import build_objective, score_edges
 from mechlab.prune.choose import check_sparsity
 from mechlab.prune.config import EXACT_WARM_MAX, PruneConfig, prune_config
 from mechlab.prune.forward import frozen_eval, make_ablation, masked_forward, select_traces
@@ -185,8 +186,6 @@ def attribution_scores(
     search's ablation and its task loss as the metric (``None``: the warm start's
     method). The model must be frozen and in eval mode. ``progress``: a bar that says
     ``<stage>: <what the method does>``."""
-    from mechlab.prune.attribution import build_objective, score_edges
-
     obj = build_objective(model, traces, target, config.ablation, "loss", graph)
     method = warm_method(config, int(obj.countable.sum())) if method is None else method
     desc = f"{stage}: {METHOD_WORDS.get(method, method)}"

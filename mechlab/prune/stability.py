@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from mechlab.prune.circuit import Circuit, jaccard
+from mechlab.prune.methods import find_circuit
 from mechlab.traces import PruneData, Target
 
 Edge = tuple[str, str]
@@ -250,8 +251,6 @@ def method_stability(
         s = method_stability(ckpt.model, data, "1-after", "eap", n_boot=5, n_edges=25)
         print(s.mean_jaccard, s.meets_bar)
     """
-    from mechlab.prune.methods import find_circuit  # the figures read stability_text alone
-
     _check_n_boot(n_boot)
     kwargs.setdefault("progress", False)
 

@@ -122,6 +122,7 @@ class RayExecutor:
     ) -> None:  # fmt: skip
         if address not in (None, "local"):
             _use_token_auth_if_available()  # read when Ray loads: before the import
+        # lazy: optional dependency (the sweep extra)
         import ray
 
         if cpus_per_trial < 0 or gpus_per_trial < 0:

@@ -19,6 +19,7 @@ from typing import Any
 from mechlab._deprecated import moved_names
 from mechlab.sweep.runner import SweepResult
 from mechlab.sweep.spec import SearchKey
+from mechlab.sweep.store import trial_key
 
 TRIAL_COLUMNS = ("key", "model", "group", "m", "L", "format", "lengths", "n_train", "lr", "seed",
                  "steps", "batch_size", "epsilon", "val_loss", "converged", "steps_run",
@@ -38,8 +39,6 @@ def _model_label(model: dict[str, Any], spec_models: dict[str, dict[str, Any]]) 
 def trial_rows(result: SweepResult) -> list[dict[str, Any]]:
     """One flat row per trial (:data:`TRIAL_COLUMNS`, and ``val_loss_by_length`` where the
     trial recorded it: ``trials.json`` keeps it, ``trials.csv`` has the flat columns only)."""
-    from mechlab.sweep.store import trial_key
-
     models = dict(result.spec.model_table())
     rows = []
     for t in result.trials:

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechlab.sweep.executors import LocalExecutor, RayExecutor, UnitFn, run_one_by_one
+from mechlab.progress import tqdm
+from mechlab.sweep.executors import (
+    LocalExecutor,
+    RayExecutor,
+    UnitFn,
+    check_address,
+    run_one_by_one,
+)
 from mechlab.sweep.kappa import Kappa, OodSummary, kappa, ood_summary
 from mechlab.sweep.search import NStarSearch, SearchResult
 from mechlab.sweep.spec import JOINT, SearchKey, SweepSpec
@@ -95,8 +102,6 @@ class _Point:
 class _Driver:
     def __init__(self, spec: SweepSpec, store: TrialStore, make_executor: Callable[[], Any],
                  units: str, progress: bool) -> None:  # fmt: skip
-        from mechlab.progress import tqdm
-
         self.spec, self.store, self.make_executor, self.units = spec, store, make_executor, units
         self.executor: Any = None
         self.searches = {key: NStarSearch(spec.search, cap=spec.cap(key)) for key in spec.search_keys()}
@@ -284,8 +289,6 @@ def run_sweep(
     else:
         unit_fn = run_one_by_one(trial_fn)
     if not local:
-        from mechlab.sweep.executors import check_address
-
         check_address(address)  # before any trial or Ray start
 
         def make_executor() -> Any:

@@ -69,6 +69,7 @@ def available_train(group: str, m: int, L: int, lengths: str, n_val: int) -> int
     Returns:
         The largest N a search at this task can use.
     """
+    # lazy: mechlab.sweep loads without torch (~90 ms); this import loads torch (~1.4 s)
     from mechlab.tasks.state_tracking import StateTrackingConfig, validation_sizes
 
     cfg = StateTrackingConfig(group=group, m=m, L=L, lengths=lengths, n_val=n_val)
@@ -79,6 +80,7 @@ def available_train(group: str, m: int, L: int, lengths: str, n_val: int) -> int
 def validation_count(group: str, m: int, L: int, lengths: str, n_val: int) -> int:
     """Validation sequences a task has (``n_val`` split over the lengths, each at most 20%
     of that length's sequences)."""
+    # lazy: mechlab.sweep loads without torch (~90 ms); this import loads torch (~1.4 s)
     from mechlab.tasks.state_tracking import StateTrackingConfig, validation_sizes
 
     return sum(validation_sizes(StateTrackingConfig(group=group, m=m, L=L, lengths=lengths, n_val=n_val)).values())
@@ -104,6 +106,7 @@ class SearchKey:
 
 def _model_entry(entry: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(label, model dict) for a model name or a dict (``name`` + fields)."""
+    # lazy: mechlab.sweep loads without torch (~90 ms); the model registry loads torch and transformers (~3 s)
     from mechlab.models import FAMILIES, presets
 
     if isinstance(entry, str):
@@ -118,6 +121,7 @@ def _model_entry(entry: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"a model is a name or a dict of fields, got {entry!r}")
     fields_ = dict(entry)
     name = fields_.pop("name", None)
+    # lazy: mechlab.sweep loads without torch (~90 ms); the model registry loads torch and transformers (~3 s)
     from mechlab.models import make_config
 
     make_config({k: v for k, v in fields_.items()})  # unknown arch/preset/field -> ValueError
@@ -204,6 +208,7 @@ class SweepSpec:
         for L in self.Ls:
             if int(L) != L or L < 2:
                 raise ValueError(f"L must be an integer >= 2, got {L}")
+        # lazy: mechlab.sweep loads without torch (~90 ms); this import loads torch (~1.4 s)
         from mechlab.devices import parse_device
         from mechlab.tasks.state_tracking import check_length, check_model_vocabulary
 
@@ -237,6 +242,7 @@ class SweepSpec:
                     f"N_min {self.search.n_min} is larger than the {cap} unique training samples "
                     f"that exist for {key.label}"
                 )
+        # lazy: mechlab.sweep loads without torch (~90 ms); these load torch and transformers (~3 s)
         from mechlab.models.registry import check_size, make_config
         from mechlab.tasks import state_tracking as st
 

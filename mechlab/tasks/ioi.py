@@ -123,6 +123,7 @@ def ioi_records(
             raise ValueError(f"{label} must not be empty")
     _check_templates(templates)
     if isinstance(tokenizer, (str, Path)):
+        # lazy: the IOI pairs' checks run without torch (~15 ms); mechlab.tasks.prompts loads torch (~1.1 s)
         from mechlab.tasks.prompts import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)

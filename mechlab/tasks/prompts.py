@@ -61,6 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechlab.io import atomic_write_text
 from mechlab.limits import MAX_PAIR_FILE_BYTES, MAX_PROMPT_PAIRS, check_elements
 from mechlab.schema import MAX_DEPTH, json_depth
 from mechlab.traces import PruneData, Traces
@@ -94,6 +95,7 @@ def load_tokenizer(folder: str | Path) -> Any:
                 f"{str(item)!r} is not a regular file (a folder, or a link to a device or to nothing); "
                 "replace it with the file itself"
             )
+    # lazy: transformers adds ~0.4 s to this module's import; paid only when a tokenizer is loaded
     from transformers import AutoTokenizer
 
     try:
@@ -558,6 +560,4 @@ def load_pairs(
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     """Write records as JSONL, atomically (the file appears whole or not at all)."""
-    from mechlab.io import atomic_write_text
-
     atomic_write_text(Path(path), "".join(json.dumps(r) + "\n" for r in records))

@@ -25,6 +25,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from mechlab.tasks.registry import get_task
 from mechlab.tasks.translation import SYMBOLS, Episode, WordList, encode, episodes
 
 TARGETS = ("start", "continue")
@@ -119,14 +120,13 @@ def task_prune_data(cfg: Any, target: str, *, n_train: int, n_test: int, corrupt
     Raises:
         ValueError: A target or corruption the task does not take (one line).
     """
-    from mechlab.tasks.registry import get_task
-
     if target not in TARGETS:
         raise ValueError(get_task("bilingual").target_refusal.format(target=target))
     if corruption != CORRUPTION:
         raise ValueError(
             f"unknown corruption {corruption!r} for the bilingual task; it takes {CORRUPTION!r}"
         )
+    # lazy: this module loads without torch (~15 ms); the bilingual task and mechlab.tasks.prompts load torch (~1 s)
     from mechlab.tasks import bilingual
     from mechlab.tasks.prompts import pairs_from_records
 

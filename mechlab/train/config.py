@@ -15,6 +15,7 @@ from pydantic import StrictFloat, StrictInt, StrictStr
 from mechlab.limits import check_elements
 from mechlab.schema import load_yaml, parse_yaml, validate
 from mechlab.tasks.registry import get_task, task_names
+from mechlab.train.bundled import BUNDLED_PRESETS
 
 TASKS = task_names()  # the built-in tasks; a task registered later is checked through get_task
 LR_SCHEDULES = ("constant", "cosine")
@@ -326,6 +327,4 @@ def resolve_config(
 
 def available_presets() -> dict[str, dict[str, Any]]:
     """The study presets plus the bundled CPU-sized ones."""
-    from mechlab.train.bundled import BUNDLED_PRESETS
-
     return {**PRESETS, **BUNDLED_PRESETS}

@@ -90,6 +90,7 @@ def exclusive_run_dir(out_dir: Path):
     ``fcntl`` nothing is locked.
     """
     try:
+        # lazy: POSIX only; the ImportError below is the other systems' path
         import fcntl
     except ImportError:  # not POSIX
         yield

@@ -13,8 +13,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from mechlab.evals.induction import head_scores
+from mechlab.evals.suites import nih_errors
+from mechlab.evals.translation import start_vs_continue
 from mechlab.models.base import predict_in_chunks
 from mechlab.tasks import bilingual, induction
+from mechlab.tasks.induction import Sequences
 from mechlab.tasks.lds import OBS, OPEN, LDSConfig, make_libraries, sample_batch
 from mechlab.tasks.registry import attach_trainer, get_task, task_names
 from mechlab.tasks.state_tracking import (
@@ -25,6 +29,7 @@ from mechlab.tasks.state_tracking import (
     set_accuracy,
     set_loss,
 )
+from mechlab.tasks.translation import episodes
 
 
 class Task(Protocol):
@@ -173,8 +178,6 @@ class LDSTask:
         return masked_mse(pred, targets, mask, reduction, n_scored)
 
     def evaluate(self, model: torch.nn.Module, cfg: Any, generator: torch.Generator) -> dict[str, float]:
-        from mechlab.evals.suites import nih_errors
-
         errs = nih_errors(
             model, self.cfg, self.test_lib, n_traces=cfg.eval_traces, n_haystack=cfg.eval_haystack,
             seg_len=cfg.eval_seg_len, generator=generator,
@@ -261,9 +264,6 @@ class InductionTask(TokenTask):
             "val_accuracy": float((logits.argmax(-1) == targets)[mask].float().mean()),
         }
         if getattr(model.cfg, "arch", None) == "transformer" and model.cfg.n_layers >= 2:
-            from mechlab.evals.induction import head_scores
-            from mechlab.tasks.induction import Sequences
-
             few = Sequences(self.val.tokens[: int(cfg.eval_traces)], self.val.first_len[: int(cfg.eval_traces)])
             scores = head_scores(model, self.cfg, sequences=few)
             out["previous_token_score"] = scores.top("previous_token", 0)[1]
@@ -294,9 +294,6 @@ class BilingualTask(TokenTask):
         """Loss and next-token accuracy on the fixed validation set; start and continue
         accuracy (:func:`mechlab.evals.translation.start_vs_continue`) on
         ``cfg.eval_traces`` translation prompts per label kind."""
-        from mechlab.evals.translation import start_vs_continue
-        from mechlab.tasks.translation import episodes
-
         device = next(model.parameters()).device
         val = self.val.to(device)
         logits = predict_in_chunks(model, val[:, :-1])

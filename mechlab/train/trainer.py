@@ -45,7 +45,7 @@ from mechlab.models import build_model
 from mechlab.models.base import MechModel
 from mechlab.models.registry import MAX_ELEMENTS_ENV, max_elements
 from mechlab.progress import tqdm
-from mechlab.train.config import TrainConfig
+from mechlab.train.config import TrainConfig, target_offsets
 from mechlab.train.prefetch import Prefetcher
 from mechlab.train.run_files import MetricsFile, exclusive_run_dir, read_metrics_lines
 from mechlab.train.seeding import batch_generator
@@ -112,7 +112,6 @@ def _loss_options(cfg: TrainConfig) -> dict[str, Any]:
     """The task's loss options of a run (target weights, for the lds task)."""
     if not cfg.target_weights:
         return {}
-    from mechlab.train.config import target_offsets
 
     return {"target_weights": target_offsets(cfg.target_weights), "target_weight_norm": cfg.target_weight_norm}
 

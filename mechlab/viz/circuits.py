@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from mechlab.models.names import hook_name
 from mechlab.prune.circuit import Circuit, jaccard
@@ -496,8 +497,6 @@ def circuits_across_checkpoints_figure(
     Raises:
         ValueError: No circuits, steps of the wrong length, or circuits of different graphs.
     """
-    from plotly.subplots import make_subplots
-
     if not circuits:
         raise ValueError("give at least one circuit")
     if steps is None:

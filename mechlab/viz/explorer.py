@@ -220,6 +220,7 @@ class CircuitExplorer:
 
     def show(self) -> None:
         """Display in Jupyter (IPython's ``display``)."""
+        # lazy: optional: IPython exists only inside Jupyter (the notebooks extra)
         from IPython.display import HTML, display
 
         display(HTML(self._repr_html_()))

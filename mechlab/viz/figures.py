@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import html
+import importlib.util
+import math
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
 
 from mechlab.io import atomic_write_text
 
@@ -38,8 +45,6 @@ def _check_mode(plotlyjs: str) -> None:
 def plotly_script(plotlyjs: str = "inline") -> str:
     """The ``<script>`` that loads plotly.js: inlined (``"inline"``, 4.8 MB) or the
     ``plotly.min.js`` beside the page (``"directory"``; offline too)."""
-    from plotly.offline import get_plotlyjs
-
     _check_mode(plotlyjs)
     if plotlyjs == "directory":
         return f"<script charset='utf-8' src='{PLOTLYJS}'></script>"
@@ -59,8 +64,6 @@ def write_plotlyjs(folder: str | Path, writer: Any = None) -> Path:
     Returns:
         The file's path.
     """
-    from plotly.offline import get_plotlyjs
-
     path = Path(folder) / PLOTLYJS
     text = get_plotlyjs()
     if path.is_file() and path.stat().st_size == len(text.encode()) and path.read_text() == text:
@@ -101,8 +104,6 @@ def _tick_text(v: float) -> str:
 def _axis_values(fig: go.Figure, ref: str) -> list[float]:
     """The positive numbers drawn on the axis ``ref`` (``"x"``, ``"y2"``): trace values,
     their error bars, and lines (``add_hline``) in its data coordinates."""
-    import math
-
     letter = ref[0]
     values: list[float] = []
 
@@ -136,9 +137,6 @@ def readable_log_axes(fig: go.Figure) -> go.Figure:
     ``1e-5``), instead of plotly's default of a label at every digit 2..9 of each decade,
     which overlap. Axes with ticks set already are left alone. Returns ``fig``.
     """
-    import math
-    import re
-
     for name in [k for k in fig.layout.to_plotly_json() if re.fullmatch(r"[xy]axis\d*", k)]:
         axis = fig.layout[name]
         if axis.type != "log" or axis.tickvals is not None or axis.dtick is not None:
@@ -178,8 +176,6 @@ def colour_range(z: Any, title: str, low: float = 0.0, high: float = 1.0) -> tup
     Returns:
         ``(zmin, zmax, title)``.
     """
-    import math
-
     def flat(items: Any) -> list[float]:
         if isinstance(items, list | tuple):
             return [v for item in items for v in flat(item)]
@@ -236,11 +232,6 @@ def notebook_renderers(static: bool = True) -> str:
     Returns:
         The plotly renderer string now in ``plotly.io.renderers.default``.
     """
-    import importlib.util
-    import warnings
-
-    import plotly.io as pio
-
     names = ["plotly_mimetype", "notebook"]
     if static:
         if importlib.util.find_spec("kaleido") is None:
@@ -269,8 +260,6 @@ def page_html(
     Returns:
         The page (works offline: nothing is fetched).
     """
-    import html
-
     parts = [f"<h1>{html.escape(title)}</h1>"]
     for heading, body in sections:
         if heading:

@@ -274,7 +274,7 @@ def test_cross_evaluation_rebuilds_the_circuits_own_traces(tiny_lds_checkpoint, 
     """The report's cross-evaluation runs on the held-out traces the circuit records
     (haystack, segment length, corruption), as `mechlab overlap --ckpt` does, not on the
     run's defaults (which main at 4d72a04 used)."""
-    import mechlab.prune.stats as stats
+    import mechlab.pipelines.report as report_module
     from mechlab.pipelines import open_checkpoint, prune_checkpoint
     from mechlab.pipelines.report import _overlap
 
@@ -290,7 +290,7 @@ def test_cross_evaluation_rebuilds_the_circuits_own_traces(tiny_lds_checkpoint, 
     circuits = {t: [prune_checkpoint(ckpt, t, 0.9, seed=0, **kw)] for t in ("1-after", "2-after")}
     seen = []
     monkeypatch.setattr(
-        stats, "cross_evaluate", lambda model, data, flat, **kw: seen.append(data.info) or []
+        report_module, "cross_evaluate", lambda model, data, flat, **kw: seen.append(data.info) or []
     )
     _overlap(ckpt, circuits, ReportConfig(**SMALL))
     info = seen[0]

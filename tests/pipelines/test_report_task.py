@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mechlab.cli.evaluate import report as report_command
+from mechlab.evals.does_task import DOES_TASK_BELOW, task_status
 from mechlab.pipelines import ReportConfig, make_report
-from mechlab.pipelines.report_findings import DOES_TASK_BELOW, task_status
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/conftest.py
@@ -55,11 +55,10 @@ def test_an_undertrained_checkpoint_is_said_to_not_do_the_task_first(early):
 def test_the_printed_summary_warns_per_target_before_anything_else(
     early, monkeypatch, capsys, tmp_path
 ):
-    from types import SimpleNamespace
-
     import mechlab.pipelines as pipelines
+    from mechlab.pipelines.report import ReportRun
 
-    run = SimpleNamespace(summary=early.summary(), reused=False, page=tmp_path / "index.html")
+    run = ReportRun(tmp_path / "index.html", early.summary(), reused=False)
     monkeypatch.setattr(pipelines, "report_checkpoint", lambda *a, **k: run)
     report_command(ctx=None, ckpt=RUN / "last.pt", out=tmp_path / "r", target=["1-after", "2-after"], seed=[0],
                    eval_traces=8, prune_traces=8, recall_traces=8, components=False, recipe="default",

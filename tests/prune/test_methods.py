@@ -148,7 +148,7 @@ def test_bad_input_is_refused_in_one_line_before_any_work(kwargs, message, monke
         raise AssertionError("work was done before the input was checked")
 
     monkeypatch.setattr("mechlab.prune.methods.build_objective", no_work)
-    monkeypatch.setattr("mechlab.prune.engine.prune", no_work)
+    monkeypatch.setattr("mechlab.prune.methods.prune", no_work)
     with pytest.raises(ValueError, match=message) as err:
         find_circuit(model, data, "all", method, **kw)
     assert "\n" not in str(err.value)

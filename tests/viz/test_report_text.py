@@ -1,4 +1,4 @@
-"""mechlab.pipelines.report_findings: the report's conclusions are written from its numbers:
+"""mechlab.viz.report_text: the report's conclusions are written from its numbers:
 each case of each sentence, on numbers made for it (the bundled checkpoint's among them)."""
 
 from __future__ import annotations
@@ -6,15 +6,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from mechlab.pipelines.report import ReportConfig
-from mechlab.pipelines.report_findings import (
+from mechlab.prune import Circuit
+from mechlab.viz.report_page import _interval
+from mechlab.viz.report_text import (
     caveats,
     cross_findings,
     head_findings,
     null_sentence,
     recall_findings,
 )
-from mechlab.pipelines.report_page import _interval
-from mechlab.prune import Circuit
 
 RULE = {"min_effect": 0.05, "label_at": 2 / 3, "observation_at": 1 / 3}
 
@@ -116,7 +116,7 @@ def test_every_link_of_the_page_finds_its_section_of_concepts_md():
     import re
     from pathlib import Path
 
-    from mechlab.pipelines.report_findings import CONCEPTS, concepts_link
+    from mechlab.viz.report_text import CONCEPTS, concepts_link
 
     page = Path(__file__).resolve().parents[2] / "docs" / "concepts.md"
     anchors = set()
