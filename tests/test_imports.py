@@ -12,14 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Refactored separately (their function-local imports are counted once that work is merged).
-ELSEWHERE = {
-    "mechlab/pipelines/prune.py": "refactored separately",
-    "mechlab/pipelines/data.py": "refactored separately",
-    "mechlab/pipelines/joint.py": "refactored separately",
-    "mechlab/prune/config.py": "refactored separately",
-    "mechlab/cli/circuits.py": "refactored separately",
-}
+ELSEWHERE: dict[str, str] = {}
 HELP_LIMIT_S = 1.0
 
 

@@ -27,6 +27,7 @@ from mechlab.cli.app import (
     warn,
 )
 from mechlab.cli.evaluate import NIH_HELP
+from mechlab.pipelines import preflight
 
 if TYPE_CHECKING:  # the pipelines load after the options are checked
     from mechlab.pipelines.request import CircuitRequest
@@ -88,7 +89,6 @@ def prune(
     """Find circuits by edge pruning (or --method eap, eap-ig, ...) on needle-in-a-haystack traces (state tracking: traces that
     change one element; induction: repeated random tokens; --model/--pairs: your prompt pairs):
     JSON + offline HTML per circuit."""
-    from mechlab.pipelines import preflight
 
     given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) != "DEFAULT"}
     _check_run_options(checkpoints, every, given, ckpt=ckpt, model=model)
@@ -122,6 +122,7 @@ def prune(
     _check_prune_first(ckpt=ckpt, model=model, checkpoints=checkpoints, pairs=pairs, target=target, out=out,
                        force=force)  # fmt: skip
     say_loading(progress)  # only now torch, the pipelines and the model load
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
     from mechlab.pipelines.request import CircuitRequest
 
@@ -159,6 +160,7 @@ def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], 
                 request: CircuitRequest, *, share: list[str], threads: int | None, every: int | None, force: bool,
                 nearby_budgets: bool, device: str) -> None:  # fmt: skip
     """``mechlab prune`` of a checkpoint (``--share``: jointly) or of every checkpoint of a run."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import joint_prune_targets, prune_targets
 
     if checkpoints is not None:
@@ -181,6 +183,7 @@ def _prune_ckpt(ckpt: Path | None, checkpoints: Path | None, target: list[str], 
     result = prune_targets(ckpt, target, seed, out, on_circuit=_print_circuit, force=force,
                            nearby_budgets=nearby_budgets, request=request, device=device)  # fmt: skip
     _print_resumed(result.reused, result.replaced, result.updated)
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines.circuits import pair_line
 
     for a, b, o in result.overlaps:  # the first seeds' circuits; the means over seeds below
@@ -196,7 +199,6 @@ def _check_prune_first(*, ckpt: Path | None, model: Path | None, checkpoints: Pa
     (:mod:`mechlab.pipelines.preflight`): the checkpoint, model folder, run directory or
     pair file missing, a target no task (or not the checkpoint's task, read from its file)
     takes, an output folder that cannot be one. A bad invocation answers at once."""
-    from mechlab.pipelines import preflight
 
     if pairs is not None:
         if ckpt is not None:
@@ -235,6 +237,7 @@ def _check_run_options(checkpoints: Path | None, every: int | None, given: set[s
 
 def _prune_run(run_dir: Path, targets: list[str], seeds: list[int], out: Path | None, **settings) -> None:
     """``mechlab prune --checkpoints RUN_DIR``: every checkpoint's circuits, then their table per target."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import prune_through_training
 
     def show(ckpt, where: Path) -> None:
@@ -284,6 +287,7 @@ def _prune_only(method: str, **settings) -> dict:
 def _prune_pairs(ctx: typer.Context, source: Path, pairs: Path, seeds: list[int], out: Path | None, *,
                  threads: int | None, **settings) -> None:  # fmt: skip
     """``mechlab prune --model/--ckpt ... --pairs``: the prompt pipeline, one circuit per seed."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import prune_prompts
 
     use_threads(threads)
@@ -399,6 +403,7 @@ def pairs_ioi(
 ) -> None:
     """Write IOI-style prompt pairs (Wang et al. 2023; the ABC corruption) for a tokenizer,
     for mechlab prune --model FOLDER --pairs FILE."""
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import write_ioi_pairs
 
     path, found = write_ioi_pairs(tokenizer, out, n=n, seed=seed, force=force)
@@ -417,13 +422,13 @@ def view(
     whatever the order of the files); one target's circuits of two or more methods open comparing the methods;
     otherwise the first two files (seed with seed).
     The page's menus change either circuit."""
-    from mechlab.pipelines import preflight
 
     if label and len(label) != len(circuits):
         raise UsageProblem(f"give one --label per circuit: {len(label)} labels for {len(circuits)} circuits")
     preflight.check_output_file(out, force=force, inputs=circuits, suffixes=(".html", ".htm"))
     for path in circuits:
         preflight.check_input_file(path, "circuit")
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import view_circuits
 
     typer.echo(f"wrote {view_circuits(circuits, out, label, force=force)}")
@@ -447,7 +452,6 @@ def overlap_(
     """Overlap of circuits: pairwise edge Jaccard table, each target's seed-baseline Jaccard and each
     pair's cross-target Jaccard (the mean over every pair of seeds; a bootstrap interval over seeds
     from 3 circuits per target), uniform and degree-preserving null models, cross-evaluation with --ckpt."""
-    from mechlab.pipelines import preflight
 
     if len(circuits) < 2:
         raise UsageProblem("give at least two circuit files")
@@ -459,6 +463,7 @@ def overlap_(
     for path in circuits:
         preflight.check_input_file(path, "circuit")
     say_loading(progress, "torch and the circuits")
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import overlap_circuits
     from mechlab.pipelines.circuits import overlap_lines
 
@@ -517,13 +522,13 @@ def curve(
     protocol: str | None = DEPRECATED_PROTOCOL,
 ) -> None:
     """Faithfulness and complement faithfulness across edge budgets (MIB's CPR, CMD): JSON + HTML per target."""
-    from mechlab.pipelines import preflight
 
     nih = renamed_option(protocol, nih, "--protocol", "--nih")
     preflight.check_nih(nih)
     preflight.check_checkpoint(ckpt, task="lds", targets=target)
     preflight.check_folder(out, "curve", source=ckpt, what="curves", force=force)
     say_loading(progress)
+    # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
     from mechlab.pipelines import curve_checkpoint
 
     try:

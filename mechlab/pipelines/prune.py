@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechlab._deprecated import warn_moved
 from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, opened_once, source_path
@@ -47,8 +48,6 @@ def _recipe(recipe: str, kwargs: dict[str, Any], where: str) -> str:
     """The recipe, or the value of its deprecated keyword ``protocol`` (popped from ``kwargs``)."""
     if "protocol" not in kwargs:
         return recipe
-    from mechlab._deprecated import warn_moved
-
     warn_moved(f"{where}(protocol=)", "recipe=", stacklevel=4)
     return kwargs.pop("protocol")
 
