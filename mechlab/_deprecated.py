@@ -90,6 +90,13 @@ MOVED: dict[str, str] = {
     },
     "mechlab.pipelines.report_page:page": "mechlab.viz.report_page:page",
     "mechlab.pipelines.report_page:STYLE": "mechlab.viz.report_page:STYLE",
+    # names that say one thing: a pruning recipe is not a NiH construction (NIH_PROTOCOLS)
+    "mechlab.prune.config:PROTOCOLS": "mechlab.prune.config:RECIPES",
+    "mechlab.prune:PROTOCOLS": "mechlab.prune.config:RECIPES",
+    "mechlab.pipelines:PRUNE_PROTOCOLS": "mechlab.pipelines.request:PRUNE_RECIPES",
+    "mechlab.pipelines:prune_protocol": "mechlab.pipelines.request:prune_recipe",
+    "mechlab.pipelines.prune:PRUNE_PROTOCOLS": "mechlab.pipelines.request:PRUNE_RECIPES",
+    "mechlab.pipelines.prune:prune_protocol": "mechlab.pipelines.request:prune_recipe",
     # names that say one thing: the patching kinds are not the circuit methods
     "mechlab.patching.result:METHODS": "mechlab.patching.result:PATCH_KINDS",
     # attribution patching (patching) is not edge attribution (mechlab.prune.attribution)

@@ -123,7 +123,7 @@ def prune(
                        force=force)  # fmt: skip
     say_loading(progress)  # only now torch, the pipelines and the model load
     # lazy: mechlab --help and the CLI's checks run without torch; this import loads torch
-    from mechlab.pipelines import PRUNE_PROTOCOLS, check_method
+    from mechlab.pipelines import PRUNE_RECIPES, check_method
     from mechlab.pipelines.request import CircuitRequest
 
     chosen = _method_options(method, given, loss=loss, edges=edges, ig_steps=ig_steps,
@@ -137,8 +137,8 @@ def prune(
                                    normalize_loss=normalize_loss, node_sparsity=node_sparsity))  # fmt: skip
         return
 
-    if recipe not in PRUNE_PROTOCOLS:
-        raise UsageProblem(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+    if recipe not in PRUNE_RECIPES:
+        raise UsageProblem(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_RECIPES)}")
     options = {"sparsity": sparsity, "loss": loss, "node_sparsity": node_sparsity, "steps": steps,
                "normalize_loss": normalize_loss, "n_train": traces, "n_test": test_traces, "n_haystack": haystack,
                "seg_len": seg_len, "corruption": corruption, "ablation": ablation, "lr": lr, "lambda_lr": lambda_lr,

@@ -29,6 +29,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from mechlab._deprecated import moved_names
+
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on first use
     from mechlab.pipelines.checkpoints import Source, describe, open_checkpoint
     from mechlab.pipelines.circuits import load_circuits, overlap_circuits, view_circuits
@@ -39,9 +41,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name loads on
     from mechlab.pipelines.methods import METHODS, check_method
     from mechlab.pipelines.prompts import prune_prompts, write_ioi_pairs
     from mechlab.pipelines.prune import (
-        PRUNE_PROTOCOLS,
+        PRUNE_RECIPES,
         prune_checkpoint,
-        prune_protocol,
+        prune_recipe,
         prune_targets,
     )
     from mechlab.pipelines.recall import recall_and_write, recall_checkpoint, recall_dynamics
@@ -77,8 +79,8 @@ _LAZY = {
     "open_checkpoint": "mechlab.pipelines.checkpoints",
     "overlap_circuits": "mechlab.pipelines.circuits",
     "prune_checkpoint": "mechlab.pipelines.prune",
-    "prune_protocol": "mechlab.pipelines.prune",
-    "PRUNE_PROTOCOLS": "mechlab.pipelines.prune",
+    "prune_recipe": "mechlab.pipelines.prune",
+    "PRUNE_RECIPES": "mechlab.pipelines.prune",
     "prune_targets": "mechlab.pipelines.prune",
     "prune_prompts": "mechlab.pipelines.prompts",
     "prune_through_training": "mechlab.pipelines.through_training",
@@ -103,10 +105,13 @@ _LAZY = {
 }
 
 
+_moved = moved_names(__name__)
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'mechlab.pipelines' has no attribute {name!r}")
+    return _moved(name)  # PRUNE_PROTOCOLS, prune_protocol: renamed PRUNE_RECIPES, prune_recipe
 
 
 def __dir__() -> list[str]:
@@ -116,7 +121,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Interrupted",
     "METHODS",
-    "PRUNE_PROTOCOLS",
+    "PRUNE_RECIPES",
     "Report",
     "ReportConfig",
     "ReportRun",
@@ -138,7 +143,7 @@ __all__ = [
     "overlap_circuits",
     "prune_checkpoint",
     "prune_prompts",
-    "prune_protocol",
+    "prune_recipe",
     "prune_targets",
     "prune_through_training",
     "recall_and_write",

@@ -32,7 +32,7 @@ from mechlab.pipelines.prune import (
     FAITHFULNESS_WARNING,
     _recipe,
     _run_defaults,
-    prune_protocol,
+    prune_recipe,
 )
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.config import JOINT_CONFIG, resolved_settings
@@ -112,7 +112,7 @@ def joint_prune_checkpoint(
         ValueError: As :func:`prune_checkpoint`, fewer than two targets, a bad share.
     """
     recipe = _recipe(recipe, prune_kwargs, "joint_prune_checkpoint")
-    settings = prune_protocol(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
+    settings = prune_recipe(recipe, sparsity=sparsity, loss_scale=loss_scale, **prune_kwargs)
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
     if settings.pop("node_sparsity", None) is not None:
         raise ValueError(

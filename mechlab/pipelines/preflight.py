@@ -51,7 +51,7 @@ TASK_TARGETS: Mapping[str, tuple[str, ...]] = _TaskTargets()
 ``k-after``: ``1-after``, ``2-after``, ...)."""
 
 RECIPES = ("default", "uniform", "fast", "thorough", "study")
-"""The pruning recipes (:data:`mechlab.pipelines.prune.PRUNE_PROTOCOLS`)."""
+"""The pruning recipes (:data:`mechlab.pipelines.prune.PRUNE_RECIPES`)."""
 
 NIH_CONSTRUCTIONS = ("uniform", "study")
 """The NiH constructions (:data:`mechlab.tasks.lds_evals.NIH_PROTOCOLS`)."""

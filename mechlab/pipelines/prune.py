@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechlab._deprecated import warn_moved
+from mechlab._deprecated import moved_names, warn_moved
 from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning, method_tag
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import Source, open_checkpoint, opened_once, source_path
 from mechlab.pipelines.methods import check_budget, check_finite, run_method
 from mechlab.pipelines.request import (  # noqa: F401 -- the recipes and their checks are also read from here
     NIH_OF_RECIPE,
-    PRUNE_PROTOCOLS,
+    PRUNE_RECIPES,
     CircuitRequest,
     TraceCache,
     check_stability,
-    prune_protocol,
+    prune_recipe,
 )
 from mechlab.pipelines.resume import keeper, resume_each
 from mechlab.prune.circuit import Circuit, Overlap, Stability, overlap, seed_stability
@@ -130,7 +130,7 @@ def prune_checkpoint(
         data_seed: Seed of the traces; default the pruning ``seed``, so that a seed
             baseline varies the data as well as the optimiser.
         device: Where to run (default: CPU).
-        recipe: ``"default"``, ``"uniform"`` or ``"study"`` (:data:`PRUNE_PROTOCOLS`):
+        recipe: ``"default"``, ``"uniform"`` or ``"study"`` (:data:`PRUNE_RECIPES`):
             the NiH construction and the pruning settings that ``sparsity`` and
             ``prune_kwargs`` do not set (``None`` values count as not set).
         loss_scale: Multiplies the task loss (default the recipe's: 1, study 1000).
@@ -340,7 +340,7 @@ def prune_targets(
         targets: The targets.
         seeds: Pruning and data seeds (seed ``k`` draws its own traces).
         out: Folder of the circuits (default: ``mechlab-out/<run>/circuits``).
-        recipe: The pruning recipe (:data:`PRUNE_PROTOCOLS`).
+        recipe: The pruning recipe (:data:`PRUNE_RECIPES`).
         on_circuit: Called with ``(stem, circuit, out)`` after each circuit is written (or
             read back).
         force: Recompute and replace circuit files of other settings (without it they are
@@ -525,3 +525,5 @@ def plan_targets(
         {f"{stem}.json": rec for stem, (_, _, rec) in planned.items() if rec is not None}
     )
     return planned, status
+
+__getattr__ = moved_names(__name__)  # PRUNE_PROTOCOLS, prune_protocol: renamed PRUNE_RECIPES, prune_recipe

@@ -44,7 +44,7 @@ from mechlab.pipelines.checkpoints import Source, lds_config, opened_once, sourc
 from mechlab.pipelines.data import check_targets, circuit_data
 from mechlab.pipelines.evaluate import run_suite
 from mechlab.pipelines.prune import (
-    PRUNE_PROTOCOLS,
+    PRUNE_RECIPES,
     _with_consensus,
     prune_request,
 )
@@ -75,7 +75,7 @@ class ReportConfig:
         prune_traces: Training traces of each pruning run (held-out: twice as many).
         recall_traces: NiH traces of the recall verdicts.
         components: Also patch each head / layer in the recall analysis (the head heatmap).
-        recipe: Pruning recipe (:data:`mechlab.pipelines.PRUNE_PROTOCOLS`); its NiH
+        recipe: Pruning recipe (:data:`mechlab.pipelines.PRUNE_RECIPES`); its NiH
             construction is used everywhere.
         steps: Optimiser steps of each pruning run (None: the recipe's, 50 for
             ``default``, as ``mechlab prune``).
@@ -108,15 +108,15 @@ class ReportConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
-        if self.recipe not in PRUNE_PROTOCOLS:
+        if self.recipe not in PRUNE_RECIPES:
             raise ValueError(
-                f"unknown recipe {self.recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}"
+                f"unknown recipe {self.recipe!r}; choose one of {list(PRUNE_RECIPES)}"
             )
 
     @property
     def nih(self) -> str:
         """The NiH construction of the recipe (``"study"`` or ``"uniform"``)."""
-        return PRUNE_PROTOCOLS[self.recipe]["nih"]
+        return PRUNE_RECIPES[self.recipe]["nih"]
 
     @property
     def protocol(self) -> str:

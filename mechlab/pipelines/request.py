@@ -25,7 +25,7 @@ from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning
 from mechlab.pipelines.data import checkpoint_task, task_data, task_haystack
 from mechlab.pipelines.methods import check_method
 from mechlab.pipelines.records import with_defaults
-from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS
+from mechlab.prune.config import RECIPES, RUN_ARGUMENTS
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.tasks.registry import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, target_name
@@ -37,13 +37,13 @@ NIH_OF_RECIPE = {
     "thorough": "study",
     "study": "study",
 }
-PRUNE_PROTOCOLS: dict[str, dict[str, Any]] = {
+PRUNE_RECIPES: dict[str, dict[str, Any]] = {
     name: {"nih": NIH_OF_RECIPE[name], "sparsity": cfg.sparsity, **cfg.overrides()}
-    for name, cfg in PROTOCOLS.items()
+    for name, cfg in RECIPES.items()
 }
 """The pruning recipes (``--recipe``): each one's NiH construction (``nih``, the data
 side) and its search settings (the :class:`~mechlab.prune.config.PruneConfig` instances
-of :data:`mechlab.prune.config.PROTOCOLS`, as the fields that differ from the defaults).
+of :data:`mechlab.prune.config.RECIPES`, as the fields that differ from the defaults).
 ``default``: mechlab's default search at 95% edge sparsity on the study's NiH (oldest
 system queried, misdirection to the next); ``uniform``: the same on uniformly drawn NiH
 traces; ``fast``: the default search without its second ranking (no exact scores) and
@@ -58,20 +58,20 @@ METHOD_KEYS = ("method", "n_edges", "ig_steps", "acdc_max_edges")
 """The settings that choose the method and its budget (not edge pruning's)."""
 
 
-def prune_protocol(recipe: str, **given: Any) -> dict[str, Any]:
+def prune_recipe(recipe: str, **given: Any) -> dict[str, Any]:
     """The settings a recipe prunes with, explicit settings on top.
 
     Args:
-        recipe: A key of :data:`PRUNE_PROTOCOLS`.
+        recipe: A key of :data:`PRUNE_RECIPES`.
         **given: Settings asked for explicitly (``sparsity`` or any :func:`prune` keyword);
             ``None`` means "not given".
 
     Returns:
         ``nih`` (the NiH construction), ``sparsity`` and the :func:`prune` keywords to use.
     """
-    if recipe not in PRUNE_PROTOCOLS:
-        raise ValueError(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
-    return {**PRUNE_PROTOCOLS[recipe], **{k: v for k, v in given.items() if v is not None}}
+    if recipe not in PRUNE_RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_RECIPES)}")
+    return {**PRUNE_RECIPES[recipe], **{k: v for k, v in given.items() if v is not None}}
 
 
 def check_stability(stability: Any) -> None:
@@ -104,7 +104,7 @@ class CircuitRequest:
     fields are what the circuit is found with.
 
     Args:
-        recipe: The pruning recipe (:data:`PRUNE_PROTOCOLS`).
+        recipe: The pruning recipe (:data:`PRUNE_RECIPES`).
         sparsity: Edge sparsity in (0, 1) (the recipe's unless given).
         nih: The recipe's NiH construction (``"study"`` or ``"uniform"``).
         search: :func:`~mechlab.prune.engine.prune`'s keywords besides the sparsity: the
@@ -131,8 +131,8 @@ class CircuitRequest:
     """
 
     recipe: str = "default"
-    sparsity: float = PRUNE_PROTOCOLS["default"]["sparsity"]
-    nih: str = PRUNE_PROTOCOLS["default"]["nih"]
+    sparsity: float = PRUNE_RECIPES["default"]["sparsity"]
+    nih: str = PRUNE_RECIPES["default"]["nih"]
     search: Mapping[str, Any] = field(default_factory=dict)
     n_train: int = 256
     n_test: int = 512
@@ -148,9 +148,9 @@ class CircuitRequest:
     stability: int = 0
 
     def __post_init__(self) -> None:
-        if self.recipe not in PRUNE_PROTOCOLS:
+        if self.recipe not in PRUNE_RECIPES:
             raise ValueError(
-                f"unknown recipe {self.recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}"
+                f"unknown recipe {self.recipe!r}; choose one of {list(PRUNE_RECIPES)}"
             )
         if self.nih not in NIH_OF_RECIPE.values():
             raise ValueError(
@@ -194,7 +194,7 @@ class CircuitRequest:
         """The request of a recipe and the options asked for, resolved once.
 
         Args:
-            recipe: A key of :data:`PRUNE_PROTOCOLS`.
+            recipe: A key of :data:`PRUNE_RECIPES`.
             given: The options the user gave explicitly (a command line's): every other
                 option that the recipe sets takes the recipe's value. None: every option
                 not ``None`` counts as given.
@@ -208,16 +208,16 @@ class CircuitRequest:
         Raises:
             ValueError: An unknown recipe or any bad setting, one line.
         """
-        if recipe not in PRUNE_PROTOCOLS:
-            raise ValueError(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_PROTOCOLS)}")
+        if recipe not in PRUNE_RECIPES:
+            raise ValueError(f"unknown recipe {recipe!r}; choose one of {list(PRUNE_RECIPES)}")
         if given is not None:  # a recipe's setting applies unless the option was given
             options = {
-                k: (None if k in PRUNE_PROTOCOLS[recipe] and k not in given else v)
+                k: (None if k in PRUNE_RECIPES[recipe] and k not in given else v)
                 for k, v in options.items()
             }
         own = {k: options.pop(k) for k in (*DATA_KEYS, *METHOD_KEYS, "stability") if k in options}
         own = {k: v for k, v in own.items() if v is not None}  # not given: the field's default
-        settings = prune_protocol(recipe, **options)
+        settings = prune_recipe(recipe, **options)
         sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
         return cls(recipe=recipe, sparsity=sparsity, nih=nih, search=settings, **own)
 

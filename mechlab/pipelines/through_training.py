@@ -141,7 +141,7 @@ def prune_through_training(
             checkpoints (two or more: each circuit records its seeds' consensus).
         out: Folder (default: ``mechlab-out/<run>/through-training``).
         every: Prune every ``every``-th checkpoint in step order, and the last.
-        recipe: The pruning recipe (:data:`~mechlab.pipelines.prune.PRUNE_PROTOCOLS`).
+        recipe: The pruning recipe (:data:`~mechlab.pipelines.prune.PRUNE_RECIPES`).
         force: As :func:`~mechlab.pipelines.prune.prune_targets` (replace files of other
             settings; write into a folder git tracks).
         on_checkpoint: Called with ``(checkpoint, its folder)`` before it is pruned.

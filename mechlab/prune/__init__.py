@@ -43,7 +43,7 @@ from mechlab.prune.circuit import (
     overlap,
     seed_stability,
 )
-from mechlab.prune.config import PROTOCOLS, PruneConfig
+from mechlab.prune.config import RECIPES, PruneConfig
 from mechlab.prune.consensus import (
     attach_consensus,
     attach_seed_consensus,
@@ -74,7 +74,7 @@ from mechlab.prune.stats import bootstrap_overlap, cross_evaluate, null_model
 from mechlab.traces import PruneData, Traces, target_mask
 
 __all__ = [
-    "PROTOCOLS",
+    "RECIPES",
     "PruneConfig",
     "attach_consensus",
     "attach_seed_consensus",

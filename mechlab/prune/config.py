@@ -4,7 +4,7 @@
 sweeps and the pipelines all take their search settings from a :class:`PruneConfig`
 (``prune()``'s keywords build one). It is validated when it is made, so a bad value or
 an unknown setting fails with one line before any work. The named protocols
-(:data:`PROTOCOLS`) are instances; the data each protocol prunes on (the NiH
+(:data:`RECIPES`) are instances; the data each protocol prunes on (the NiH
 construction) is the data side's business and lives with the pipelines.
 
 The default search (docs/pruning.md, "Optimisation"):
@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from mechlab._deprecated import moved_names
 from mechlab.prune.forward import ABLATIONS
 from mechlab.prune.masks import INIT_MEAN
 
@@ -252,7 +253,7 @@ class PruneConfig:
         return out
 
 
-PROTOCOLS: dict[str, PruneConfig] = {
+RECIPES: dict[str, PruneConfig] = {
     "default": PruneConfig(),
     "uniform": PruneConfig(),
     "fast": PruneConfig(refine_pool="none"),
@@ -265,7 +266,7 @@ PROTOCOLS: dict[str, PruneConfig] = {
     ),
 }
 """The named protocols' search settings. ``default`` and ``uniform``: mechlab's default
-search at 95% edge sparsity (they differ in their data: :data:`mechlab.pipelines.PRUNE_PROTOCOLS`);
+search at 95% edge sparsity (they differ in their data: :data:`mechlab.pipelines.PRUNE_RECIPES`);
 ``fast``: the default without the second ranking (no exact scores at all: about 1.5x
 EAP-IG's time on the bundled checkpoint, below exact ablation's circuit on 2-after,
 docs/pruning.md); ``thorough``: the exact warm start (EAP-IG above
@@ -333,7 +334,7 @@ __all__ = [
     "LAMBDA_LR",
     "LOSSES",
     "LR",
-    "PROTOCOLS",
+    "RECIPES",
     "NOISES",
     "NOISE_RUNS",
     "OPTIMIZERS",
@@ -347,3 +348,5 @@ __all__ = [
     "prune_config",
     "resolved_settings",
 ]
+
+__getattr__ = moved_names(__name__)  # PROTOCOLS, renamed RECIPES

@@ -125,12 +125,12 @@ def test_the_task_is_read_from_the_file_without_running_it(tmp_path):
 
 def test_the_cheap_checks_name_what_the_pipelines_take():
     from mechlab.evals.suites import SUITES
-    from mechlab.pipelines import PRUNE_PROTOCOLS
+    from mechlab.pipelines import PRUNE_RECIPES
     from mechlab.tasks.lds_evals import NIH_PROTOCOLS
     from mechlab.tasks.state_tracking_prune import TARGETS
 
     assert preflight.TASK_TARGETS["state_tracking"] == TARGETS
-    assert preflight.RECIPES == tuple(PRUNE_PROTOCOLS) and preflight.NIH_CONSTRUCTIONS == tuple(NIH_PROTOCOLS)
+    assert preflight.RECIPES == tuple(PRUNE_RECIPES) and preflight.NIH_CONSTRUCTIONS == tuple(NIH_PROTOCOLS)
     assert preflight.EVAL_SUITES == SUITES
     from mechlab.tasks import TASK_CONFIGS
 

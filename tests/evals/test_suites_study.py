@@ -108,18 +108,18 @@ def test_run_suite_and_cli_validate_protocol_and_trials(ckpt_path, tmp_path, cap
 
 
 def test_study_prune_protocol_resolves_to_the_studys_settings():
-    study = pipelines.prune_protocol("study")
+    study = pipelines.prune_recipe("study")
     # the study's Edge Pruning search, each setting that differs from mechlab's default
     assert study == {"nih": "study", "sparsity": 0.99, "node_sparsity": 0.8, "loss": "truth", "batch_size": 64,
                      "loss_scale": 1000.0, "steps": 3000, "normalize_loss": False,
                      "constraint": "lagrangian", "noise": "independent", "select": "rank",
                      "warm_start": "none"}  # fmt: skip
-    mine = pipelines.prune_protocol("study", steps=20, sparsity=0.9, node_sparsity=None)
+    mine = pipelines.prune_recipe("study", steps=20, sparsity=0.9, node_sparsity=None)
     assert mine["steps"] == 20 and mine["sparsity"] == 0.9 and mine["node_sparsity"] == 0.8
-    assert pipelines.prune_protocol("uniform") == {"nih": "uniform", "sparsity": 0.95}
-    assert pipelines.prune_protocol("default") == {"nih": "study", "sparsity": 0.95}
+    assert pipelines.prune_recipe("uniform") == {"nih": "uniform", "sparsity": 0.95}
+    assert pipelines.prune_recipe("default") == {"nih": "study", "sparsity": 0.95}
     with pytest.raises(ValueError, match="unknown recipe"):
-        pipelines.prune_protocol("paper")
+        pipelines.prune_recipe("paper")
 
 
 class Captured(Exception):

@@ -12,7 +12,7 @@ from mechlab.pipelines import open_checkpoint, prune_targets
 from mechlab.pipelines.data import checkpoint_task, task_data, task_haystack
 from mechlab.pipelines.outputs import settings_record, with_defaults
 from mechlab.pipelines.prune import _with_consensus, prune_settings
-from mechlab.pipelines.request import PRUNE_PROTOCOLS, CircuitRequest, TraceCache
+from mechlab.pipelines.request import PRUNE_RECIPES, CircuitRequest, TraceCache
 from mechlab.prune.circuit import Circuit
 from mechlab.prune.config import RUN_ARGUMENTS, resolved_settings
 from mechlab.prune.engine import prune
@@ -35,7 +35,7 @@ def _old_prune_settings(ckpt, target, sparsity=None, *, n_train=256, n_test=512,
     if callable(target):
         return None
     given = {"sparsity": sparsity, "loss_scale": loss_scale, **prune_kwargs}
-    settings = {**PRUNE_PROTOCOLS[recipe], **{k: v for k, v in given.items() if v is not None}}
+    settings = {**PRUNE_RECIPES[recipe], **{k: v for k, v in given.items() if v is not None}}
     sparsity, nih = settings.pop("sparsity"), settings.pop("nih")
     run = with_defaults(prune, {k: v for k, v in settings.items() if k in RUN_ARGUMENTS})
     settings = {**{k: v for k, v in run.items() if k != "config"},

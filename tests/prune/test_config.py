@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from mechlab.prune.config import PROTOCOLS, RUN_ARGUMENTS, PruneConfig, prune_config
+from mechlab.prune.config import RECIPES, RUN_ARGUMENTS, PruneConfig, prune_config
 from mechlab.prune.engine import check_prune_args
 
 
@@ -65,7 +65,7 @@ def test_unknown_settings_are_refused_and_run_arguments_ignored():
 
 
 def test_from_settings_and_overrides():
-    base = PROTOCOLS["study"]
+    base = RECIPES["study"]
     cfg = PruneConfig.from_settings(base, steps=10)
     assert cfg.steps == 10 and cfg.loss == "truth" and cfg.constraint == "lagrangian"
     assert PruneConfig().overrides() == {}
@@ -74,18 +74,18 @@ def test_from_settings_and_overrides():
 
 
 def test_protocols_are_instances_and_the_pipelines_carry_their_data_separately():
-    from mechlab.pipelines import PRUNE_PROTOCOLS
+    from mechlab.pipelines import PRUNE_RECIPES
 
-    assert set(PROTOCOLS) == set(PRUNE_PROTOCOLS) == {"default", "uniform", "fast", "thorough", "study"}
-    assert all(isinstance(c, PruneConfig) for c in PROTOCOLS.values())
-    study = PROTOCOLS["study"]
+    assert set(RECIPES) == set(PRUNE_RECIPES) == {"default", "uniform", "fast", "thorough", "study"}
+    assert all(isinstance(c, PruneConfig) for c in RECIPES.values())
+    study = RECIPES["study"]
     assert (study.sparsity, study.node_sparsity, study.loss, study.loss_scale, study.steps) == (
         0.99, 0.8, "truth", 1000.0, 3000)
     assert not study.normalize_loss and study.warm_start == "none"
-    for name, entry in PRUNE_PROTOCOLS.items():  # the NiH construction is the data side's
+    for name, entry in PRUNE_RECIPES.items():  # the NiH construction is the data side's
         assert {k: v for k, v in entry.items() if k != "nih"} == {
-            "sparsity": PROTOCOLS[name].sparsity, **PROTOCOLS[name].overrides()}
-    assert PRUNE_PROTOCOLS["uniform"]["nih"] == "uniform"
+            "sparsity": RECIPES[name].sparsity, **RECIPES[name].overrides()}
+    assert PRUNE_RECIPES["uniform"]["nih"] == "uniform"
 
 
 def test_to_dict_records_the_effective_schedules():
