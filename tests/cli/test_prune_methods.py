@@ -234,7 +234,7 @@ def test_a_plain_prune_records_no_stability(tiny_lds_checkpoint, tmp_path, capsy
     "extra, message",
     [
         (["--stability", "1"], "--stability must be 0 (off) or at least 2"),
-        (["--stability", "2", "--share", "0"], "--stability applies to circuits of --ckpt or --checkpoints"),
+        (["--stability", "2", "--share", "0"], "--stability applies to circuits pruned one target at a time, not with --share"),
     ],
 )
 def test_bad_stability_is_one_line_exit_2(tiny_lds_checkpoint, tmp_path, capsys, extra, message):
