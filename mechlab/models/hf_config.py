@@ -373,6 +373,11 @@ def checked_folder(folder: Path) -> tuple[str, Any, str]:
 
 
 def module_architecture(module: nn.Module) -> str:
+    """The class name of :data:`ARCHITECTURES` a model in memory is (or subclasses).
+
+    Raises:
+        ImportProblem: None of them (the message lists what is supported).
+    """
     for cls in type(module).__mro__:
         if cls.__name__ in ARCHITECTURES:
             return cls.__name__
@@ -380,6 +385,11 @@ def module_architecture(module: nn.Module) -> str:
 
 
 def bridge_model(bridge: Any) -> nn.Module:
+    """The Hugging Face model a TransformerLens ``TransformerBridge`` wraps.
+
+    Raises:
+        ImportProblem: Its weights were processed (``enable_compatibility_mode()``).
+    """
     if getattr(bridge, "_weights_processed", False):
         raise ImportProblem(
             "this TransformerBridge's weights were processed by enable_compatibility_mode() "

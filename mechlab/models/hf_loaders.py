@@ -222,3 +222,5 @@ LOADERS: dict[str, Callable[[MechModel, Weights], None]] = {
     "Gemma2ForCausalLM": _load_llama,
     "Gemma3ForCausalLM": _load_llama,
 }
+"""Each architecture's loader, by Hugging Face class name: it fills the model's parameters
+from the weights (:class:`~mechlab.models.hf_weights.Mismatch` on one that does not fit)."""

@@ -74,6 +74,7 @@ class Weights:
 
 
 def state_dict_weights(state: dict[str, Tensor], prefix: str, source: str) -> Weights:
+    """The weights of a model in memory's ``state``, a TransformerBridge's names unwrapped."""
     # a TransformerBridge wraps every module: "transformer.h.0._original_component.attn..."
     clean = {k.replace("._original_component", "").replace("_original_component.", ""): v
              for k, v in state.items()}  # fmt: skip
