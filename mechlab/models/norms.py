@@ -1,8 +1,8 @@
 """The normalisations of :class:`~mechlab.models.transformer.Transformer`: LayerNorm,
-RMSNorm (per vector, or over every head together), weightless LayerNorm and none, each
-with TransformerLens' ``hook_scale`` and ``hook_normalized`` (the output *before* the
-affine ``w, b``). Each computes in float32 at least and returns its input's dtype, as
-Hugging Face does.
+RMSNorm (per vector, or over every head together), weightless LayerNorm and none, with
+TransformerLens' ``hook_scale`` and ``hook_normalized`` (the output *before* the affine
+``w, b``; the identity has only the latter). The norms compute in float32 at least and
+return their input's dtype, as Hugging Face does.
 
 :func:`make_norm` picks one from a config's ``normalization``.
 """
