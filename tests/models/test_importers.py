@@ -482,3 +482,18 @@ def test_the_size_estimate_made_before_allocating_is_the_models_size(name):
     model = from_pretrained(hf_model(name))
     actual = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
     assert estimate_elements(model.cfg) == actual
+
+
+def test_every_name_importers_had_is_still_imported_from_it_as_its_parts_define_it():
+    """The importer's parts (hf_config, hf_rope, hf_weights, hf_loaders, hf_files) define the
+    names; importers re-exports each as the same object, from where users import them."""
+    from mechlab.models import hf_config, hf_files, hf_rope, hf_weights, importers
+
+    had = {"ARCHITECTURES", "DTYPES", "MAMBA_N_CTX", "ROPE_TYPES", "SUPPORTED", "ImportProblem",
+           "Weights", "check_folder", "check_runs", "from_pretrained", "import_dtype",
+           "mechlab_config", "weight_files"}  # fmt: skip
+    assert set(importers.__all__) == had
+    for part in (hf_config, hf_rope, hf_weights, hf_files):
+        for name in had & set(vars(part)):
+            assert getattr(importers, name) is getattr(part, name), name
+    assert importers.SUPPORTED == (*importers.ARCHITECTURES, "TransformerBridge")

@@ -1,5 +1,6 @@
-"""Tests of mechlab.models.transformer_config: the names it holds are the ones
-mechlab.models.transformer has always exported, and the registry finds them there."""
+"""Tests of mechlab.models.transformer_config: the names it holds (and those of the
+block's parts: norms, rotary, sublayers) are the ones mechlab.models.transformer has always
+exported, and the registry finds them there."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from mechlab.models import build_model, make_config, transformer, transformer_config
+from mechlab.models import (
+    build_model,
+    make_config,
+    norms,
+    rotary,
+    sublayers,
+    transformer,
+    transformer_config,
+)
 
 
 @pytest.mark.parametrize(
@@ -39,10 +48,14 @@ def _defined_names(module) -> set[str]:
     return {name for name in names if not name.startswith("_")}
 
 
-def test_transformer_all_lists_exactly_its_public_names_and_the_configs():
-    assert set(transformer.__all__) == _defined_names(transformer) | _defined_names(
-        transformer_config
+def test_transformer_all_lists_exactly_its_public_names_the_configs_and_the_parts():
+    parts = (transformer_config, norms, rotary, sublayers)
+    assert set(transformer.__all__) == _defined_names(transformer).union(
+        *(_defined_names(part) for part in parts)
     )
+    for part in (norms, rotary, sublayers):  # each part's own names, re-exported as themselves
+        assert set(part.__all__) == _defined_names(part)
+        assert all(getattr(transformer, name) is getattr(part, name) for name in part.__all__)
     assert _defined_names(transformer_config) == {
         "ACT_FNS",
         "LAYER_TYPES",
