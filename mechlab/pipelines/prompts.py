@@ -31,7 +31,7 @@ from mechlab.models.importers import check_folder, from_pretrained, import_dtype
 from mechlab.pipelines import outputs, stops
 from mechlab.pipelines.checkpoints import check_finite_parameters, open_checkpoint
 from mechlab.pipelines.methods import check_budget, check_finite, check_method, run_method
-from mechlab.pipelines.prune import check_stability
+from mechlab.pipelines.request import check_stability
 from mechlab.pipelines.resume import keeper, resume_each
 from mechlab.prune.circuit import Circuit, Stability, seed_stability
 from mechlab.prune.config import RUN_ARGUMENTS, resolved_settings

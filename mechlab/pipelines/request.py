@@ -25,7 +25,7 @@ from mechlab.circuit_methods import DEFAULT_METHOD, is_edge_pruning
 from mechlab.pipelines.data import checkpoint_task, task_data, task_haystack
 from mechlab.pipelines.methods import check_method
 from mechlab.pipelines.records import with_defaults
-from mechlab.prune.config import RECIPES, RUN_ARGUMENTS
+from mechlab.prune.config import RECIPES, RUN_ARGUMENTS, config_record
 from mechlab.prune.engine import check_prune_args, prune
 from mechlab.tasks.registry import DEFAULT_CORRUPTION
 from mechlab.traces import PruneData, Target, target_name
@@ -287,11 +287,8 @@ class CircuitRequest:
         # defaults (seed, position_aware), so a default and the same value given record alike
         given = {k: v for k, v in self.search.items() if k in RUN_ARGUMENTS}
         run = with_defaults(prune, given)
-        # as mechlab.prune.config.resolved_settings resolves them: the run arguments given
-        # (not the progress bar nor the digest), then every PruneConfig field
         settings = {**{k: v for k, v in run.items() if k != "config"},
-                    **{k: v for k, v in given.items() if k not in ("progress", "checkpoint_sha256")},
-                    **self._config.to_dict()}  # fmt: skip
+                    **config_record(self._config, given)}  # fmt: skip
         sparsity = settings.pop("sparsity")
         data: dict[str, Any] = {"n_train": self.n_train, "n_test": self.n_test, "corruption": self.corruption,
                                 "data_seed": settings["seed"] if self.data_seed is None else self.data_seed}  # fmt: skip

@@ -322,11 +322,19 @@ def resolved_settings(
     """
     given = {k: v for k, v in settings.items() if k not in ("device", "threads", "progress")}
     config = given.pop("config", None) or base
-    out = prune_config(given.pop("sparsity", None), config, **given).to_dict()
+    out = config_record(prune_config(given.pop("sparsity", None), config, **given), given)
     if not sparsity:
         out.pop("sparsity")
-    run = {k: v for k, v in given.items() if k in RUN_ARGUMENTS and k not in ("progress", "checkpoint_sha256")}
-    return {**run, **out}
+    return out
+
+
+def config_record(config: PruneConfig, settings: dict[str, Any]) -> dict[str, Any]:
+    """The record of a resolved search: the run arguments among ``settings``
+    (:data:`RUN_ARGUMENTS`; the progress bar and the digest left out), then every field of
+    ``config`` (:meth:`PruneConfig.to_dict`). :func:`resolved_settings` once the config is
+    built (a caller that holds it already records it without building it again)."""
+    run = {k: v for k, v in settings.items() if k in RUN_ARGUMENTS and k not in ("progress", "checkpoint_sha256")}
+    return {**run, **config.to_dict()}
 
 
 __all__ = [
@@ -345,6 +353,7 @@ __all__ = [
     "EXACT_WARM_MAX",
     "JOINT_CONFIG",
     "WARM_STARTS",
+    "config_record",
     "prune_config",
     "resolved_settings",
 ]
