@@ -13,7 +13,7 @@ from __future__ import annotations
 # the families and what they are built from (not the importers, exporters or tracr)
 MODELS = [f"mechlab/models/{name}.py" for name in (
     "__init__", "base", "buffers", "cache", "hooked", "names", "recurrence", "registry", "scan", "stack",
-    "transformer", "transformer_config", "lstm", "dense_ssm", "mamba")]  # fmt: skip
+    "transformer", "transformer_config", "sublayers", "norms", "rotary", "lstm", "dense_ssm", "mamba")]  # fmt: skip
 TIMING = ["mechlab/bench/timing.py"]
 PRUNE_ENGINE = ["mechlab/prune/forward.py", "mechlab/prune/mixing.py", "mechlab/prune/masks.py",
                 "mechlab/prune/graph.py", "mechlab/prune/edge_graph.py", "mechlab/traces.py"]  # fmt: skip
@@ -37,7 +37,8 @@ CODE_PATHS: dict[str, list[str]] = {
                  *TIMING, *MODELS],  # fmt: skip
     # a billion-parameter import, cache and EAP-IG beside the bridge and nnsight
     "lm": ["mechlab/bench/lm.py", "mechlab/bench/lm_runner.py", "mechlab/models/importers.py",
-           "mechlab/models/hf_files.py", "mechlab/prune/attribution.py", "mechlab/prune/objective.py",
+           "mechlab/models/hf_config.py", "mechlab/models/hf_rope.py", "mechlab/models/hf_weights.py",
+           "mechlab/models/hf_loaders.py", "mechlab/models/hf_files.py", "mechlab/prune/attribution.py", "mechlab/prune/objective.py",
            *PRUNE_ENGINE, *MODELS],  # fmt: skip
     # import time and the CLI's --help: what the package and its commands import at start
     "startup": ["mechlab/bench/startup.py", "mechlab/__init__.py", "mechlab/__main__.py", "mechlab/cli/*.py",
