@@ -37,7 +37,7 @@ def test_ctrl_c_during_curve_keeps_the_targets_written_and_the_rerun_reads_them_
     from tests.interrupt import interrupt, leftovers, stopped_line
 
     out = tmp_path / "c"
-    args = ["curve", "--ckpt", str(tiny_lds_checkpoint), "--target", "1-after", "--target", "2-after", "--steps", "600",
+    args = ["curve", "--ckpt", str(tiny_lds_checkpoint), "--target", "1-after", "--target", "2-after", "--steps", "2400",
             "--budgets", "0.1,0.5", "--traces", "8", "--test-traces", "8", "--threads", "1", "--no-progress",
             "--out", str(out)]  # fmt: skip
     line = stopped_line(interrupt(args, out / "curve_1-after.json"))  # 2-after's pruning run follows
