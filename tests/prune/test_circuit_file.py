@@ -27,10 +27,10 @@ def good() -> dict:
 def refused(tmp_path, content: dict | str) -> str:
     path = tmp_path / "c.json"
     path.write_text(content if isinstance(content, str) else json.dumps(content, allow_nan=True))
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time of this process: the work done, not the machine's load
     with pytest.raises(ValueError) as err:
         Circuit.from_json(path)
-    assert time.perf_counter() - start < 0.5  # refused from the file, before any work
+    assert time.process_time() - start < 0.5  # refused from the file, before any work
     message = str(err.value)
     assert "\n" not in message and "c.json" in message
     return message
