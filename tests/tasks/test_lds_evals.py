@@ -312,8 +312,8 @@ def test_eval_errors(cfg, test_lib):
 )  # fmt: skip
 def test_trillions_of_traces_or_trials_are_refused_in_milliseconds(cfg, test_lib, build, phrase):
     # Issue 19: --traces, --trials and --eval-traces of 10^12 ended in a 32 TB allocation.
-    start = time.perf_counter()
+    start = time.thread_time()
     with pytest.raises(ValueError, match=phrase) as err:
         build(cfg, test_lib)
-    assert time.perf_counter() - start < 0.05
+    assert time.thread_time() - start < 0.1
     assert "\n" not in str(err.value) and "MECHLAB_MAX_ELEMENTS" in str(err.value)
