@@ -31,6 +31,7 @@ def prune_table(names: Sequence[str], *, batch: int, n_pos: int, repeats: int, d
     from mechlab.bench.prune import bench_prune
     from mechlab.bench.timing import fmt_ms, fmt_ratio, paired_ratio
     from mechlab.models import build_model
+    from mechlab.models.registry import graph_kind
     from mechlab.prune.graph import build_graph
 
     columns = ["preset", "layers", "edges", "mem ours MB", "recompute MB", "naive MB", "plain step MB",
@@ -46,7 +47,7 @@ def prune_table(names: Sequence[str], *, batch: int, n_pos: int, repeats: int, d
     cells, values = [], []
     for name in names:
         model = build_model(name, n_ctx=max(n_pos, 1))
-        transformer = model.cfg.arch == "transformer"
+        transformer = graph_kind(model.cfg.arch) == "transformer"
         r = bench_prune(model, batch=batch, n_pos=n_pos, repeats=repeats, device=device,
                         memory=memory, straightforward=straightforward and transformer)  # fmt: skip
         n_layers = model.cfg.n_layers

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from mechlab.bench.cpu_memory import profiled_peak
 from mechlab.bench.timing import time_interleaved
 from mechlab.models import build_model
-from mechlab.models.registry import presets
+from mechlab.models.registry import graph_kind, presets
 from mechlab.prune import masks as hc
 from mechlab.prune.forward import (
     _attention,
@@ -169,7 +169,7 @@ def bench_prune(
     torch.manual_seed(seed)
     model = (model or build_model("tiny")).to(device)
     cfg = model.cfg
-    transformer = cfg.arch == "transformer"
+    transformer = graph_kind(cfg.arch) == "transformer"
     if straightforward and not transformer:
         raise ValueError("straightforward=True times the transformer's autograd path; a "
                          f"{cfg.arch} has only that path")

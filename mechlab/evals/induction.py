@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from mechlab.models.registry import graph_kind
 from mechlab.tasks.induction import InductionConfig, Sequences, sample_sequences
 
 
@@ -58,7 +59,7 @@ class HeadScores:
 
 def _check_attention_model(model: nn.Module) -> None:
     cfg = getattr(model, "cfg", None)
-    if getattr(cfg, "arch", None) != "transformer":
+    if graph_kind(getattr(cfg, "arch", None)) != "transformer":
         raise ValueError(
             f"attention scores need a mechlab transformer, got {type(model).__name__}"
         )

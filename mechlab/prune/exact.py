@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mechlab.models.registry import graph_kind
 from mechlab.models.transformer import causal_mask
 from mechlab.progress import tqdm
 from mechlab.prune.forward import select_traces
@@ -166,7 +167,7 @@ def _replayable(obj: Objective) -> bool:
     (rotary, grouped heads, parallel or attention-only blocks, post-norms, as imported models
     have them) take the loop of masked forwards."""
     cfg = obj.model.cfg
-    if cfg.arch != "transformer" or obj.graph.windows:
+    if graph_kind(cfg.arch) != "transformer" or obj.graph.windows:
         return False
     return (
         getattr(cfg, "positional", "learned") == "learned"

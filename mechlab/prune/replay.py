@@ -33,6 +33,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from mechlab.models.buffers import POOL
+from mechlab.models.registry import graph_kind
 from mechlab.prune.forward import (
     _edge_block,
     _layer_norm,
@@ -98,7 +99,7 @@ class ReplayForward:
         self.rows = None if at is None else at.reshape(-1).nonzero().flatten()  # [n_at] flat (trace, pos)
         self.n_layers = graph.n_layers
         self.replays = (
-            graph.arch == "transformer" and not graph.windows and isinstance(ablated, Tensor)
+            graph_kind(graph.arch) == "transformer" and not graph.windows and isinstance(ablated, Tensor)
             and usable(model, ablated)
         )  # fmt: skip
         if self.replays:

@@ -69,7 +69,7 @@ def _read_matrix(model: Transformer, reader: str) -> Tensor:
 
 def _check_model(model: Any) -> None:
     cfg = getattr(model, "cfg", None)
-    if getattr(cfg, "arch", None) != "transformer" or cfg.normalization != "none":
+    if not isinstance(model, Transformer) or cfg.normalization != "none":
         raise ValueError(
             "ground truth from weights needs a transformer without normalisation "
             "(normalization='none', e.g. from load_tracr)"

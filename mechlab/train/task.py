@@ -17,6 +17,7 @@ from mechlab.evals.induction import head_scores
 from mechlab.evals.suites import nih_errors
 from mechlab.evals.translation import start_vs_continue
 from mechlab.models.base import predict_in_chunks
+from mechlab.models.registry import graph_kind
 from mechlab.tasks import bilingual, induction
 from mechlab.tasks.induction import Sequences
 from mechlab.tasks.lds import OBS, OPEN, LDSConfig, make_libraries, sample_batch
@@ -263,7 +264,7 @@ class InductionTask(TokenTask):
             "val_loss": float(masked_cross_entropy(logits, targets, mask)),
             "val_accuracy": float((logits.argmax(-1) == targets)[mask].float().mean()),
         }
-        if getattr(model.cfg, "arch", None) == "transformer" and model.cfg.n_layers >= 2:
+        if graph_kind(getattr(model.cfg, "arch", None)) == "transformer" and model.cfg.n_layers >= 2:
             few = Sequences(self.val.tokens[: int(cfg.eval_traces)], self.val.first_len[: int(cfg.eval_traces)])
             scores = head_scores(model, self.cfg, sequences=few)
             out["previous_token_score"] = scores.top("previous_token", 0)[1]

@@ -27,6 +27,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mechlab.models.names import hook_name
+from mechlab.models.registry import graph_kind
 from mechlab.prune.circuit import Circuit, jaccard
 from mechlab.prune.consensus import consensus_scores
 from mechlab.prune.graph import component_of, parse_component, window_of
@@ -83,7 +84,7 @@ def node_positions(graph: Mapping[str, Any], names: set[str]) -> dict[str, tuple
     n_heads = max(int(graph.get("n_heads", 0) or 0), heads)
     groups = 1 + max((p[2] for p in parsed if p[0] == "group"), default=-1)
     n_groups = max(int(graph.get("n_key_value_heads", 0) or 0), groups)
-    if graph.get("arch", "transformer") == "transformer" and (
+    if graph_kind(graph.get("arch", "transformer")) == "transformer" and (
         n_heads or any(p[0] == "mlp" for p in parsed)
     ):
         half = (max(n_heads, 1) - 1) / 2
