@@ -11,6 +11,7 @@ checkpoint and no task.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -178,18 +179,22 @@ def prune_checkpoint(
                                          data_seed=data_seed, loss_scale=loss_scale, length=length, method=method,
                                          n_edges=n_edges, ig_steps=ig_steps, acdc_max_edges=acdc_max_edges,
                                          stability=stability, **prune_kwargs)  # fmt: skip
-    elif prune_kwargs or _given(sparsity=sparsity, n_haystack=n_haystack, seg_len=seg_len, data_seed=data_seed,
-                                loss_scale=loss_scale, length=length, n_edges=n_edges, ig_steps=ig_steps,
-                                acdc_max_edges=acdc_max_edges) or (n_train, n_test, corruption, recipe, method,
-                                stability) != (256, 512, DEFAULT_CORRUPTION, "default", DEFAULT_METHOD, 0):  # fmt: skip
-        raise ValueError("give the settings in the request or as keywords, not both")
+    else:
+        given = {name: value for name, value in locals().items() if name in _REQUEST_SETTINGS}
+        changed = sorted(name for name, value in given.items() if value != _REQUEST_SETTINGS[name])
+        if prune_kwargs or changed:
+            raise ValueError(f"give the settings in the request or as keywords, not both (also given: "
+                             f"{', '.join(changed + sorted(prune_kwargs))})")
     ckpt = open_checkpoint(source, device)
     return prune_request(ckpt, request, target, traces=traces, path=source_path(source))
 
 
-def _given(**options: Any) -> bool:
-    """Whether any of these options (default None) was given."""
-    return any(v is not None for v in options.values())
+# prune_checkpoint's settings that a request also holds, with their defaults (read from its signature)
+_REQUEST_SETTINGS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(prune_checkpoint).parameters.items()
+    if parameter.default is not inspect.Parameter.empty and name not in ("device", "request", "traces")
+}
 
 
 def prune_request(

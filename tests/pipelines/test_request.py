@@ -1,5 +1,6 @@
 """mechlab.pipelines.request: one circuit request, resolved once; traces and checkpoints once."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -235,6 +236,22 @@ def test_bad_setting_refused_before_the_checkpoint_is_opened(monkeypatch, tmp_pa
         prune_targets(CKPTS / "recall-cpu" / "last.pt", ["1-after"], [0], out, request=CircuitRequest.resolve(),
                       steps=3)  # fmt: skip
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "given, named",
+    [({"n_train": 64}, "n_train"), ({"sparsity": 0.9, "method": "eap"}, "method, sparsity"),
+     ({"stability": 3}, "stability"), ({"steps": 3}, "steps"), ({"protocol": "study"}, "recipe")],
+)  # fmt: skip
+def test_a_request_and_settings_beside_it_are_refused_naming_them(monkeypatch, given, named):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the checkpoint was opened before the settings were checked")
+
+    monkeypatch.setattr(checkpoints_module, "load_checkpoint", no_load)
+    with pytest.warns(DeprecationWarning) if "protocol" in given else contextlib.nullcontext():
+        with pytest.raises(ValueError, match=rf"not both \(also given: {named}\)$"):
+            prune_module.prune_checkpoint(CKPTS / "recall-cpu" / "last.pt", "1-after", request=CircuitRequest.resolve(),
+                                          **given)  # fmt: skip
 
 
 # ------------------------------------------------------------------ work done once
