@@ -143,6 +143,64 @@ def check_elements(
     return n
 
 
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes of memory this process can still be given, or None where that cannot be read.
+
+    ``MemAvailable`` plus ``SwapFree`` of ``/proc/meminfo`` (Linux), and no more than a
+    cgroup v2 limit leaves (``memory.max`` less ``memory.current``, where set): what the
+    kernel can hand out before its out-of-memory killer ends the process, which on Linux
+    happens when the memory is first written, not when it is asked for.
+
+    Args:
+        meminfo: The meminfo file (a test's own).
+        cgroup: The cgroup v2 folder (a test's own).
+    """
+    try:
+        fields = dict(line.split(":", 1) for line in open(meminfo).read().splitlines() if ":" in line)
+        free = (int(fields["MemAvailable"].split()[0]) + int(fields.get("SwapFree", "0 kB").split()[0])) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    try:
+        limit = open(os.path.join(cgroup, "memory.max")).read().strip()
+        if limit != "max":
+            used = int(open(os.path.join(cgroup, "memory.current")).read().strip())
+            free = min(free, max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def check_memory(what: str, n_bytes: int, *, lower: str, available: int | None = None) -> None:
+    """Refuse a planned allocation on the CPU of more bytes than the machine has free.
+
+    A lower bound of what the work needs (the one tensor it cannot do without) is checked,
+    so that a refusal is certain to be right: what passes may still need more.
+
+    Args:
+        what: What would be allocated (``"the corrupted traces' writer outputs"``).
+        n_bytes: Its size in bytes.
+        lower: What the message tells the user to lower.
+        available: Free bytes (default :func:`available_memory`; None there: not checked).
+
+    Raises:
+        ValueError: One line: the size, what is free, what to lower.
+    """
+    free = available_memory() if available is None else available
+    if free is not None and n_bytes > free:
+        raise ValueError(
+            f"{what} would need {_size(n_bytes)}, more than the {_size(free)} this machine has "
+            f"free; lower {lower}, or run on a device with more memory (--device cuda)"
+        )
+
+
+def _size(n_bytes: int) -> str:
+    """Bytes for a message: ``4.1 GB``, ``369 MB``, ``12 kB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:,.1f} {unit}" if unit == "GB" else f"{n_bytes / scale:,.0f} {unit}"
+    return f"{n_bytes / 1e3:,.0f} kB"
+
+
 def check_at_most(name: str, value: object, limit: int, why: str, *, minimum: int = 0) -> int:
     """``value`` as a count (:func:`count`), refused above ``limit`` with one line.
 

@@ -84,3 +84,39 @@ def test_threads_are_bounded_by_a_multiple_of_the_cores(monkeypatch):
         limits.check_threads(0)
     monkeypatch.setattr(limits.os, "cpu_count", lambda: None)
     assert limits.max_threads() == 4
+
+
+def _meminfo(tmp_path, available_kb: int, swap_kb: int | None = 0) -> str:
+    path = tmp_path / "meminfo"
+    swap = "" if swap_kb is None else f"SwapFree:       {swap_kb} kB\n"
+    path.write_text(f"MemTotal:       24683584 kB\nMemFree:         1000000 kB\n"
+                    f"MemAvailable:   {available_kb} kB\n{swap}")  # fmt: skip
+    return str(path)
+
+
+def test_available_memory_is_memavailable_plus_free_swap_within_a_cgroup_limit(tmp_path):
+    no_cgroup = str(tmp_path / "none")
+    assert limits.available_memory(_meminfo(tmp_path, 2_000_000, 500_000), no_cgroup) == 2_500_000 * 1024
+    assert limits.available_memory(_meminfo(tmp_path, 2_000_000, None), no_cgroup) == 2_000_000 * 1024
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text("1000000000\n")
+    (cgroup / "memory.current").write_text("400000000\n")
+    assert limits.available_memory(_meminfo(tmp_path, 2_000_000), str(cgroup)) == 600_000_000
+    (cgroup / "memory.max").write_text("max\n")
+    assert limits.available_memory(_meminfo(tmp_path, 2_000_000), str(cgroup)) == 2_000_000 * 1024
+    assert limits.available_memory(str(tmp_path / "missing"), no_cgroup) is None  # not Linux: not checked
+    (tmp_path / "odd").write_text("MemTotal: 5 kB\n")
+    assert limits.available_memory(str(tmp_path / "odd"), no_cgroup) is None
+
+
+def test_check_memory_refuses_more_than_is_free_in_one_line_and_passes_the_rest(monkeypatch):
+    with pytest.raises(ValueError) as err:
+        limits.check_memory("the writers' outputs", 4_100_000_000, lower="traces", available=3_000_000_000)
+    assert str(err.value) == (
+        "the writers' outputs would need 4.1 GB, more than the 3.0 GB this machine has free; lower traces, "
+        "or run on a device with more memory (--device cuda)"
+    )
+    limits.check_memory("x", 3_000_000_000, lower="traces", available=3_000_000_000)
+    monkeypatch.setattr(limits, "available_memory", lambda: None)  # where it cannot be read
+    limits.check_memory("x", 10**15, lower="traces")

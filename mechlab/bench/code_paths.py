@@ -15,7 +15,7 @@ MODELS = [f"mechlab/models/{name}.py" for name in (
     "__init__", "base", "buffers", "cache", "hooked", "names", "recurrence", "registry", "scan", "stack",
     "transformer", "transformer_config", "sublayers", "norms", "rotary", "lstm", "dense_ssm", "mamba")]  # fmt: skip
 TIMING = ["mechlab/bench/timing.py"]
-PRUNE_ENGINE = ["mechlab/prune/forward.py", "mechlab/prune/mixing.py", "mechlab/prune/masks.py",
+PRUNE_ENGINE = ["mechlab/prune/forward.py", "mechlab/prune/ablation.py", "mechlab/prune/mixing.py", "mechlab/prune/masks.py",
                 "mechlab/prune/graph.py", "mechlab/prune/edge_graph.py", "mechlab/traces.py"]  # fmt: skip
 
 CODE_PATHS: dict[str, list[str]] = {
