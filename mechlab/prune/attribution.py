@@ -93,13 +93,14 @@ from mechlab.traces import PruneData, Target, Traces, check_target, target_name
 
 
 def _gradient(obj: Objective, z: Tensor, batch_size: int, ablated_of=None) -> Tensor:
-    """``d m / d z`` at masks ``z`` (float64, on the CPU), traces in chunks.
+    """``d m / d z`` at masks ``z`` (float64, on the CPU), traces in chunks of ``batch_size``
+    (fewer where memory is short: :meth:`~mechlab.prune.objective.Objective.gradient_chunk`).
 
     ``ablated_of(index)`` gives the ablated values of a chunk (default: the objective's).
     """
     z = z.to(obj.device, obj.reference.dtype)
     grad = torch.zeros(obj.graph.n_edges, dtype=torch.float64)
-    for index in obj.chunks(batch_size):
+    for index in obj.chunks(obj.gradient_chunk(batch_size)):
         abl = select_traces(obj.ablated, index) if ablated_of is None else ablated_of(index)
         leaf = z.clone().requires_grad_(True)
         out = masked_forward(obj.model, obj.graph, obj.traces.inputs[index], abl, leaf)
