@@ -35,6 +35,7 @@ import math
 import operator
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 # 2**31 float32 elements are 8 GiB; the study's largest preset has about 1.1e7
 # parameters and its largest evaluation batch about 1e8 elements.
@@ -156,14 +157,14 @@ def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgro
         cgroup: The cgroup v2 folder (a test's own).
     """
     try:
-        fields = dict(line.split(":", 1) for line in open(meminfo).read().splitlines() if ":" in line)
+        fields = dict(line.split(":", 1) for line in Path(meminfo).read_text().splitlines() if ":" in line)
         free = (int(fields["MemAvailable"].split()[0]) + int(fields.get("SwapFree", "0 kB").split()[0])) * 1024
     except (OSError, KeyError, ValueError, IndexError):
         return None
     try:
-        limit = open(os.path.join(cgroup, "memory.max")).read().strip()
+        limit = (Path(cgroup) / "memory.max").read_text().strip()
         if limit != "max":
-            used = int(open(os.path.join(cgroup, "memory.current")).read().strip())
+            used = int((Path(cgroup) / "memory.current").read_text().strip())
             free = min(free, max(int(limit) - used, 0))
     except (OSError, ValueError):
         pass

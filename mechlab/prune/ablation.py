@@ -66,7 +66,7 @@ def writer_outputs(
         transformer: embed, pos (with a learned position table), then per layer its
         heads' ``hook_result`` and its MLP (unless attention-only); with ``post_norms``
         each head's share of the normed attention output, ``ln1_post.w * result_h / s``
-        (module docstring), and the normed MLP output).
+        (:mod:`mechlab.prune.forward`'s docstring), and the normed MLP output).
     """
     names = _writer_hooks(model)
     n_traces, param = x.shape[0], next(model.parameters())

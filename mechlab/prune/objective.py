@@ -36,12 +36,11 @@ EAP_POINTS = ("corrupted", "clean")
 ATTRIBUTION_METHODS = scoring_names()  # the built-in ones (mechlab.circuit_methods: the registry)
 DEFAULT_STEPS = 10
 DEFAULT_BATCH_SIZE = 128
-# Bytes a masked forward and backward keeps per reader, position and model dimension of a
-# trace, in float32: its reader inputs, their norms and the autograd graph's saved tensors.
-# Measured: EAP at the GPT-2-small shape (445 readers, 33 positions, d_model 768) holds about
-# 0.2 GB per trace, 4.4 float32 vectors per reader and position; 24 bytes (6 vectors) leaves
-# a third to spare.
-GRADIENT_BYTES_PER_READER = 24
+# Vectors of d_model a masked forward and backward keeps per reader and position of a trace:
+# its reader inputs, their norms and the autograd graph's saved tensors. Measured: EAP at the
+# GPT-2-small shape (445 readers, 33 positions, d_model 768, float32) holds about 0.2 GB per
+# trace, 4.4 vectors per reader and position; 6 leaves a third to spare.
+GRADIENT_VECTORS_PER_READER = 6
 MEMORY_SHARE = 0.8  # of the memory free, what one chunk's gradient pass may take
 
 
@@ -89,15 +88,14 @@ class Objective:
 
     def gradient_chunk(self, batch_size: int) -> int:
         """Traces per masked forward and backward: ``batch_size``, or fewer on a CPU whose free
-        memory would not hold that many (:data:`GRADIENT_BYTES_PER_READER` per reader, position
-        and model dimension of a trace, measured at the GPT-2-small shape). Where it shrinks the
+        memory would not hold that many (:data:`GRADIENT_VECTORS_PER_READER` vectors of
+        ``d_model`` per reader and position of a trace, measured at the GPT-2-small shape). Where it shrinks the
         chunk, the gradient is the same sum in smaller parts (equal to float rounding), where
         before the kernel's out-of-memory killer ended the process."""
         if self.device.type != "cpu" or (free := limits.available_memory()) is None:
             return batch_size
-        element = self.reference.element_size()
-        per_trace = GRADIENT_BYTES_PER_READER // 4 * element * self.graph.n_readers * self.traces.n_pos
-        per_trace *= self.model.cfg.d_model
+        vector = self.model.cfg.d_model * self.reference.element_size()
+        per_trace = GRADIENT_VECTORS_PER_READER * self.graph.n_readers * self.traces.n_pos * vector
         return max(1, min(batch_size, int(MEMORY_SHARE * free) // max(per_trace, 1)))
 
     def chunks(self, batch_size: int) -> Iterator[Tensor]:

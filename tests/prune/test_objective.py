@@ -12,7 +12,7 @@ from mechlab.models.registry import build_model
 from mechlab.prune.attribution import _gradient, build_objective
 from mechlab.prune.forward import frozen_eval
 from mechlab.prune.graph import pruning_graph
-from mechlab.prune.objective import GRADIENT_BYTES_PER_READER, MEMORY_SHARE
+from mechlab.prune.objective import GRADIENT_VECTORS_PER_READER, MEMORY_SHARE
 from mechlab.traces import Traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,7 +31,7 @@ def objective():
 
 
 def per_trace(obj) -> int:
-    return GRADIENT_BYTES_PER_READER * obj.graph.n_readers * obj.traces.n_pos * obj.model.cfg.d_model
+    return GRADIENT_VECTORS_PER_READER * obj.graph.n_readers * obj.traces.n_pos * obj.model.cfg.d_model * 4
 
 
 def test_the_chunk_is_what_the_free_memory_holds(objective, monkeypatch):
